@@ -1,0 +1,362 @@
+//! Node configuration: loadable from TOML or JSON, every field defaulted.
+//!
+//! ```toml
+//! node_id = 1
+//! transport = "tcp"
+//! [[nodes]]
+//! id = 1
+//! address = "127.0.0.1:22221"
+//! [[nodes]]
+//! id = 2
+//! address = "127.0.0.1:22222"
+//! ```
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, NodeId, Result};
+
+/// Which transport engine carries the bytes between nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// In-process: nodes of one process exchange buffers directly (tests,
+    /// measuring the core pipeline alone).
+    Loopback,
+    /// TCP over any IP network.
+    #[default]
+    Tcp,
+    /// InfiniBand / RoCE verbs (msgrc engine).
+    Ib,
+}
+
+/// One entry of the node map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    /// The node's id.
+    pub id: u16,
+    /// `host:port` the node listens on (TCP) or is discovered at (IB, UDP).
+    /// Ignored by the loopback transport.
+    #[serde(default)]
+    pub address: String,
+}
+
+/// Settings of the load-adaptive parking of internal threads.
+///
+/// An idle thread first busy-polls for `spin_us`, then yields its core until
+/// `yield_us` have passed, then parks until woken (new work wakes it at once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ParkConfig {
+    /// Busy-poll time in microseconds before yielding. Default 50.
+    pub spin_us: u64,
+    /// Idle time in microseconds after which the thread parks. Default 1000.
+    pub yield_us: u64,
+    /// Longest single park in milliseconds (a safety net; wakes are explicit).
+    /// Default 100.
+    pub max_park_ms: u64,
+}
+
+impl Default for ParkConfig {
+    fn default() -> Self {
+        Self {
+            spin_us: 50,
+            yield_us: 1000,
+            max_park_ms: 100,
+        }
+    }
+}
+
+/// Settings of the InfiniBand/RoCE engine (`transport = "ib"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IbConfig {
+    /// Verbs device name; empty picks the first device found.
+    pub device: String,
+    /// Port number on the device (1-based). Default 1.
+    pub port: u8,
+    /// GID table index (RoCE v2 needs the index of the IPv4/IPv6 GID). Default 0.
+    pub gid_index: u8,
+    /// Send-queue depth per queue pair. Default 20.
+    pub sq_size: u32,
+    /// Shared receive queue depth. Default 200.
+    pub srq_size: u32,
+    /// Send completion queue size. Default 400.
+    pub send_cq_size: u32,
+    /// Receive completion queue size. Default 400.
+    pub recv_cq_size: u32,
+    /// Scatter-gather entries per receive work request. Default 4.
+    pub sges_per_recv: u32,
+    /// UDP port for node discovery and queue-pair exchange, relative to nothing:
+    /// every node uses this port on its node-map host. Default 22223.
+    pub discovery_port: u16,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        Self {
+            device: String::new(),
+            port: 1,
+            gid_index: 0,
+            sq_size: 20,
+            srq_size: 200,
+            send_cq_size: 400,
+            recv_cq_size: 400,
+            sges_per_recv: 4,
+            discovery_port: 22223,
+        }
+    }
+}
+
+/// Full configuration of one node. Every field has a documented default; a
+/// file only needs `node_id` and `nodes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node's id. Default 0.
+    pub node_id: u16,
+    /// The node map: id → address. Default empty (only the own node).
+    pub nodes: Vec<NodeEntry>,
+    /// Transport engine. Default `tcp`.
+    pub transport: TransportKind,
+    /// Loopback only: nodes of one process find each other in the fabric of
+    /// this name. Default `"default"`.
+    pub loopback_fabric: String,
+    /// Outgoing ring buffer size per connection in bytes (rounded up to a
+    /// power of two). Default 2 MiB.
+    pub orb_size: usize,
+    /// Size of one pooled receive buffer in bytes. Default 64 KiB.
+    pub recv_buffer_size: usize,
+    /// Number of pooled receive buffers. Default 512.
+    pub recv_pool_size: usize,
+    /// Incoming buffer queue limit in buffers (all connections). Default 256.
+    pub incoming_max_buffers: usize,
+    /// Incoming buffer queue limit in bytes (all connections). Default 16 MiB.
+    pub incoming_max_bytes: usize,
+    /// Message-handler threads. Default 2.
+    pub handler_threads: usize,
+    /// Flow-control window: bytes a sender may have unconfirmed per
+    /// connection before it blocks. Default 4 MiB.
+    pub flow_control_window: usize,
+    /// Fraction of the window after which the receiver confirms processed
+    /// bytes (0 < threshold <= 1). Default 0.5.
+    pub flow_control_threshold: f64,
+    /// Default request timeout in milliseconds. Default 5000.
+    pub request_timeout_ms: u64,
+    /// How long a send may block under back-pressure before it fails, in
+    /// milliseconds. Default 5000.
+    pub send_timeout_ms: u64,
+    /// Connection-creation timeout (connect + handshake) in milliseconds.
+    /// Default 2000.
+    pub connect_timeout_ms: u64,
+    /// Maximum number of open connections; the least recently used one is
+    /// closed beyond it. Default 100.
+    pub max_connections: usize,
+    /// Largest message payload accepted from the network, in bytes. Default
+    /// 64 MiB. Anything larger is treated as hostile and closes the connection.
+    pub max_message_size: usize,
+    /// Parking of idle internal threads.
+    pub park: ParkConfig,
+    /// Shared cluster secret for authenticating connections (HMAC-SHA256
+    /// challenge–response). `None` accepts any peer and logs a warning.
+    pub cluster_secret: Option<String>,
+    /// InfiniBand/RoCE engine settings.
+    pub ib: IbConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_id: 0,
+            nodes: Vec::new(),
+            transport: TransportKind::Tcp,
+            loopback_fabric: "default".into(),
+            orb_size: 2 << 20,
+            recv_buffer_size: 64 << 10,
+            recv_pool_size: 512,
+            incoming_max_buffers: 256,
+            incoming_max_bytes: 16 << 20,
+            handler_threads: 2,
+            flow_control_window: 4 << 20,
+            flow_control_threshold: 0.5,
+            request_timeout_ms: 5000,
+            send_timeout_ms: 5000,
+            connect_timeout_ms: 2000,
+            max_connections: 100,
+            max_message_size: 64 << 20,
+            park: ParkConfig::default(),
+            cluster_secret: None,
+            ib: IbConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// A loopback configuration for node `id` among `n` nodes with ids 0..n.
+    pub fn loopback(id: u16, n: u16, fabric: &str) -> Self {
+        Self {
+            node_id: id,
+            nodes: (0..n)
+                .map(|i| NodeEntry {
+                    id: i,
+                    address: String::new(),
+                })
+                .collect(),
+            transport: TransportKind::Loopback,
+            loopback_fabric: fabric.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// A TCP configuration for node `id`; node `i` listens on
+    /// `127.0.0.1:(base_port + i)` for `i` in 0..n.
+    pub fn tcp_localhost(id: u16, n: u16, base_port: u16) -> Self {
+        Self {
+            node_id: id,
+            nodes: (0..n)
+                .map(|i| NodeEntry {
+                    id: i,
+                    address: format!("127.0.0.1:{}", base_port + i),
+                })
+                .collect(),
+            transport: TransportKind::Tcp,
+            ..Self::default()
+        }
+    }
+
+    /// Reads a configuration from a `.toml` or `.json` file (by extension;
+    /// anything else is tried as TOML).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        let cfg = if path.extension().is_some_and(|e| e == "json") {
+            Self::from_json(&text)?
+        } else {
+            Self::from_toml(&text)?
+        };
+        Ok(cfg)
+    }
+
+    /// Parses TOML text and validates it.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let cfg: Self = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses JSON text and validates it.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// This node's id.
+    pub fn own_id(&self) -> NodeId {
+        NodeId(self.node_id)
+    }
+
+    /// The address of `node` in the node map.
+    pub fn address_of(&self, node: NodeId) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == node.0)
+            .map(|n| n.address.as_str())
+    }
+
+    /// The default request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// Checks every field; the error names the field and the reason.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        let mut seen = std::collections::HashSet::new();
+        for n in &self.nodes {
+            if !seen.insert(n.id) {
+                return bad(format!("nodes: node id {} listed twice", n.id));
+            }
+            if self.transport != TransportKind::Loopback && n.address.is_empty() {
+                return bad(format!("nodes: node {} has no address", n.id));
+            }
+        }
+        if self.orb_size < 4096 || self.orb_size > (1 << 31) {
+            return bad(format!(
+                "orb_size {} must be within 4 KiB..=2 GiB",
+                self.orb_size
+            ));
+        }
+        if self.recv_buffer_size < 1024 || self.recv_buffer_size > (1 << 30) {
+            return bad(format!(
+                "recv_buffer_size {} must be within 1 KiB..=1 GiB",
+                self.recv_buffer_size
+            ));
+        }
+        if self.recv_pool_size < 2 {
+            return bad("recv_pool_size must be at least 2".into());
+        }
+        if self.incoming_max_buffers == 0 || self.incoming_max_bytes < self.recv_buffer_size {
+            return bad(
+                "incoming_max_buffers must be > 0 and incoming_max_bytes >= recv_buffer_size"
+                    .into(),
+            );
+        }
+        if self.handler_threads == 0 {
+            return bad("handler_threads must be at least 1".into());
+        }
+        if self.flow_control_window < 1024 {
+            return bad("flow_control_window must be at least 1024 bytes".into());
+        }
+        if !(self.flow_control_threshold > 0.0 && self.flow_control_threshold <= 1.0) {
+            return bad("flow_control_threshold must be in (0, 1]".into());
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections must be at least 1".into());
+        }
+        if self.max_message_size == 0 || self.max_message_size > u32::MAX as usize {
+            return bad("max_message_size must be within 1..=4 GiB-1".into());
+        }
+        if self.connect_timeout_ms == 0 || self.request_timeout_ms == 0 || self.send_timeout_ms == 0
+        {
+            return bad("timeouts must be > 0 ms".into());
+        }
+        if self.ib.sges_per_recv == 0 || self.ib.sq_size == 0 || self.ib.srq_size == 0 {
+            return bad("ib: sges_per_recv, sq_size and srq_size must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_and_json_with_defaults() {
+        let t = Config::from_toml(
+            "node_id = 2\ntransport = \"tcp\"\n[[nodes]]\nid = 2\naddress = \"127.0.0.1:5000\"\n",
+        )
+        .unwrap();
+        assert_eq!(t.node_id, 2);
+        assert_eq!(t.orb_size, Config::default().orb_size);
+        assert_eq!(t.address_of(NodeId(2)), Some("127.0.0.1:5000"));
+        let j = Config::from_json(r#"{"node_id":1,"transport":"loopback","handler_threads":4,"park":{"spin_us":0}}"#).unwrap();
+        assert_eq!(j.handler_threads, 4);
+        assert_eq!(j.park.spin_us, 0);
+        assert_eq!(j.park.yield_us, ParkConfig::default().yield_us);
+    }
+
+    #[test]
+    fn rejects_bad_values_with_field_name() {
+        let e = Config::from_toml("handler_threads = 0").unwrap_err();
+        assert!(e.to_string().contains("handler_threads"), "{e}");
+        let e = Config::from_toml("no_such_field = 1").unwrap_err();
+        assert!(e.to_string().contains("no_such_field"), "{e}");
+        let e = Config::from_toml("[[nodes]]\nid = 1\naddress = \"a:1\"\n[[nodes]]\nid = 1\naddress = \"a:2\"").unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+}

@@ -1,0 +1,178 @@
+//! The public face of a dxnet node: send, request, register receivers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::core::Core;
+use crate::{Config, Message, NodeId, Request, Result};
+
+/// A running dxnet node. Cheap to share between threads (`&Node` is enough to
+/// send); dropping it (or [`Node::shutdown`]) stops every thread it started.
+pub struct Node {
+    core: Arc<Core>,
+}
+
+/// Counters of one node since start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Messages handed to `send`/`request`/responses.
+    pub msgs_sent: u64,
+    /// Messages dispatched to receivers (including responses).
+    pub msgs_received: u64,
+    /// Payload+header bytes serialized into ring buffers.
+    pub bytes_sent: u64,
+    /// Payload+header bytes decoded by handler threads.
+    pub bytes_received: u64,
+    /// Connections opened (outgoing and incoming).
+    pub connections_opened: u64,
+    /// Connections closed or broken.
+    pub connections_closed: u64,
+    /// Messages dropped because no receiver was registered for their type.
+    pub unknown_messages: u64,
+}
+
+/// A response that has not arrived yet. Wait for it with
+/// [`ResponseHandle::wait`] or `.await` it (runtime-agnostic `Future`).
+pub struct ResponseHandle<T> {
+    inner: crate::core::requests::PendingResponse,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl Node {
+    /// Starts a node: validates `config`, starts the transport, handler
+    /// threads and (for TCP) the listener.
+    pub fn start(config: Config) -> Result<Node> {
+        let core = Core::start(config)?;
+        Ok(Node { core })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.core.own_id()
+    }
+
+    /// The configuration the node runs with.
+    pub fn config(&self) -> &Config {
+        self.core.config()
+    }
+
+    /// Registers a receiver for message type `M`; it runs on the
+    /// message-handler threads (messages of one connection in order).
+    pub fn register<M, F>(&self, f: F) -> Result<()>
+    where
+        M: Message,
+        F: Fn(NodeId, M) + Send + Sync + 'static,
+    {
+        self.core.register_message::<M, F>(f, false)
+    }
+
+    /// Registers a receiver for `M` that processes every message of this type,
+    /// from all connections, serially on one dedicated thread.
+    pub fn register_exclusive<M, F>(&self, f: F) -> Result<()>
+    where
+        M: Message,
+        F: Fn(NodeId, M) + Send + Sync + 'static,
+    {
+        self.core.register_message::<M, F>(f, true)
+    }
+
+    /// Registers a receiver for raw payloads of (`msg_type`, `subtype`): no
+    /// serde on either side (see [`Node::send_raw`]).
+    pub fn register_raw<F>(&self, msg_type: u8, subtype: u8, f: F) -> Result<()>
+    where
+        F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
+    {
+        self.core.register_raw(msg_type, subtype, f)
+    }
+
+    /// Registers the handler of request type `R`; its return value is sent
+    /// back as the response bound to the request.
+    pub fn register_request<R, F>(&self, f: F) -> Result<()>
+    where
+        R: Request,
+        F: Fn(NodeId, R) -> R::Response + Send + Sync + 'static,
+    {
+        self.core.register_request::<R, F>(f)
+    }
+
+    /// Sends `msg` to `dest`. Returns once the message is serialized into the
+    /// connection's ring buffer; blocks only under back-pressure and then
+    /// fails with [`crate::Error::Timeout`] after `send_timeout_ms`.
+    pub fn send<M: Message>(&self, dest: NodeId, msg: &M) -> Result<()> {
+        self.core.send_message(dest, msg)
+    }
+
+    /// Sends raw bytes as a message of (`msg_type`, `subtype`), copied
+    /// straight into the ring buffer without serde.
+    pub fn send_raw(&self, dest: NodeId, msg_type: u8, subtype: u8, payload: &[u8]) -> Result<()> {
+        self.core.send_raw(dest, msg_type, subtype, payload)
+    }
+
+    /// Sends request `req` and blocks until its response arrives or `timeout`
+    /// passes.
+    pub fn request<R: Request>(&self, dest: NodeId, req: &R, timeout: Duration) -> Result<R::Response> {
+        self.request_async(dest, req, timeout)?.wait()
+    }
+
+    /// Sends request `req` and returns a handle to wait for the response
+    /// later; the handle is also a `Future`.
+    pub fn request_async<R: Request>(
+        &self,
+        dest: NodeId,
+        req: &R,
+        timeout: Duration,
+    ) -> Result<ResponseHandle<R::Response>> {
+        let inner = self.core.send_request(dest, req, timeout)?;
+        Ok(ResponseHandle {
+            inner,
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> NodeStats {
+        self.core.stats()
+    }
+
+    /// Stops the node: pending requests fail with [`crate::Error::Shutdown`],
+    /// threads are joined. Dropping the node does the same.
+    pub fn shutdown(self) {
+        drop(self)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.core.shutdown();
+    }
+}
+
+impl<T: Message> ResponseHandle<T> {
+    /// Blocks until the response arrives, the request times out, or its
+    /// connection fails.
+    pub fn wait(self) -> Result<T> {
+        let bytes = self.inner.wait()?;
+        crate::core::codec::decode::<T>(&bytes)
+    }
+
+    /// The response if it has arrived, without blocking.
+    pub fn try_take(&mut self) -> Option<Result<T>> {
+        self.inner
+            .try_take()
+            .map(|r| r.and_then(|b| crate::core::codec::decode::<T>(&b)))
+    }
+}
+
+impl<T: Message> Future for ResponseHandle<T> {
+    type Output = Result<T>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.inner.poll_take(cx) {
+            Poll::Ready(r) => Poll::Ready(r.and_then(|b| crate::core::codec::decode::<T>(&b))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
