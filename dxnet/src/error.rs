@@ -28,7 +28,12 @@ pub enum Error {
     Decode(String),
     /// A message exceeds the configured `max_message_size`.
     #[error("message of {size} bytes exceeds max_message_size {max}")]
-    TooLarge { size: usize, max: usize },
+    TooLarge {
+        /// Size of the message.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The configuration is invalid (the text says which field and why).
     #[error("configuration error: {0}")]
     Config(String),

@@ -1,0 +1,245 @@
+//! Per-peer connection state and the table of open connections.
+//!
+//! A [`Connection`] is the transport-independent half of a link to one peer:
+//! its outgoing ring buffer, flow control, received-but-unprocessed buffers
+//! (inbox) and reassembly state. A transport engine attaches its own half
+//! (socket, queue pair) keyed by the connection's id.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+
+use crate::core::decoder::Decoder;
+use crate::core::flow::FlowControl;
+use crate::core::orb::Orb;
+use crate::core::park::Signal;
+use crate::core::pool::RecvBuffer;
+use crate::NodeId;
+
+/// Connection lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    /// Being established; senders wait.
+    Connecting = 0,
+    /// Established: data flows.
+    Open = 1,
+    /// Closed or broken; never reopened (a new connection replaces it).
+    Closed = 2,
+}
+
+/// Received data waiting for a handler thread.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A pooled receive buffer (returned to the pool after processing).
+    Pooled(RecvBuffer),
+    /// Bytes of a message to the own node (never crossed a transport).
+    Local(Vec<u8>),
+}
+
+impl Incoming {
+    /// Message-stream bytes it carries.
+    pub fn data_len(&self) -> usize {
+        match self {
+            Self::Pooled(b) => b.data_len(),
+            Self::Local(v) => v.len(),
+        }
+    }
+}
+
+/// The inbox of a connection: buffers received, in order, and whether the
+/// connection is scheduled on (or being processed by) a handler thread. Both
+/// live under one lock so no wake-up is lost.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    /// Buffers in arrival order.
+    pub items: VecDeque<Incoming>,
+    /// True while queued in the ready queue or held by a handler.
+    pub scheduled: bool,
+}
+
+/// The transport-independent state of a connection to one peer.
+#[derive(Debug)]
+pub struct Connection {
+    /// The peer.
+    pub peer: NodeId,
+    /// Unique id of this connection within the node (never reused).
+    pub id: u64,
+    /// Outgoing ring buffer.
+    pub orb: Orb,
+    /// Flow control, both directions.
+    pub flow: FlowControl,
+    /// Received data waiting for processing.
+    pub inbox: Mutex<Inbox>,
+    /// Reassembly state; used only by the handler thread holding the
+    /// connection (`Inbox::scheduled`).
+    pub decoder: Mutex<Decoder>,
+    state: AtomicU8,
+    peer_instance: AtomicU64,
+    last_used: AtomicU64,
+    /// Signalled when the state changes.
+    pub state_changed: Signal,
+    close_reason: Mutex<Option<String>>,
+}
+
+impl Connection {
+    /// A new connection in state `Connecting`.
+    pub fn new(peer: NodeId, id: u64, orb_size: usize, flow: FlowControl, max_payload: usize) -> Self {
+        Self {
+            peer,
+            id,
+            orb: Orb::new(orb_size),
+            flow,
+            inbox: Mutex::new(Inbox::default()),
+            decoder: Mutex::new(Decoder::new(max_payload)),
+            state: AtomicU8::new(ConnState::Connecting as u8),
+            peer_instance: AtomicU64::new(0),
+            last_used: AtomicU64::new(0),
+            state_changed: Signal::new(),
+            close_reason: Mutex::new(None),
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> ConnState {
+        match self.state.load(Ordering::Acquire) {
+            0 => ConnState::Connecting,
+            1 => ConnState::Open,
+            _ => ConnState::Closed,
+        }
+    }
+
+    /// True unless closed.
+    pub fn is_alive(&self) -> bool {
+        self.state() != ConnState::Closed
+    }
+
+    /// Connecting → Open, recording the peer's instance id; false if the
+    /// connection was closed meanwhile.
+    pub fn mark_open(&self, peer_instance: u64) -> bool {
+        self.peer_instance.store(peer_instance, Ordering::Release);
+        let ok = self
+            .state
+            .compare_exchange(
+                ConnState::Connecting as u8,
+                ConnState::Open as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+            || self.state() == ConnState::Open;
+        self.state_changed.notify_all();
+        ok
+    }
+
+    /// Moves to Closed; returns false if it already was. The first reason
+    /// sticks.
+    pub fn mark_closed(&self, reason: &str) -> bool {
+        let prev = self.state.swap(ConnState::Closed as u8, Ordering::AcqRel);
+        if prev == ConnState::Closed as u8 {
+            return false;
+        }
+        *self.close_reason.lock() = Some(reason.to_string());
+        self.orb.close();
+        self.flow.wake_all();
+        self.state_changed.notify_all();
+        true
+    }
+
+    /// Why the connection closed.
+    pub fn close_reason(&self) -> String {
+        self.close_reason
+            .lock()
+            .clone()
+            .unwrap_or_else(|| "connection closed".into())
+    }
+
+    /// The peer's instance id (from the handshake).
+    pub fn peer_instance(&self) -> u64 {
+        self.peer_instance.load(Ordering::Acquire)
+    }
+
+    /// Records use at `tick` (coarse time, for least-recently-used closing).
+    #[inline]
+    pub fn touch(&self, tick: u64) {
+        if self.last_used.load(Ordering::Relaxed) != tick {
+            self.last_used.store(tick, Ordering::Relaxed);
+        }
+    }
+
+    /// Last use tick.
+    pub fn last_used(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+}
+
+/// Open connections by peer id: lock-free lookup on the send path, creation
+/// and removal serialized by a lock.
+pub struct ConnectionTable {
+    slots: Box<[ArcSwapOption<Connection>]>,
+    /// Serializes creation, replacement and removal; holds the count.
+    pub lock: Mutex<usize>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for ConnectionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionTable")
+            .field("count", &*self.lock.lock())
+            .finish()
+    }
+}
+
+impl Default for ConnectionTable {
+    fn default() -> Self {
+        Self {
+            slots: (0..=u16::MAX as usize)
+                .map(|_| ArcSwapOption::empty())
+                .collect(),
+            lock: Mutex::new(0),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+impl ConnectionTable {
+    /// The current connection to `peer`, if any.
+    #[inline]
+    pub fn get(&self, peer: NodeId) -> Option<Arc<Connection>> {
+        self.slots[peer.0 as usize].load_full()
+    }
+
+    /// A fresh connection id.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Installs `conn` (caller holds `lock`, passing the guarded count).
+    pub fn install(&self, count: &mut usize, conn: Arc<Connection>) {
+        let old = self.slots[conn.peer.0 as usize].swap(Some(conn));
+        if old.is_none() {
+            *count += 1;
+        }
+    }
+
+    /// Removes `conn` if it is still the installed one (caller holds `lock`).
+    pub fn remove_if_current(&self, count: &mut usize, conn: &Connection) -> bool {
+        let slot = &self.slots[conn.peer.0 as usize];
+        let cur = slot.load();
+        if cur.as_ref().is_some_and(|c| c.id == conn.id) {
+            slot.store(None);
+            *count -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// All installed connections (a snapshot).
+    pub fn all(&self) -> Vec<Arc<Connection>> {
+        self.slots.iter().filter_map(|s| s.load_full()).collect()
+    }
+}

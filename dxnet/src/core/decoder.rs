@@ -1,0 +1,162 @@
+//! Sans-IO message decoder: turns a connection's byte stream, arriving in
+//! buffers of any size, into whole messages.
+//!
+//! A message that lies within one buffer is handed out as a borrowed slice
+//! (zero copy); one split across buffers is reassembled in a per-connection
+//! scratch vector that grows only as bytes actually arrive, never to a size
+//! claimed by the peer, and is capped by `max_message_size`.
+
+use crate::message::{HeaderError, MessageHeader, HEADER_LEN};
+
+/// Scratch capacity kept after a large reassembled message (bytes).
+const KEEP_SCRATCH: usize = 256 << 10;
+
+/// Reassembly state of one connection's incoming stream.
+#[derive(Debug)]
+pub struct Decoder {
+    max_payload: usize,
+    header_bytes: [u8; HEADER_LEN],
+    header_have: usize,
+    /// Header of the message being reassembled.
+    current: Option<MessageHeader>,
+    scratch: Vec<u8>,
+    failed: bool,
+}
+
+impl Decoder {
+    /// A decoder that rejects payloads above `max_payload` bytes.
+    pub fn new(max_payload: usize) -> Self {
+        Self {
+            max_payload,
+            header_bytes: [0; HEADER_LEN],
+            header_have: 0,
+            current: None,
+            scratch: Vec::new(),
+            failed: false,
+        }
+    }
+
+    /// True between messages (no partial header or payload buffered).
+    pub fn is_idle(&self) -> bool {
+        self.header_have == 0 && self.current.is_none()
+    }
+
+    /// Feeds the next bytes of the stream; `on_message` gets every message
+    /// completed by them, in order. After an error the stream is unusable and
+    /// every later call fails too.
+    pub fn feed<F>(&mut self, mut data: &[u8], mut on_message: F) -> Result<(), HeaderError>
+    where
+        F: FnMut(&MessageHeader, &[u8]),
+    {
+        if self.failed {
+            return Err(HeaderError::BadMagic(0));
+        }
+        while !data.is_empty() {
+            if let Some(h) = self.current {
+                // Continue a split payload.
+                let need = h.payload_len as usize - self.scratch.len();
+                let take = need.min(data.len());
+                self.scratch.extend_from_slice(&data[..take]);
+                data = &data[take..];
+                if self.scratch.len() == h.payload_len as usize {
+                    on_message(&h, &self.scratch);
+                    self.current = None;
+                    self.scratch.clear();
+                    if self.scratch.capacity() > KEEP_SCRATCH {
+                        self.scratch = Vec::new();
+                    }
+                }
+                continue;
+            }
+            let header = if self.header_have > 0 || data.len() < HEADER_LEN {
+                // Header split across buffers.
+                let take = (HEADER_LEN - self.header_have).min(data.len());
+                self.header_bytes[self.header_have..self.header_have + take]
+                    .copy_from_slice(&data[..take]);
+                self.header_have += take;
+                data = &data[take..];
+                if self.header_have < HEADER_LEN {
+                    return Ok(());
+                }
+                self.header_have = 0;
+                self.decode_header(self.header_bytes)?
+            } else {
+                let mut b = [0u8; HEADER_LEN];
+                b.copy_from_slice(&data[..HEADER_LEN]);
+                data = &data[HEADER_LEN..];
+                self.decode_header(b)?
+            };
+            let len = header.payload_len as usize;
+            if data.len() >= len {
+                on_message(&header, &data[..len]);
+                data = &data[len..];
+            } else {
+                self.current = Some(header);
+                self.scratch.clear();
+                self.scratch.extend_from_slice(data);
+                data = &[];
+            }
+        }
+        Ok(())
+    }
+
+    fn decode_header(&mut self, b: [u8; HEADER_LEN]) -> Result<MessageHeader, HeaderError> {
+        MessageHeader::decode(&b, self.max_payload).inspect_err(|_| self.failed = true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::FLAG_REQUEST;
+
+    fn encode(t: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+        let h = MessageHeader {
+            msg_type: t,
+            subtype: 0,
+            flags: FLAG_REQUEST,
+            request_id: id,
+            payload_len: payload.len() as u32,
+        };
+        let mut b = [0u8; HEADER_LEN];
+        h.encode(&mut b);
+        let mut v = b.to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[test]
+    fn reassembles_any_split() {
+        let mut stream = Vec::new();
+        let mut expect = Vec::new();
+        for i in 0..50u32 {
+            let p: Vec<u8> = (0..(i * 37 % 300)).map(|x| (x ^ i) as u8).collect();
+            stream.extend(encode(1, i, &p));
+            expect.push((i, p));
+        }
+        for chunk in [1usize, 2, 5, 11, 12, 13, 64, 1000, stream.len()] {
+            let mut d = Decoder::new(1 << 20);
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                d.feed(c, |h, p| got.push((h.request_id, p.to_vec()))).unwrap();
+            }
+            assert!(d.is_idle());
+            assert_eq!(got, expect, "chunk size {chunk}");
+        }
+    }
+
+    #[test]
+    fn rejects_oversized_and_garbage_without_allocating() {
+        let mut d = Decoder::new(100);
+        let mut big = encode(1, 1, &[0; 10]);
+        big[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            d.feed(&big, |_, _| panic!("no message")),
+            Err(HeaderError::TooLong { .. })
+        ));
+        assert!(d.feed(&[0xD7], |_, _| ()).is_err(), "stays failed");
+        let mut d = Decoder::new(100);
+        assert!(d.feed(&[1; 40], |_, _| ()).is_err());
+        assert_eq!(d.scratch.capacity(), 0);
+    }
+}

@@ -1,0 +1,218 @@
+//! Window-based flow control, as in DXNet.
+//!
+//! The sender counts bytes it has written for a connection but the receiver
+//! has not yet confirmed as processed, and blocks (with a timeout) while that
+//! count is at the window. The receiver counts processed bytes and confirms
+//! them in units (`window × threshold` bytes); units travel back with the
+//! next data (TCP chunk header, RDMA immediate data) or alone. So however
+//! slow a receiver is, at most one window per connection is in flight.
+//!
+//! The window and unit are the *receiver's*: each side announces them in the
+//! connection handshake, and the sender uses the peer's values.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::config::ParkConfig;
+use crate::core::park::Signal;
+
+/// Why a flow-control wait ended without a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowWaitError {
+    /// The window stayed full until the deadline.
+    Timeout,
+    /// The connection closed while waiting.
+    Closed,
+}
+
+/// Flow-control state of one connection (both directions).
+#[derive(Debug)]
+pub struct FlowControl {
+    /// Sender side: the peer's window and unit (set at handshake).
+    peer_window: AtomicU64,
+    peer_unit: AtomicU64,
+    in_flight: AtomicU64,
+    /// Receiver side: own unit.
+    own_unit: u64,
+    processed: AtomicU64,
+    pending_units: AtomicU32,
+    waiters: Signal,
+}
+
+impl FlowControl {
+    /// Receiver-side unit `own_unit`; sender side starts with the same
+    /// values until [`FlowControl::set_peer`] sets the peer's.
+    pub fn new(own_window: u64, own_unit: u64) -> Self {
+        Self {
+            peer_window: AtomicU64::new(own_window),
+            peer_unit: AtomicU64::new(own_unit.max(1)),
+            in_flight: AtomicU64::new(0),
+            own_unit: own_unit.max(1),
+            processed: AtomicU64::new(0),
+            pending_units: AtomicU32::new(0),
+            waiters: Signal::new(),
+        }
+    }
+
+    /// Own unit from a window and threshold (always below the window).
+    pub fn unit_for(window: u64, threshold: f64) -> u64 {
+        ((window as f64 * threshold) as u64).clamp(1, window.saturating_sub(1).max(1))
+    }
+
+    /// Sets the peer's announced window and unit (handshake). A unit not
+    /// below the window would deadlock, so it is clamped.
+    pub fn set_peer(&self, window: u64, unit: u64) {
+        let window = window.max(2);
+        self.peer_window.store(window, Ordering::Relaxed);
+        self.peer_unit
+            .store(unit.clamp(1, window - 1), Ordering::Relaxed);
+    }
+
+    /// Bytes written but not confirmed.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Sender: claims `len` bytes of window, waiting (spin, yield, park)
+    /// while the window is full. `open` tells whether the connection still
+    /// lives. A message is admitted whenever the window is not full, so the
+    /// in-flight total stays below window + one message.
+    pub fn acquire(
+        &self,
+        len: u64,
+        deadline: Instant,
+        park: &ParkConfig,
+        open: impl Fn() -> bool,
+    ) -> Result<(), FlowWaitError> {
+        loop {
+            let window = self.peer_window.load(Ordering::Relaxed);
+            let cur = self.in_flight.load(Ordering::Acquire);
+            if cur < window {
+                if self
+                    .in_flight
+                    .compare_exchange_weak(cur, cur + len, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+                continue;
+            }
+            let ok = self.waiters.wait_until(park, deadline, || {
+                !open() || self.in_flight.load(Ordering::Acquire) < window
+            });
+            if !open() {
+                return Err(FlowWaitError::Closed);
+            }
+            if !ok {
+                return Err(FlowWaitError::Timeout);
+            }
+        }
+    }
+
+    /// Sender: the peer confirmed `units`. Never underflows, whatever a peer
+    /// claims.
+    pub fn on_confirm(&self, units: u32) {
+        if units == 0 {
+            return;
+        }
+        self.on_confirm_bytes(units as u64 * self.peer_unit.load(Ordering::Relaxed));
+    }
+
+    /// Sender: `bytes` of window come back (confirmed, or never sent).
+    pub fn on_confirm_bytes(&self, bytes: u64) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
+                Some(c.saturating_sub(bytes))
+            });
+        self.waiters.notify_all();
+    }
+
+    /// Wakes senders blocked on this window (the connection closed).
+    pub fn wake_all(&self) {
+        self.waiters.notify_all();
+    }
+
+    /// Receiver: `bytes` were processed; true if a new unit became due (the
+    /// caller then registers write interest so it is sent).
+    pub fn on_processed(&self, bytes: u64) -> bool {
+        // Only the handler thread that owns the connection calls this.
+        let p = self.processed.load(Ordering::Relaxed) + bytes;
+        if p >= self.own_unit {
+            let units = p / self.own_unit;
+            self.processed
+                .store(p - units * self.own_unit, Ordering::Relaxed);
+            self.pending_units
+                .fetch_add(units.min(u32::MAX as u64) as u32, Ordering::AcqRel);
+            true
+        } else {
+            self.processed.store(p, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// Receiver: takes up to `max` due units for sending.
+    pub fn take_units(&self, max: u32) -> u32 {
+        let mut taken = 0;
+        let _ = self
+            .pending_units
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                taken = c.min(max);
+                Some(c - taken)
+            });
+        taken
+    }
+
+    /// Receiver: gives back units that could not be sent after all.
+    pub fn untake_units(&self, units: u32) {
+        if units > 0 {
+            self.pending_units.fetch_add(units, Ordering::AcqRel);
+        }
+    }
+
+    /// Receiver: units due.
+    pub fn pending_units(&self) -> u32 {
+        self.pending_units.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn window_blocks_and_confirm_releases() {
+        let f = FlowControl::new(1000, 500);
+        let park = ParkConfig::default();
+        let soon = || Instant::now() + Duration::from_millis(5);
+        f.acquire(600, soon(), &park, || true).unwrap();
+        f.acquire(600, soon(), &park, || true).unwrap(); // 600 < 1000: admitted
+        assert_eq!(
+            f.acquire(1, soon(), &park, || true),
+            Err(FlowWaitError::Timeout)
+        );
+        f.on_confirm(1);
+        assert_eq!(f.in_flight(), 700);
+        f.acquire(1, soon(), &park, || true).unwrap();
+        assert_eq!(
+            f.acquire(1, soon(), &park, || false),
+            Err(FlowWaitError::Closed)
+        );
+        f.on_confirm(u32::MAX);
+        assert_eq!(f.in_flight(), 0, "hostile confirmations do not underflow");
+    }
+
+    #[test]
+    fn receiver_units() {
+        let f = FlowControl::new(1000, 300);
+        assert!(!f.on_processed(200));
+        assert!(f.on_processed(500));
+        assert_eq!(f.take_units(1), 1);
+        assert_eq!(f.take_units(10), 1);
+        assert_eq!(f.take_units(10), 0);
+        f.untake_units(2);
+        assert_eq!(f.pending_units(), 2);
+        assert_eq!(FlowControl::unit_for(1000, 1.0), 999);
+    }
+}

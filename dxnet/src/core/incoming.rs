@@ -1,0 +1,119 @@
+//! The bounded incoming buffer queue shared by all connections.
+//!
+//! Transports push received buffers into their connection's inbox; a
+//! connection with data is queued once in the ready queue; handler threads
+//! take a connection, process its buffers in order, and give it back. So
+//! messages of one connection are handled in order, different connections in
+//! parallel. Limits on queued buffers and bytes (over all connections) make
+//! receivers stop reading when handlers fall behind: memory stays bounded and
+//! back-pressure reaches the senders (TCP window, RDMA flow control).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam::queue::SegQueue;
+
+use crate::core::connection::{Connection, Incoming};
+use crate::core::park::Signal;
+
+/// The ready queue, limits and wake-up signal of the handler threads.
+#[derive(Debug)]
+pub struct IncomingQueue {
+    ready: SegQueue<Arc<Connection>>,
+    buffers: AtomicUsize,
+    bytes: AtomicUsize,
+    max_buffers: usize,
+    max_bytes: usize,
+    starved: AtomicBool,
+    /// Handler threads park on this.
+    pub handlers: Signal,
+}
+
+impl IncomingQueue {
+    /// A queue holding at most `max_buffers` buffers and `max_bytes` bytes.
+    pub fn new(max_buffers: usize, max_bytes: usize) -> Self {
+        Self {
+            ready: SegQueue::new(),
+            buffers: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            max_buffers,
+            max_bytes,
+            starved: AtomicBool::new(false),
+            handlers: Signal::new(),
+        }
+    }
+
+    /// True if one more buffer fits. A receiver checks this before reading;
+    /// when false it stops and is woken once handlers drained some.
+    pub fn has_room(&self) -> bool {
+        if self.buffers.load(Ordering::Acquire) < self.max_buffers
+            && self.bytes.load(Ordering::Acquire) < self.max_bytes
+        {
+            return true;
+        }
+        self.starved.store(true, Ordering::SeqCst);
+        // Handlers may have drained between the check and the flag.
+        self.buffers.load(Ordering::SeqCst) < self.max_buffers
+            && self.bytes.load(Ordering::SeqCst) < self.max_bytes
+    }
+
+    /// Appends `item` to `conn`'s inbox and schedules the connection.
+    pub fn push(&self, conn: &Arc<Connection>, item: Incoming) {
+        let len = item.data_len();
+        self.buffers.fetch_add(1, Ordering::AcqRel);
+        self.bytes.fetch_add(len, Ordering::AcqRel);
+        let schedule = {
+            let mut inbox = conn.inbox.lock();
+            inbox.items.push_back(item);
+            !std::mem::replace(&mut inbox.scheduled, true)
+        };
+        if schedule {
+            self.ready.push(conn.clone());
+            self.handlers.notify_one();
+        }
+    }
+
+    /// Puts a connection that still has data back in the ready queue (a
+    /// handler used up its budget on it; round-robin fairness).
+    pub fn reschedule(&self, conn: Arc<Connection>) {
+        self.ready.push(conn);
+        self.handlers.notify_one();
+    }
+
+    /// The next connection with data, now owned by the caller until its inbox
+    /// is empty (see [`IncomingQueue::next_item`]) or it is rescheduled.
+    pub fn pop_ready(&self) -> Option<Arc<Connection>> {
+        self.ready.pop()
+    }
+
+    /// True if no connection is waiting for a handler.
+    pub fn is_idle(&self) -> bool {
+        self.ready.is_empty()
+    }
+
+    /// The next buffer of a connection the caller owns; `None` ends the
+    /// ownership (the connection is unscheduled under the inbox lock). The
+    /// second value tells whether a starved receiver must be woken.
+    pub fn next_item(&self, conn: &Connection) -> (Option<Incoming>, bool) {
+        let item = {
+            let mut inbox = conn.inbox.lock();
+            let item = inbox.items.pop_front();
+            if item.is_none() {
+                inbox.scheduled = false;
+            }
+            item
+        };
+        let mut wake = false;
+        if let Some(it) = &item {
+            self.buffers.fetch_sub(1, Ordering::AcqRel);
+            self.bytes.fetch_sub(it.data_len(), Ordering::AcqRel);
+            wake = self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst);
+        }
+        (item, wake)
+    }
+
+    /// Buffers queued now.
+    pub fn queued_buffers(&self) -> usize {
+        self.buffers.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,868 @@
+//! The transport-independent core: everything between the public API and a
+//! transport engine, testable without sockets.
+//!
+//! - [`orb`]: per-connection outgoing ring buffer (lock-free, multi-producer).
+//! - [`write_interest`]: connections with data for the send thread, round-robin.
+//! - [`pool`], [`incoming`]: pooled receive buffers and the bounded incoming
+//!   queue feeding the handler threads.
+//! - [`decoder`]: message reassembly across buffers.
+//! - [`flow`]: window-based flow control.
+//! - [`requests`]: pending requests and their responses.
+//! - [`connection`]: per-peer state and the connection table.
+//! - [`wire`]: handshake and chunk-header formats.
+//! - [`park`]: load-adaptive idling of internal threads.
+//!
+//! [`Core`] ties them together: the send path (serialize into the ORB), the
+//! handler threads (decode and dispatch), the connection manager (open on
+//! first use, least-recently-used closing, failure handling) and the hooks a
+//! [`Transport`] calls.
+
+pub mod codec;
+pub mod connection;
+pub mod decoder;
+pub mod flow;
+pub mod incoming;
+pub mod orb;
+pub mod park;
+pub mod pool;
+pub mod requests;
+pub mod stats;
+pub mod sync;
+pub mod wire;
+pub mod write_interest;
+
+use std::io::Write;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::config::{Config, ParkConfig, TransportKind};
+use crate::message::{
+    type_key, MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN,
+};
+use crate::node::NodeStats;
+use crate::transport::Transport;
+use crate::{Error, Message, NodeId, Request, Result};
+
+use connection::{ConnState, Connection, ConnectionTable, Incoming};
+use flow::{FlowControl, FlowWaitError};
+use incoming::IncomingQueue;
+use orb::OrbError;
+use park::{Idle, Signal};
+use pool::{BufferPool, RecvBuffer};
+use requests::{PendingResponse, RequestTable};
+use stats::Stats;
+use write_interest::WriteInterest;
+
+/// Error codes carried by error responses (`FLAG_ERROR`).
+const REMOTE_UNKNOWN_TYPE: u8 = 1;
+const REMOTE_DECODE: u8 = 2;
+const REMOTE_PANIC: u8 = 3;
+
+/// Buffers a handler thread processes from one connection before it moves
+/// on to the next (fairness between connections).
+const HANDLER_BUDGET: usize = 16;
+
+type MessageFn = Box<dyn Fn(NodeId, &[u8]) -> Result<()> + Send + Sync>;
+type RequestFn = Box<dyn Fn(&Core, NodeId, u32, &[u8]) + Send + Sync>;
+
+enum HandlerKind {
+    /// Typed or raw message: decodes and calls the receiver.
+    Message(MessageFn),
+    /// Request: decodes, calls the handler, sends the response.
+    Request(RequestFn),
+}
+
+struct HandlerEntry {
+    kind: HandlerKind,
+    exclusive: bool,
+}
+
+/// A message for the exclusive handler thread.
+struct ExclusiveItem {
+    src: NodeId,
+    key: u16,
+    payload: Vec<u8>,
+}
+
+/// The shared state of one node.
+pub struct Core {
+    config: Config,
+    own: NodeId,
+    /// Random id of this node's lifetime (detects restarts).
+    pub instance: u64,
+    /// Own flow-control window (bytes accepted unprocessed per connection).
+    pub fc_window: u64,
+    /// Own flow-control unit.
+    pub fc_unit: u64,
+    /// Open connections.
+    pub connections: ConnectionTable,
+    /// Connections with data or confirmations to send.
+    pub wim: WriteInterest,
+    /// Receive buffers.
+    pub pool: BufferPool,
+    /// Received buffers waiting for handler threads.
+    pub incoming: IncomingQueue,
+    /// Pending requests.
+    pub requests: Arc<RequestTable>,
+    /// Counters.
+    pub stats: Stats,
+    handlers: Box<[OnceLock<HandlerEntry>]>,
+    transport: OnceLock<Arc<dyn Transport>>,
+    shutdown: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    exclusive_tx: Mutex<Option<Sender<ExclusiveItem>>>,
+    local: Arc<Connection>,
+    local_room: Signal,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("own", &self.own)
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// Validates the configuration, builds the core, starts the handler
+    /// threads and the transport.
+    pub fn start(config: Config) -> Result<Arc<Core>> {
+        config.validate()?;
+        if config.cluster_secret.is_none() && config.transport != TransportKind::Loopback {
+            tracing::warn!(
+                "node {}: no cluster_secret configured: any process that can reach this node can join the cluster",
+                config.node_id
+            );
+        }
+        let own = NodeId(config.node_id);
+        let fc_window = config.flow_control_window as u64;
+        let fc_unit = FlowControl::unit_for(fc_window, config.flow_control_threshold);
+        let local = Arc::new(Connection::new(
+            own,
+            0,
+            4096,
+            FlowControl::new(fc_window, fc_unit),
+            config.max_message_size,
+        ));
+        local.mark_open(0);
+        let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
+        let core = Arc::new(Core {
+            own,
+            instance: loop {
+                let v: u64 = rand::random();
+                if v != 0 {
+                    break v;
+                }
+            },
+            fc_window,
+            fc_unit,
+            connections: ConnectionTable::default(),
+            wim: WriteInterest::new(),
+            pool: BufferPool::new(config.recv_pool_size, config.recv_buffer_size),
+            incoming: IncomingQueue::new(config.incoming_max_buffers, config.incoming_max_bytes),
+            requests: RequestTable::new(),
+            stats: Stats::default(),
+            handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
+            transport: OnceLock::new(),
+            shutdown: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            exclusive_tx: Mutex::new(Some(ex_tx)),
+            local,
+            local_room: Signal::new(),
+            started: Instant::now(),
+            config,
+        });
+        {
+            let mut threads = core.threads.lock();
+            for i in 0..core.config.handler_threads {
+                let c = core.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("dxnet-handler-{}-{i}", own.0))
+                        .spawn(move || c.handler_loop())
+                        .map_err(|e| Error::Config(format!("cannot spawn handler thread: {e}")))?,
+                );
+            }
+            let c = core.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dxnet-exclusive-{}", own.0))
+                    .spawn(move || c.exclusive_loop(ex_rx))
+                    .map_err(|e| Error::Config(format!("cannot spawn exclusive thread: {e}")))?,
+            );
+        }
+        match crate::transport::start(&core) {
+            Ok(t) => {
+                let _ = core.transport.set(t);
+            }
+            Err(e) => {
+                core.shutdown();
+                return Err(e);
+            }
+        }
+        Ok(core)
+    }
+
+    /// This node's id.
+    pub fn own_id(&self) -> NodeId {
+        self.own
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Parking settings.
+    pub fn park(&self) -> &ParkConfig {
+        &self.config.park
+    }
+
+    /// True once shutdown began.
+    pub fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    fn transport(&self) -> Option<&Arc<dyn Transport>> {
+        self.transport.get()
+    }
+
+    /// Coarse time for least-recently-used tracking (milliseconds).
+    fn tick(&self, now: Instant) -> u64 {
+        now.duration_since(self.started).as_millis() as u64
+    }
+
+    // ----- registration ----------------------------------------------------
+
+    fn register(&self, t: u8, s: u8, entry: HandlerEntry) -> Result<()> {
+        if t == 0 {
+            return Err(Error::Config("message type 0 is reserved for dxnet".into()));
+        }
+        self.handlers[type_key(t, s) as usize]
+            .set(entry)
+            .map_err(|_| Error::AlreadyRegistered(t, s))
+    }
+
+    /// Registers a typed receiver.
+    pub fn register_message<M, F>(&self, f: F, exclusive: bool) -> Result<()>
+    where
+        M: Message,
+        F: Fn(NodeId, M) + Send + Sync + 'static,
+    {
+        let kind = HandlerKind::Message(Box::new(move |src, bytes| {
+            let m = codec::decode::<M>(bytes)?;
+            f(src, m);
+            Ok(())
+        }));
+        self.register(M::TYPE, M::SUBTYPE, HandlerEntry { kind, exclusive })
+    }
+
+    /// Registers a raw receiver.
+    pub fn register_raw<F>(&self, t: u8, s: u8, f: F) -> Result<()>
+    where
+        F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
+    {
+        let kind = HandlerKind::Message(Box::new(move |src, bytes| {
+            f(src, bytes);
+            Ok(())
+        }));
+        self.register(
+            t,
+            s,
+            HandlerEntry {
+                kind,
+                exclusive: false,
+            },
+        )
+    }
+
+    /// Registers a request handler; its result is sent back as the response.
+    pub fn register_request<R, F>(&self, f: F) -> Result<()>
+    where
+        R: Request,
+        F: Fn(NodeId, R) -> R::Response + Send + Sync + 'static,
+    {
+        let kind = HandlerKind::Request(Box::new(move |core, src, id, bytes| {
+            let req = match codec::decode::<R>(bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("request from {src} could not be decoded: {e}");
+                    core.send_error_response(src, id, REMOTE_DECODE, R::TYPE, R::SUBTYPE);
+                    return;
+                }
+            };
+            let resp = match std::panic::catch_unwind(AssertUnwindSafe(|| f(src, req))) {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::error!("request handler for ({}, {}) panicked", R::TYPE, R::SUBTYPE);
+                    core.send_error_response(src, id, REMOTE_PANIC, R::TYPE, R::SUBTYPE);
+                    return;
+                }
+            };
+            if let Err(e) = core.send_response(src, id, &resp) {
+                tracing::debug!("response to {src} not sent: {e}");
+            }
+        }));
+        self.register(
+            R::TYPE,
+            R::SUBTYPE,
+            HandlerEntry {
+                kind,
+                exclusive: false,
+            },
+        )
+    }
+
+    // ----- send path ---------------------------------------------------------
+
+    /// Sends a typed message.
+    pub fn send_message<M: Message>(&self, dest: NodeId, msg: &M) -> Result<()> {
+        let len = codec::encoded_len(msg)?;
+        self.send_frame(dest, M::TYPE, M::SUBTYPE, 0, 0, len, None, |w| {
+            codec::encode_into(w, msg)
+        })
+    }
+
+    /// Sends raw bytes as a message.
+    pub fn send_raw(&self, dest: NodeId, t: u8, s: u8, payload: &[u8]) -> Result<()> {
+        if t == 0 {
+            return Err(Error::Config("message type 0 is reserved for dxnet".into()));
+        }
+        self.send_frame(dest, t, s, 0, 0, payload.len(), None, |w| w.write_all(payload))
+    }
+
+    /// Sends a request; the handle waits for its response.
+    pub fn send_request<R: Request>(
+        &self,
+        dest: NodeId,
+        req: &R,
+        timeout: Duration,
+    ) -> Result<PendingResponse> {
+        let len = codec::encoded_len(req)?;
+        let (id, pending) = self.requests.insert(dest, timeout)?;
+        let deadline = Instant::now() + timeout;
+        self.send_frame(dest, R::TYPE, R::SUBTYPE, FLAG_REQUEST, id, len, Some(deadline), |w| {
+            codec::encode_into(w, req)
+        })?;
+        Ok(pending)
+    }
+
+    fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
+        let len = codec::encoded_len(resp)?;
+        self.send_frame(dest, M::TYPE, M::SUBTYPE, FLAG_RESPONSE, id, len, None, |w| {
+            codec::encode_into(w, resp)
+        })
+    }
+
+    fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
+        let payload = [code, t, s];
+        if let Err(e) = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, None, |w| {
+            w.write_all(&payload)
+        }) {
+            tracing::debug!("error response to {dest} not sent: {e}");
+        }
+    }
+
+    /// Serializes one message (header + payload of `payload_len` bytes
+    /// written by `fill`) into the destination's ring buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn send_frame<F>(
+        &self,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        flags: u8,
+        request_id: u32,
+        payload_len: usize,
+        deadline: Option<Instant>,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        if payload_len > self.config.max_message_size {
+            return Err(Error::TooLarge {
+                size: payload_len,
+                max: self.config.max_message_size,
+            });
+        }
+        if self.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        let header = MessageHeader {
+            msg_type: t,
+            subtype: s,
+            flags,
+            request_id,
+            payload_len: payload_len as u32,
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        header.encode(&mut hb);
+        let total = HEADER_LEN + payload_len;
+        let now = Instant::now();
+        let send_deadline = now + Duration::from_millis(self.config.send_timeout_ms);
+        let deadline = deadline.map_or(send_deadline, |d| d.min(send_deadline));
+
+        if dest == self.own {
+            return self.send_local(&hb, total, deadline, fill);
+        }
+        let conn = self.connection(dest, deadline)?;
+        conn.touch(self.tick(now));
+        let open = || conn.state() == ConnState::Open;
+        conn.flow
+            .acquire(total as u64, deadline, &self.config.park, open)
+            .map_err(|e| match e {
+                FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
+                FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
+            })?;
+        let notify = || self.on_write_interest(dest);
+        let res = conn.orb.write_message(total, deadline, &notify, |w| {
+            w.write_all(&hb)?;
+            fill(w)
+        });
+        match res {
+            Ok(()) => {
+                self.stats.msgs_sent.add(1);
+                self.stats.bytes_sent.add(total as u64);
+                Ok(())
+            }
+            Err(OrbError::Timeout) => {
+                // Nothing was written: give the window back.
+                conn.flow.on_confirm_bytes(total as u64);
+                Err(Error::Timeout("send blocked by a full ring buffer"))
+            }
+            Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
+            Err(OrbError::Corrupted) => {
+                self.close_connection(&conn, "message stream corrupted by a failed send", true);
+                Err(Error::Timeout("send of a large message interrupted; connection closed"))
+            }
+        }
+    }
+
+    /// Delivers a message to the own node through the handler threads.
+    fn send_local<F>(&self, hb: &[u8; HEADER_LEN], total: usize, deadline: Instant, fill: F) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        let mut v = Vec::with_capacity(total);
+        v.extend_from_slice(hb);
+        fill(&mut v).map_err(|e| Error::Decode(format!("cannot serialize message: {e}")))?;
+        if v.len() != total {
+            return Err(Error::Decode("serialized size differs from computed size".into()));
+        }
+        if !self.incoming.has_room()
+            && !self
+                .local_room
+                .wait_until(&self.config.park, deadline, || self.incoming.has_room() || self.is_shut_down())
+        {
+            return Err(Error::Timeout("local delivery blocked by a full incoming queue"));
+        }
+        self.incoming.push(&self.local, Incoming::Local(v));
+        self.stats.msgs_sent.add(1);
+        self.stats.bytes_sent.add(total as u64);
+        Ok(())
+    }
+
+    // ----- connection manager -------------------------------------------------
+
+    /// The open connection to `dest`, creating it on first use. Waits at most
+    /// until `deadline` (and the connect timeout) for it to open.
+    pub fn connection(&self, dest: NodeId, deadline: Instant) -> Result<Arc<Connection>> {
+        let connect_deadline = deadline.min(Instant::now() + Duration::from_millis(self.config.connect_timeout_ms));
+        loop {
+            if let Some(c) = self.connections.get(dest) {
+                match c.state() {
+                    ConnState::Open => return Ok(c),
+                    ConnState::Connecting => {
+                        c.state_changed.wait_until(&self.config.park, connect_deadline, || {
+                            c.state() != ConnState::Connecting
+                        });
+                        match c.state() {
+                            ConnState::Open => return Ok(c),
+                            ConnState::Connecting => {
+                                return Err(Error::Unreachable(dest, "connection not established in time".into()))
+                            }
+                            ConnState::Closed => return Err(Error::Unreachable(dest, c.close_reason())),
+                        }
+                    }
+                    ConnState::Closed => {} // being removed; create a new one
+                }
+            }
+            if self.is_shut_down() {
+                return Err(Error::Shutdown);
+            }
+            if self.config.transport != TransportKind::Loopback && self.config.address_of(dest).is_none() {
+                return Err(Error::Unreachable(dest, "not in the node map".into()));
+            }
+            let Some(conn) = self.create_connection(dest, None)? else {
+                continue; // somebody else created it meanwhile
+            };
+            let Some(t) = self.transport() else {
+                return Err(Error::Shutdown);
+            };
+            match t.connect(&conn, connect_deadline) {
+                Ok(()) if conn.state() == ConnState::Open => {
+                    tracing::debug!("{}: connected to {dest}", self.own);
+                    return Ok(conn);
+                }
+                Ok(()) => return Err(Error::Unreachable(dest, conn.close_reason())),
+                Err(e) => {
+                    let reason = match &e {
+                        Error::Unreachable(_, r) => r.clone(),
+                        other => other.to_string(),
+                    };
+                    self.close_connection(&conn, &reason, true);
+                    return Err(Error::Unreachable(dest, reason));
+                }
+            }
+        }
+    }
+
+    /// Creates and installs a connection to `peer` in state Connecting,
+    /// closing the least recently used one if the limit is reached. Returns
+    /// `None` if a live connection exists (and `replace` is not it).
+    fn create_connection(&self, peer: NodeId, replace: Option<&Arc<Connection>>) -> Result<Option<Arc<Connection>>> {
+        let mut evict = None;
+        let conn = {
+            let mut count = self.connections.lock.lock();
+            if let Some(c) = self.connections.get(peer) {
+                let replacing = replace.is_some_and(|r| r.id == c.id);
+                if c.is_alive() && !replacing {
+                    return Ok(None);
+                }
+                if !c.is_alive() {
+                    self.connections.remove_if_current(&mut count, &c);
+                }
+            }
+            if *count >= self.config.max_connections {
+                let lru = self
+                    .connections
+                    .all()
+                    .into_iter()
+                    .filter(|c| c.peer != peer)
+                    .min_by_key(|c| c.last_used());
+                if let Some(l) = lru {
+                    self.connections.remove_if_current(&mut count, &l);
+                    evict = Some(l);
+                }
+            }
+            let conn = Arc::new(Connection::new(
+                peer,
+                self.connections.next_id(),
+                self.config.orb_size,
+                FlowControl::new(self.fc_window, self.fc_unit),
+                self.config.max_message_size,
+            ));
+            conn.touch(self.tick(Instant::now()));
+            self.connections.install(&mut count, conn.clone());
+            conn
+        };
+        if let Some(l) = evict {
+            tracing::debug!("{}: closing least recently used connection to {}", self.own, l.peer);
+            self.close_connection(&l, "closed to stay within max_connections", false);
+        }
+        if let Some(r) = replace {
+            self.close_connection(r, "replaced by a new connection from the restarted peer", true);
+        }
+        Ok(Some(conn))
+    }
+
+    /// A transport accepted an authenticated connection from `peer`. Returns
+    /// the connection to attach to (then call [`Core::opened`]), or the
+    /// status to reject with: the lower node id's dial wins a simultaneous
+    /// connect, and a known peer instance already connected is a duplicate.
+    pub fn accept_incoming(&self, peer: NodeId, instance: u64) -> std::result::Result<Arc<Connection>, wire::Status> {
+        if self.is_shut_down() {
+            return Err(wire::Status::ShuttingDown);
+        }
+        loop {
+            let existing = self.connections.get(peer);
+            let replace = match &existing {
+                Some(c) => match c.state() {
+                    ConnState::Connecting => {
+                        return if self.own < peer {
+                            Err(wire::Status::Duplicate)
+                        } else {
+                            Ok(c.clone())
+                        };
+                    }
+                    ConnState::Open if c.peer_instance() == instance => return Err(wire::Status::Duplicate),
+                    ConnState::Open => existing.as_ref(),
+                    ConnState::Closed => None,
+                },
+                None => None,
+            };
+            match self.create_connection(peer, replace) {
+                Ok(Some(c)) => return Ok(c),
+                Ok(None) => continue,
+                Err(_) => return Err(wire::Status::ShuttingDown),
+            }
+        }
+    }
+
+    /// A transport finished attaching `conn`: data may flow.
+    pub fn opened(&self, conn: &Arc<Connection>, peer_instance: u64, peer_window: u64, peer_unit: u64) -> bool {
+        conn.flow.set_peer(peer_window, peer_unit);
+        let ok = conn.mark_open(peer_instance);
+        if ok {
+            self.stats.connections_opened.add(1);
+        }
+        ok
+    }
+
+    /// Closes `conn`: removes it, tells the transport, fails its pending
+    /// requests (`failed`: with "destination unreachable", otherwise
+    /// "cancelled"). Idempotent.
+    pub fn close_connection(&self, conn: &Arc<Connection>, reason: &str, failed: bool) {
+        if !conn.mark_closed(reason) {
+            return;
+        }
+        {
+            let mut count = self.connections.lock.lock();
+            self.connections.remove_if_current(&mut count, conn);
+        }
+        if failed {
+            tracing::info!("{}: connection to {} closed: {reason}", self.own, conn.peer);
+        }
+        if let Some(t) = self.transport() {
+            t.close(conn);
+        }
+        let err = if failed {
+            Error::Unreachable(conn.peer, reason.to_string())
+        } else {
+            Error::Cancelled("connection closed")
+        };
+        self.requests.fail_peer(conn.peer, &err);
+        self.stats.connections_closed.add(1);
+    }
+
+    // ----- transport hooks ----------------------------------------------------
+
+    /// `peer`'s connection has data or confirmations to send.
+    #[inline]
+    pub fn on_write_interest(&self, peer: NodeId) {
+        if self.wim.push(peer.0) {
+            if let Some(t) = self.transport() {
+                t.wake_sender();
+            }
+        }
+    }
+
+    /// A transport received `buf` (segments set) on `conn`.
+    pub fn deliver(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
+        if buf.data_len() == 0 {
+            self.pool.put(buf);
+            return;
+        }
+        self.incoming.push(conn, Incoming::Pooled(buf));
+    }
+
+    /// Transports call this when a receive resource frees up (for local
+    /// delivery waiters too).
+    fn resources_freed(&self) {
+        if let Some(t) = self.transport() {
+            t.wake_receiver();
+        }
+        self.local_room.notify_all();
+    }
+
+    // ----- handler threads -------------------------------------------------
+
+    fn handler_loop(self: Arc<Self>) {
+        let mut idle = Idle::new(&self.config.park);
+        loop {
+            if let Some(conn) = self.incoming.pop_ready() {
+                idle.reset();
+                self.process_connection(conn);
+                continue;
+            }
+            if self.is_shut_down() {
+                return;
+            }
+            if idle.step() {
+                let max = idle.max_park;
+                self.incoming
+                    .handlers
+                    .park_unless(|| !self.incoming.is_idle() || self.is_shut_down(), max);
+            }
+        }
+    }
+
+    fn process_connection(&self, conn: Arc<Connection>) {
+        for _ in 0..HANDLER_BUDGET {
+            let (item, wake) = self.incoming.next_item(&conn);
+            if wake {
+                self.resources_freed();
+            }
+            let Some(item) = item else { return };
+            self.process_item(&conn, item);
+        }
+        // Budget used up: let other connections go first.
+        self.incoming.reschedule(conn);
+    }
+
+    fn process_item(&self, conn: &Arc<Connection>, item: Incoming) {
+        let mut processed = 0u64;
+        let mut count = 0u64;
+        let res = {
+            let mut dec = conn.decoder.lock();
+            let mut on_msg = |h: &MessageHeader, p: &[u8]| {
+                processed += (HEADER_LEN + p.len()) as u64;
+                count += 1;
+                self.dispatch(conn.peer, h, p);
+            };
+            match &item {
+                Incoming::Pooled(b) => b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg)),
+                Incoming::Local(v) => dec.feed(v, &mut on_msg),
+            }
+        };
+        self.stats.msgs_received.add(count);
+        self.stats.bytes_received.add(processed);
+        if let Incoming::Pooled(b) = item {
+            if self.pool.put(b) {
+                self.resources_freed();
+            }
+        }
+        if conn.id != 0 && conn.flow.on_processed(processed) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
+        if let Err(e) = res {
+            if conn.id == 0 {
+                tracing::error!("{}: local message stream corrupted: {e}", self.own);
+            } else {
+                tracing::warn!("{}: protocol error from {}: {e}; closing the connection", self.own, conn.peer);
+                self.close_connection(conn, &format!("protocol error: {e}"), true);
+            }
+        }
+    }
+
+    fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
+        if h.flags & FLAG_RESPONSE != 0 {
+            let outcome = if h.flags & FLAG_ERROR != 0 {
+                Err(remote_error(h, payload))
+            } else {
+                Ok(payload.to_vec())
+            };
+            if !self.requests.complete(h.request_id, src, outcome) {
+                tracing::debug!("{}: response {} from {src} matches no pending request", self.own, h.request_id);
+            }
+            return;
+        }
+        let Some(entry) = self.handlers[h.type_key() as usize].get() else {
+            self.stats.unknown_messages.add(1);
+            tracing::warn!(
+                "{}: message of unknown type ({}, {}) from {src} dropped",
+                self.own,
+                h.msg_type,
+                h.subtype
+            );
+            if h.flags & FLAG_REQUEST != 0 {
+                self.send_error_response(src, h.request_id, REMOTE_UNKNOWN_TYPE, h.msg_type, h.subtype);
+            }
+            return;
+        };
+        match &entry.kind {
+            HandlerKind::Request(f) => {
+                if h.flags & FLAG_REQUEST == 0 {
+                    tracing::warn!("{}: request type ({}, {}) sent without request flag by {src}", self.own, h.msg_type, h.subtype);
+                    return;
+                }
+                f(self, src, h.request_id, payload)
+            }
+            HandlerKind::Message(_) if entry.exclusive => {
+                let item = ExclusiveItem {
+                    src,
+                    key: h.type_key(),
+                    payload: payload.to_vec(),
+                };
+                let tx = self.exclusive_tx.lock().clone();
+                if let Some(tx) = tx {
+                    let _ = tx.send(item);
+                }
+            }
+            HandlerKind::Message(f) => run_receiver(self.own, f, src, h.type_key(), payload),
+        }
+    }
+
+    fn exclusive_loop(self: Arc<Self>, rx: Receiver<ExclusiveItem>) {
+        while let Ok(item) = rx.recv() {
+            if let Some(HandlerEntry {
+                kind: HandlerKind::Message(f),
+                ..
+            }) = self.handlers[item.key as usize].get()
+            {
+                run_receiver(self.own, f, item.src, item.key, &item.payload);
+            }
+        }
+    }
+
+    // ----- lifecycle -----------------------------------------------------------
+
+    /// Counters.
+    pub fn stats(&self) -> NodeStats {
+        let s = &self.stats;
+        NodeStats {
+            msgs_sent: s.msgs_sent.get(),
+            msgs_received: s.msgs_received.get(),
+            bytes_sent: s.bytes_sent.get(),
+            bytes_received: s.bytes_received.get(),
+            connections_opened: s.connections_opened.get(),
+            connections_closed: s.connections_closed.get(),
+            unknown_messages: s.unknown_messages.get(),
+        }
+    }
+
+    /// Stops everything: pending requests fail with `Shutdown`, connections
+    /// close, threads are joined. Idempotent.
+    pub fn shutdown(&self) {
+        if self.shutdown.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.requests.close();
+        if let Some(t) = self.transport() {
+            t.shutdown();
+        }
+        for c in self.connections.all() {
+            self.close_connection(&c, "node shut down", false);
+        }
+        self.exclusive_tx.lock().take();
+        self.incoming.handlers.notify_all();
+        self.local_room.notify_all();
+        let me = std::thread::current().id();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn run_receiver(own: NodeId, f: &MessageFn, src: NodeId, key: u16, payload: &[u8]) {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(src, payload))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(
+            "{own}: message ({}, {}) from {src} dropped: {e}",
+            key >> 8,
+            key & 0xff
+        ),
+        Err(_) => tracing::error!("{own}: receiver for ({}, {}) panicked", key >> 8, key & 0xff),
+    }
+}
+
+fn remote_error(h: &MessageHeader, payload: &[u8]) -> Error {
+    match payload.first() {
+        Some(&REMOTE_UNKNOWN_TYPE) => Error::UnknownMessageType(h.msg_type, h.subtype),
+        Some(&REMOTE_DECODE) => Error::Decode("the remote node could not decode the request".into()),
+        Some(&REMOTE_PANIC) => Error::Cancelled("the remote request handler panicked"),
+        _ => Error::Decode("malformed error response".into()),
+    }
+}

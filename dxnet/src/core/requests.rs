@@ -1,0 +1,406 @@
+//! The request table: pending requests by id, matched with their responses.
+//!
+//! Each pending request has a slot shared between the table and the
+//! caller's [`PendingResponse`]. A response, a connection failure, a timeout
+//! or shutdown completes the slot exactly once; the first wins.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::{Error, NodeId, Result};
+
+const SHARDS: usize = 64;
+
+/// What a completed request holds: the encoded response payload or why none
+/// came.
+type Outcome = Result<Vec<u8>>;
+
+#[derive(Debug)]
+enum SlotState {
+    Waiting {
+        waker: Option<Waker>,
+        thread: Option<Thread>,
+    },
+    Done(Outcome),
+    Taken,
+}
+
+#[derive(Debug)]
+struct Slot {
+    peer: NodeId,
+    deadline: Instant,
+    state: Mutex<SlotState>,
+}
+
+impl Slot {
+    /// Completes the slot; false if it was already complete.
+    fn complete(&self, outcome: Outcome) -> bool {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut *st, SlotState::Done(outcome)) {
+            SlotState::Waiting { waker, thread } => {
+                drop(st);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+                if let Some(t) = thread {
+                    t.unpark();
+                }
+                true
+            }
+            old => {
+                *st = old;
+                false
+            }
+        }
+    }
+}
+
+/// All pending requests of a node.
+#[derive(Debug)]
+pub struct RequestTable {
+    next_id: AtomicU32,
+    shards: Box<[Mutex<HashMap<u32, Arc<Slot>>>]>,
+    closed: AtomicBool,
+    timer: Timer,
+}
+
+impl RequestTable {
+    /// An empty table with its timeout thread (for `Future` waiters).
+    pub fn new() -> Arc<Self> {
+        let table = Arc::new(Self {
+            next_id: AtomicU32::new(1),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            closed: AtomicBool::new(false),
+            timer: Timer::default(),
+        });
+        let weak = Arc::downgrade(&table);
+        let handle = std::thread::Builder::new()
+            .name("dxnet-req-timer".into())
+            .spawn(move || timer_loop(weak))
+            .expect("spawn request timer thread");
+        *table.timer.thread.lock() = Some(handle);
+        table
+    }
+
+    fn shard(&self, id: u32) -> &Mutex<HashMap<u32, Arc<Slot>>> {
+        &self.shards[id as usize % SHARDS]
+    }
+
+    /// Registers a new pending request to `peer`; returns its id and handle.
+    pub fn insert(self: &Arc<Self>, peer: NodeId, timeout: Duration) -> Result<(u32, PendingResponse)> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
+        let slot = Arc::new(Slot {
+            peer,
+            deadline: Instant::now() + timeout,
+            state: Mutex::new(SlotState::Waiting {
+                waker: None,
+                thread: None,
+            }),
+        });
+        loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if id == 0 {
+                continue; // 0 means "no request"
+            }
+            let mut shard = self.shard(id).lock();
+            if shard.contains_key(&id) {
+                continue; // wrapped onto a request still pending
+            }
+            shard.insert(id, slot.clone());
+            return Ok((
+                id,
+                PendingResponse {
+                    id,
+                    slot,
+                    table: Arc::downgrade(self),
+                    timer_armed: false,
+                },
+            ));
+        }
+    }
+
+    /// Completes request `id` with a response from `from`; false if no such
+    /// request is pending (late after a timeout, or a forged id from another
+    /// node, which is ignored).
+    pub fn complete(&self, id: u32, from: NodeId, outcome: Outcome) -> bool {
+        let slot = {
+            let mut shard = self.shard(id).lock();
+            match shard.get(&id) {
+                Some(s) if s.peer == from => shard.remove(&id),
+                _ => None,
+            }
+        };
+        slot.is_some_and(|s| s.complete(outcome))
+    }
+
+    /// Fails every request pending on `peer` (its connection broke).
+    pub fn fail_peer(&self, peer: NodeId, err: &Error) -> usize {
+        let mut failed = Vec::new();
+        for shard in self.shards.iter() {
+            shard.lock().retain(|_, s| {
+                if s.peer == peer {
+                    failed.push(s.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        let n = failed.len();
+        for s in failed {
+            s.complete(Err(err.clone()));
+        }
+        n
+    }
+
+    /// Fails every pending request with [`Error::Shutdown`] and refuses new ones.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut all = Vec::new();
+        for shard in self.shards.iter() {
+            all.extend(shard.lock().drain().map(|(_, s)| s));
+        }
+        for s in all {
+            s.complete(Err(Error::Shutdown));
+        }
+        self.timer.stop.store(true, Ordering::Release);
+        self.timer.cv.notify_all();
+        if let Some(h) = self.timer.thread.lock().take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Requests pending now.
+    pub fn pending(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Removes `id` if still pending and completes it with a timeout.
+    fn expire(&self, id: u32) {
+        let slot = self.shard(id).lock().remove(&id);
+        if let Some(s) = slot {
+            s.complete(Err(Error::Timeout("request")));
+        }
+    }
+
+    fn remove(&self, id: u32) {
+        self.shard(id).lock().remove(&id);
+    }
+}
+
+/// Deadlines of requests awaited as futures (blocking waiters time out by
+/// themselves).
+#[derive(Debug, Default)]
+struct Timer {
+    heap: Mutex<BinaryHeap<std::cmp::Reverse<(Instant, u32)>>>,
+    cv: Condvar,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn timer_loop(table: Weak<RequestTable>) {
+    loop {
+        let Some(t) = table.upgrade() else { return };
+        if t.timer.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let mut heap = t.timer.heap.lock();
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while let Some(std::cmp::Reverse((d, id))) = heap.peek().copied() {
+            if d <= now {
+                heap.pop();
+                due.push(id);
+            } else {
+                break;
+            }
+        }
+        if due.is_empty() {
+            let wait = heap
+                .peek()
+                .map(|std::cmp::Reverse((d, _))| d.saturating_duration_since(now))
+                .unwrap_or(Duration::from_millis(100))
+                .min(Duration::from_millis(100));
+            t.timer.cv.wait_for(&mut heap, wait);
+            continue;
+        }
+        drop(heap);
+        for id in due {
+            t.expire(id);
+        }
+    }
+}
+
+/// The caller's side of a pending request.
+#[derive(Debug)]
+pub struct PendingResponse {
+    id: u32,
+    slot: Arc<Slot>,
+    table: Weak<RequestTable>,
+    timer_armed: bool,
+}
+
+impl PendingResponse {
+    /// The request id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    fn take_done(&self) -> Option<Outcome> {
+        let mut st = self.slot.state.lock();
+        if matches!(*st, SlotState::Done(_)) {
+            match std::mem::replace(&mut *st, SlotState::Taken) {
+                SlotState::Done(o) => Some(o),
+                _ => unreachable!(),
+            }
+        } else if matches!(*st, SlotState::Taken) {
+            Some(Err(Error::Cancelled("response already taken")))
+        } else {
+            None
+        }
+    }
+
+    /// Blocks until the outcome is known or the deadline passes.
+    pub fn wait(self) -> Outcome {
+        loop {
+            {
+                let mut st = self.slot.state.lock();
+                if let SlotState::Waiting { thread, .. } = &mut *st {
+                    *thread = Some(std::thread::current());
+                }
+            }
+            if let Some(o) = self.take_done() {
+                return o;
+            }
+            let now = Instant::now();
+            if now >= self.slot.deadline {
+                if let Some(t) = self.table.upgrade() {
+                    t.expire(self.id);
+                } else {
+                    self.slot.complete(Err(Error::Shutdown));
+                }
+                return self.take_done().unwrap_or(Err(Error::Timeout("request")));
+            }
+            std::thread::park_timeout(self.slot.deadline - now);
+        }
+    }
+
+    /// The outcome if known, without blocking.
+    pub fn try_take(&mut self) -> Option<Outcome> {
+        if let Some(o) = self.take_done() {
+            return Some(o);
+        }
+        if Instant::now() >= self.slot.deadline {
+            if let Some(t) = self.table.upgrade() {
+                t.expire(self.id);
+            }
+            return self.take_done();
+        }
+        None
+    }
+
+    /// `Future` support: the outcome, or registers the waker.
+    pub fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Outcome> {
+        {
+            let mut st = self.slot.state.lock();
+            if let SlotState::Waiting { waker, .. } = &mut *st {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+            }
+        }
+        if let Some(o) = self.take_done() {
+            return Poll::Ready(o);
+        }
+        if !self.timer_armed {
+            self.timer_armed = true;
+            match self.table.upgrade() {
+                Some(t) => {
+                    t.timer
+                        .heap
+                        .lock()
+                        .push(std::cmp::Reverse((self.slot.deadline, self.id)));
+                    t.timer.cv.notify_all();
+                }
+                None => return Poll::Ready(Err(Error::Shutdown)),
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for PendingResponse {
+    fn drop(&mut self) {
+        // An abandoned request must not stay in the table.
+        if let Some(t) = self.table.upgrade() {
+            t.remove(self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complete_fail_timeout() {
+        let t = RequestTable::new();
+        let (id, p) = t.insert(NodeId(1), Duration::from_secs(10)).unwrap();
+        assert!(!t.complete(id, NodeId(2), Ok(vec![1])), "wrong peer ignored");
+        assert!(t.complete(id, NodeId(1), Ok(vec![1, 2])));
+        assert!(!t.complete(id, NodeId(1), Ok(vec![3])), "only once");
+        assert_eq!(p.wait(), Ok(vec![1, 2]));
+
+        let (_, p1) = t.insert(NodeId(3), Duration::from_secs(10)).unwrap();
+        let (_, p2) = t.insert(NodeId(4), Duration::from_secs(10)).unwrap();
+        let e = Error::Unreachable(NodeId(3), "test".into());
+        assert_eq!(t.fail_peer(NodeId(3), &e), 1);
+        assert_eq!(p1.wait(), Err(e));
+        drop(p2);
+        assert_eq!(t.pending(), 0, "dropped handle removes its entry");
+
+        let (_, p) = t.insert(NodeId(5), Duration::from_millis(5)).unwrap();
+        assert_eq!(p.wait(), Err(Error::Timeout("request")));
+        assert_eq!(t.pending(), 0);
+        t.close();
+        assert!(t.insert(NodeId(1), Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn many_threads_match_responses() {
+        let t = RequestTable::new();
+        let mut handles = Vec::new();
+        for th in 0..4 {
+            let t = t.clone();
+            handles.push(std::thread::spawn(move || {
+                let mut pend = Vec::new();
+                for i in 0..500u32 {
+                    let (id, p) = t.insert(NodeId(th), Duration::from_secs(30)).unwrap();
+                    pend.push((id, i, p));
+                }
+                // Respond out of order from this thread.
+                for (id, i, _) in pend.iter().rev() {
+                    assert!(t.complete(*id, NodeId(th), Ok(i.to_le_bytes().to_vec())));
+                }
+                for (_, i, p) in pend {
+                    assert_eq!(p.wait().unwrap(), i.to_le_bytes().to_vec());
+                }
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        t.close();
+    }
+}

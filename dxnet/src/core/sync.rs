@@ -1,0 +1,1 @@
+//! Placeholder until the loom shim lands.

@@ -1,0 +1,328 @@
+//! Fixed-size control structures that cross the network outside the
+//! message stream: the connection handshake (TCP; the IB exchange reuses its
+//! fields) and the TCP chunk header.
+//!
+//! Every decoder here takes a fixed-size array, checks magic and version and
+//! returns a typed error: nothing sized by the peer is allocated.
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+/// Protocol version; peers with another version are rejected.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Magic at the start of every handshake message.
+pub const HANDSHAKE_MAGIC: [u8; 8] = *b"DXNETrs\0";
+
+/// TCP chunk header: data length and flow-control units (the TCP analogue of
+/// RDMA immediate data).
+pub const CHUNK_HEADER_LEN: usize = 8;
+
+/// Encodes a chunk header.
+pub fn encode_chunk_header(data_len: u32, fc_units: u32) -> [u8; CHUNK_HEADER_LEN] {
+    let mut b = [0u8; CHUNK_HEADER_LEN];
+    b[..4].copy_from_slice(&data_len.to_le_bytes());
+    b[4..].copy_from_slice(&fc_units.to_le_bytes());
+    b
+}
+
+/// Decodes a chunk header into (data length, flow-control units).
+pub fn decode_chunk_header(b: &[u8; CHUNK_HEADER_LEN]) -> (u32, u32) {
+    (
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+    )
+}
+
+/// Why a handshake failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    /// Not a dxnet peer.
+    #[error("bad handshake magic")]
+    BadMagic,
+    /// A dxnet peer of another protocol version.
+    #[error("protocol version mismatch: ours {ours}, peer {theirs}")]
+    Version {
+        /// Our version.
+        ours: u16,
+        /// The peer's.
+        theirs: u16,
+    },
+    /// The peer sent a message of another kind than expected here.
+    #[error("unexpected handshake message kind {0}")]
+    Kind(u8),
+    /// The peer rejected us (reason code, see [`Status`]).
+    #[error("rejected by peer: {0}")]
+    Rejected(Status),
+    /// The peer's proof of the cluster secret was wrong.
+    #[error("authentication failed (wrong cluster secret?)")]
+    Auth,
+}
+
+/// Outcome codes of a handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Connection accepted.
+    Accept = 0,
+    /// A connection between the two nodes exists or is being made from the
+    /// other side; use that one.
+    Duplicate = 1,
+    /// The dialer asked for another node id than ours.
+    WrongTarget = 2,
+    /// The dialer's id is not in our node map.
+    UnknownNode = 3,
+    /// The dialer failed authentication.
+    AuthFailed = 4,
+    /// We are shutting down.
+    ShuttingDown = 5,
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::Accept,
+            1 => Self::Duplicate,
+            2 => Self::WrongTarget,
+            3 => Self::UnknownNode,
+            4 => Self::AuthFailed,
+            5 => Self::ShuttingDown,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Self::Accept => "accepted",
+            Self::Duplicate => "duplicate connection",
+            Self::WrongTarget => "wrong target node id",
+            Self::UnknownNode => "node id not in the peer's node map",
+            Self::AuthFailed => "authentication failed",
+            Self::ShuttingDown => "peer shutting down",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Handshake message kinds.
+const KIND_HELLO: u8 = 1;
+const KIND_REPLY: u8 = 2;
+const KIND_PROOF: u8 = 3;
+const KIND_FINAL: u8 = 4;
+
+/// Length of every handshake message (they are padded to one size).
+pub const HANDSHAKE_LEN: usize = 96;
+
+/// The identity and flow-control parameters a side announces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Sender's node id.
+    pub node_id: u16,
+    /// Node id the sender wants to reach (dialer) or 0 (acceptor).
+    pub target_id: u16,
+    /// Random id of the sender's process lifetime: a restarted node has a
+    /// new one, so stale connection state is detected.
+    pub instance: u64,
+    /// Sender's flow-control window (bytes it accepts unprocessed).
+    pub fc_window: u32,
+    /// Sender's flow-control unit (bytes per confirmation unit).
+    pub fc_unit: u32,
+    /// Fresh random challenge.
+    pub nonce: [u8; 16],
+}
+
+/// One handshake message on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeMsg {
+    /// Dialer → acceptor: who I am, whom I want, my challenge.
+    Hello(Hello),
+    /// Acceptor → dialer: who I am, my challenge, proof over the dialer's
+    /// challenge.
+    Reply(Hello, [u8; 32]),
+    /// Dialer → acceptor: proof over the acceptor's challenge.
+    Proof([u8; 32]),
+    /// Acceptor → dialer: the decision.
+    Final(Status),
+}
+
+impl HandshakeMsg {
+    /// Encodes the message into its fixed-size form.
+    pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
+        let mut b = [0u8; HANDSHAKE_LEN];
+        b[..8].copy_from_slice(&HANDSHAKE_MAGIC);
+        b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        let put_hello = |b: &mut [u8; HANDSHAKE_LEN], h: &Hello| {
+            b[12..14].copy_from_slice(&h.node_id.to_le_bytes());
+            b[14..16].copy_from_slice(&h.target_id.to_le_bytes());
+            b[16..24].copy_from_slice(&h.instance.to_le_bytes());
+            b[24..28].copy_from_slice(&h.fc_window.to_le_bytes());
+            b[28..32].copy_from_slice(&h.fc_unit.to_le_bytes());
+            b[32..48].copy_from_slice(&h.nonce);
+        };
+        match self {
+            Self::Hello(h) => {
+                b[10] = KIND_HELLO;
+                put_hello(&mut b, h);
+            }
+            Self::Reply(h, mac) => {
+                b[10] = KIND_REPLY;
+                put_hello(&mut b, h);
+                b[48..80].copy_from_slice(mac);
+            }
+            Self::Proof(mac) => {
+                b[10] = KIND_PROOF;
+                b[48..80].copy_from_slice(mac);
+            }
+            Self::Final(s) => {
+                b[10] = KIND_FINAL;
+                b[11] = *s as u8;
+            }
+        }
+        b
+    }
+
+    /// Decodes and validates a handshake message.
+    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Self, HandshakeError> {
+        if b[..8] != HANDSHAKE_MAGIC {
+            return Err(HandshakeError::BadMagic);
+        }
+        let theirs = u16::from_le_bytes([b[8], b[9]]);
+        if theirs != PROTOCOL_VERSION {
+            return Err(HandshakeError::Version {
+                ours: PROTOCOL_VERSION,
+                theirs,
+            });
+        }
+        let hello = || Hello {
+            node_id: u16::from_le_bytes([b[12], b[13]]),
+            target_id: u16::from_le_bytes([b[14], b[15]]),
+            instance: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            fc_window: u32::from_le_bytes(b[24..28].try_into().unwrap()),
+            fc_unit: u32::from_le_bytes(b[28..32].try_into().unwrap()),
+            nonce: b[32..48].try_into().unwrap(),
+        };
+        let mac = || -> [u8; 32] { b[48..80].try_into().unwrap() };
+        match b[10] {
+            KIND_HELLO => Ok(Self::Hello(hello())),
+            KIND_REPLY => Ok(Self::Reply(hello(), mac())),
+            KIND_PROOF => Ok(Self::Proof(mac())),
+            KIND_FINAL => Status::from_u8(b[11])
+                .map(Self::Final)
+                .ok_or(HandshakeError::Kind(b[11])),
+            k => Err(HandshakeError::Kind(k)),
+        }
+    }
+}
+
+/// Proof that a side knows the cluster secret: HMAC-SHA256 over the role,
+/// both challenges and both identities, so a proof cannot be replayed for
+/// another connection, another direction or another claimed node id.
+/// Without a secret the proof is all zeros and is not checked.
+pub fn proof(
+    secret: Option<&[u8]>,
+    role: &[u8],
+    my_nonce: &[u8; 16],
+    peer_nonce: &[u8; 16],
+    my_id: u16,
+    peer_id: u16,
+    my_instance: u64,
+) -> [u8; 32] {
+    let Some(secret) = secret else {
+        return [0; 32];
+    };
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(role);
+    mac.update(my_nonce);
+    mac.update(peer_nonce);
+    mac.update(&my_id.to_le_bytes());
+    mac.update(&peer_id.to_le_bytes());
+    mac.update(&my_instance.to_le_bytes());
+    mac.finalize().into_bytes().into()
+}
+
+/// Constant-time check of a peer's proof.
+#[allow(clippy::too_many_arguments)]
+pub fn verify_proof(
+    secret: Option<&[u8]>,
+    role: &[u8],
+    peer_nonce: &[u8; 16],
+    my_nonce: &[u8; 16],
+    peer_id: u16,
+    my_id: u16,
+    peer_instance: u64,
+    got: &[u8; 32],
+) -> bool {
+    let Some(secret) = secret else {
+        return true;
+    };
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(role);
+    mac.update(peer_nonce);
+    mac.update(my_nonce);
+    mac.update(&peer_id.to_le_bytes());
+    mac.update(&my_id.to_le_bytes());
+    mac.update(&peer_instance.to_le_bytes());
+    mac.verify_slice(got).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            node_id: 3,
+            target_id: 7,
+            instance: 0x0123_4567_89AB_CDEF,
+            fc_window: 1 << 20,
+            fc_unit: 1 << 19,
+            nonce: [9; 16],
+        }
+    }
+
+    #[test]
+    fn handshake_roundtrip() {
+        for m in [
+            HandshakeMsg::Hello(hello()),
+            HandshakeMsg::Reply(hello(), [5; 32]),
+            HandshakeMsg::Proof([6; 32]),
+            HandshakeMsg::Final(Status::Duplicate),
+        ] {
+            assert_eq!(HandshakeMsg::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn handshake_rejects_mismatches() {
+        let mut b = HandshakeMsg::Hello(hello()).encode();
+        b[8] = 99;
+        assert!(matches!(
+            HandshakeMsg::decode(&b),
+            Err(HandshakeError::Version { theirs: 99, .. })
+        ));
+        b[0] = b'X';
+        assert_eq!(HandshakeMsg::decode(&b), Err(HandshakeError::BadMagic));
+        let mut b = HandshakeMsg::Final(Status::Accept).encode();
+        b[11] = 200;
+        assert!(HandshakeMsg::decode(&b).is_err());
+    }
+
+    #[test]
+    fn proofs_bind_secret_roles_and_ids() {
+        let s = Some(&b"secret"[..]);
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        let p = proof(s, b"dialer", &a, &b, 1, 2, 42);
+        assert!(verify_proof(s, b"dialer", &a, &b, 1, 2, 42, &p));
+        assert!(!verify_proof(Some(b"other"), b"dialer", &a, &b, 1, 2, 42, &p));
+        assert!(!verify_proof(s, b"acceptor", &a, &b, 1, 2, 42, &p));
+        assert!(!verify_proof(s, b"dialer", &a, &b, 3, 2, 42, &p), "claimed id bound");
+        assert!(!verify_proof(s, b"dialer", &b, &a, 1, 2, 42, &p));
+    }
+
+    #[test]
+    fn chunk_header_roundtrip() {
+        let b = encode_chunk_header(123_456, 7);
+        assert_eq!(decode_chunk_header(&b), (123_456, 7));
+    }
+}

@@ -1,0 +1,271 @@
+//! In-process transport: nodes of one process, in the same named fabric,
+//! exchange data by copying ring-buffer contents straight into the peer's
+//! pooled receive buffers. It runs the whole core pipeline (ring buffers,
+//! write interest, send thread, incoming queue, flow control, handlers)
+//! without sockets, for tests and for measuring the pipeline alone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::core::connection::{ConnState, Connection};
+use crate::core::park::{Idle, Signal};
+use crate::core::wire::Status;
+use crate::core::Core;
+use crate::transport::Transport;
+use crate::{Error, NodeId, Result};
+
+/// Buffers one send-thread round moves for a connection before it serves
+/// the next (round-robin fairness).
+const ROUND_BUFFERS: usize = 8;
+
+/// Nodes of one fabric, by id.
+#[derive(Default)]
+struct Fabric {
+    nodes: Mutex<HashMap<u16, Weak<LoopbackEngine>>>,
+    /// Serializes connection set-up between the fabric's nodes.
+    connect_lock: Mutex<()>,
+    /// Bumped when any node frees receive resources: stalled senders retry.
+    resource_epoch: AtomicU64,
+}
+
+static FABRICS: LazyLock<Mutex<HashMap<String, Arc<Fabric>>>> = LazyLock::new(Default::default);
+
+/// One direction of a connection: our connection object and the peer's.
+struct Link {
+    local: Arc<Connection>,
+    remote: Arc<Connection>,
+    remote_engine: Weak<LoopbackEngine>,
+}
+
+/// The loopback engine of one node.
+pub struct LoopbackEngine {
+    core: Weak<Core>,
+    own: NodeId,
+    fabric: Arc<Fabric>,
+    links: Mutex<HashMap<u16, Arc<Link>>>,
+    signal: Signal,
+    stop: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Starts the loopback engine of `core` and joins its fabric.
+pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
+    let cfg = core.config();
+    let fabric = FABRICS
+        .lock()
+        .entry(cfg.loopback_fabric.clone())
+        .or_default()
+        .clone();
+    let own = core.own_id();
+    let engine = Arc::new(LoopbackEngine {
+        core: Arc::downgrade(core),
+        own,
+        fabric: fabric.clone(),
+        links: Mutex::new(HashMap::new()),
+        signal: Signal::new(),
+        stop: AtomicBool::new(false),
+        thread: Mutex::new(None),
+    });
+    {
+        let mut nodes = fabric.nodes.lock();
+        if nodes.get(&own.0).is_some_and(|w| w.strong_count() > 0) {
+            return Err(Error::Transport(format!(
+                "node id {} already runs in loopback fabric '{}'",
+                own.0, cfg.loopback_fabric
+            )));
+        }
+        nodes.insert(own.0, Arc::downgrade(&engine));
+    }
+    let e = engine.clone();
+    let c = core.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("dxnet-lo-send-{}", own.0))
+        .spawn(move || e.send_loop(c))
+        .map_err(|e| Error::Transport(format!("cannot spawn send thread: {e}")))?;
+    *engine.thread.lock() = Some(handle);
+    Ok(engine)
+}
+
+impl LoopbackEngine {
+    fn send_loop(&self, core: Arc<Core>) {
+        let mut idle = Idle::new(core.park());
+        let mut stalled: Vec<u16> = Vec::new();
+        let mut seen_epoch = self.fabric.resource_epoch.load(Ordering::Acquire);
+        while !self.stop.load(Ordering::Acquire) {
+            let mut worked = false;
+            let epoch = self.fabric.resource_epoch.load(Ordering::Acquire);
+            if epoch != seen_epoch && !stalled.is_empty() {
+                seen_epoch = epoch;
+                for p in stalled.drain(..) {
+                    core.wim.push(p);
+                }
+            }
+            while let Some(peer) = core.wim.pop() {
+                worked = true;
+                if self.pump(&core, peer) {
+                    stalled.push(peer);
+                }
+            }
+            if worked {
+                idle.reset();
+                continue;
+            }
+            if idle.step() {
+                let max = idle.max_park;
+                self.signal.park_unless(
+                    || {
+                        !core.wim.is_empty()
+                            || self.stop.load(Ordering::Acquire)
+                            || (!stalled.is_empty()
+                                && self.fabric.resource_epoch.load(Ordering::Acquire) != seen_epoch)
+                    },
+                    max,
+                );
+            }
+        }
+    }
+
+    /// Moves `peer`'s ring-buffer data and confirmations to the peer. Returns
+    /// true if it stalled for lack of receive resources at the peer.
+    fn pump(&self, core: &Core, peer: u16) -> bool {
+        let Some(link) = self.links.lock().get(&peer).cloned() else {
+            return false;
+        };
+        if !link.local.is_alive() {
+            return false;
+        }
+        let units = link.local.flow.take_units(u32::MAX);
+        link.remote.flow.on_confirm(units);
+        let Some(rcore) = link.remote_engine.upgrade().and_then(|e| e.core.upgrade()) else {
+            return false;
+        };
+        let orb = &link.local.orb;
+        for _ in 0..ROUND_BUFFERS {
+            if orb.unposted_len() == 0 {
+                return false;
+            }
+            if !rcore.incoming.has_room() {
+                return true;
+            }
+            let Some(mut buf) = rcore.pool.get() else {
+                return true;
+            };
+            let cap = buf.capacity();
+            let (a, b) = orb.unposted(cap);
+            let n = a.len() + b.len();
+            let space = buf.space();
+            space[..a.len()].copy_from_slice(a);
+            space[a.len()..n].copy_from_slice(b);
+            buf.push_segment(0..n);
+            orb.mark_posted(n);
+            orb.mark_completed(n);
+            rcore.deliver(&link.remote, buf);
+        }
+        // More data than one round: serve the others first.
+        core.wim.push(peer);
+        false
+    }
+}
+
+impl Transport for LoopbackEngine {
+    fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
+        let core = self.core.upgrade().ok_or(Error::Shutdown)?;
+        let peer = conn.peer;
+        let guard = self.fabric.connect_lock.lock();
+        let remote_engine = self
+            .fabric
+            .nodes
+            .lock()
+            .get(&peer.0)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| Error::Unreachable(peer, "no such node in the loopback fabric".into()))?;
+        let rcore = remote_engine
+            .core
+            .upgrade()
+            .ok_or_else(|| Error::Unreachable(peer, "node shut down".into()))?;
+        match rcore.accept_incoming(self.own, core.instance) {
+            Ok(rconn) => {
+                self.links.lock().insert(
+                    peer.0,
+                    Arc::new(Link {
+                        local: conn.clone(),
+                        remote: rconn.clone(),
+                        remote_engine: Arc::downgrade(&remote_engine),
+                    }),
+                );
+                remote_engine.links.lock().insert(
+                    self.own.0,
+                    Arc::new(Link {
+                        local: rconn.clone(),
+                        remote: conn.clone(),
+                        remote_engine: self.fabric.nodes.lock().get(&self.own.0).cloned().unwrap_or_default(),
+                    }),
+                );
+                rcore.opened(&rconn, core.instance, core.fc_window, core.fc_unit);
+                core.opened(conn, rcore.instance, rcore.fc_window, rcore.fc_unit);
+                Ok(())
+            }
+            Err(Status::Duplicate) => {
+                // The peer's own connect to us wins; it will open `conn`.
+                drop(guard);
+                conn.state_changed.wait_until(core.park(), deadline, || {
+                    conn.state() != ConnState::Connecting
+                });
+                if conn.state() == ConnState::Open {
+                    Ok(())
+                } else {
+                    Err(Error::Unreachable(peer, "connection not established in time".into()))
+                }
+            }
+            Err(s) => Err(Error::Unreachable(peer, s.to_string())),
+        }
+    }
+
+    fn close(&self, conn: &Arc<Connection>) {
+        let link = {
+            let mut links = self.links.lock();
+            match links.get(&conn.peer.0) {
+                Some(l) if l.local.id == conn.id => links.remove(&conn.peer.0),
+                _ => None,
+            }
+        };
+        if let Some(l) = link {
+            if let Some(rcore) = l.remote_engine.upgrade().and_then(|e| e.core.upgrade()) {
+                rcore.close_connection(&l.remote, "peer closed the connection", true);
+            }
+        }
+    }
+
+    fn wake_sender(&self) {
+        self.signal.notify_one();
+    }
+
+    fn wake_receiver(&self) {
+        // Our receive resources came free: every sender in the fabric may be
+        // stalled on us.
+        self.fabric.resource_epoch.fetch_add(1, Ordering::AcqRel);
+        let nodes: Vec<_> = self.fabric.nodes.lock().values().filter_map(Weak::upgrade).collect();
+        for n in nodes {
+            n.signal.notify_one();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.signal.notify_all();
+        if let Some(t) = self.thread.lock().take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        let mut nodes = self.fabric.nodes.lock();
+        if nodes.get(&self.own.0).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
+            nodes.remove(&self.own.0);
+        }
+    }
+}

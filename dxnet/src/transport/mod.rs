@@ -1,0 +1,48 @@
+//! Transport engines behind one trait.
+//!
+//! The core owns everything transport-independent; an engine moves bytes
+//! out of connections' ring buffers (driven by the write-interest manager)
+//! and delivers received bytes in pooled buffers to [`Core::deliver`]. It
+//! carries flow-control units with its data (TCP chunk header, RDMA
+//! immediate data) and reports connections it accepted through
+//! [`Core::accept_incoming`] / [`Core::opened`] and failures through
+//! [`Core::close_connection`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::TransportKind;
+use crate::core::connection::Connection;
+use crate::core::Core;
+use crate::{Error, Result};
+
+pub mod loopback;
+pub mod tcp;
+
+/// What the core needs from a transport engine.
+pub trait Transport: Send + Sync + 'static {
+    /// Establishes `conn` (state Connecting) to `conn.peer`, blocking until
+    /// the connection is open (the engine calls [`Core::opened`]) or
+    /// `deadline`. Called on the first sender's thread.
+    fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()>;
+    /// Releases the engine's resources of `conn` (already marked closed).
+    fn close(&self, conn: &Arc<Connection>);
+    /// The write-interest manager got a new entry: wake the send thread.
+    fn wake_sender(&self);
+    /// Receive buffers or incoming-queue room came free: a receiver that
+    /// stopped for lack of them may go on.
+    fn wake_receiver(&self);
+    /// Stops the engine's threads and closes its sockets/queue pairs.
+    fn shutdown(&self);
+}
+
+/// Starts the engine the configuration names.
+pub(crate) fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
+    match core.config().transport {
+        TransportKind::Loopback => loopback::start(core),
+        TransportKind::Tcp => tcp::start(core),
+        TransportKind::Ib => Err(Error::Transport(
+            "the InfiniBand transport is not available in this build".into(),
+        )),
+    }
+}
