@@ -195,6 +195,7 @@ mod tests {
         f.on_confirm(1);
         assert_eq!(f.in_flight(), 700);
         f.acquire(1, soon(), &park, || true).unwrap();
+        f.acquire(400, soon(), &park, || true).unwrap();
         assert_eq!(
             f.acquire(1, soon(), &park, || false),
             Err(FlowWaitError::Closed)
