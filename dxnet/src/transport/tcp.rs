@@ -1,7 +1,703 @@
-//! TCP transport (being written).
-use std::sync::Arc;
+//! TCP transport: non-blocking sockets on epoll (mio), one send thread and
+//! one receive thread per node (not per connection), a listener thread, and
+//! short-lived handshake threads for incoming connections.
+//!
+//! Wire format of a connection after the handshake: a sequence of chunks,
+//! each an 8-byte header (data length, flow-control units) followed by that
+//! many bytes of the sender's ring buffer. The send thread writes a chunk
+//! with one `writev` straight out of the ring buffer (two slices when the
+//! data wraps around); a chunk with no data carries flow control alone (the
+//! TCP analogue of an RDMA zero-length send with immediate data). The
+//! receive thread reads into pooled buffers and marks which byte ranges are
+//! message data, so nothing is copied again before the handler threads
+//! decode in place.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+
+use crate::core::connection::{ConnState, Connection};
+use crate::core::park::Idle;
+use crate::core::wire::{
+    self, decode_chunk_header, encode_chunk_header, HandshakeError, HandshakeMsg, Hello, Status,
+    CHUNK_HEADER_LEN, HANDSHAKE_LEN,
+};
 use crate::core::Core;
 use crate::transport::Transport;
-use crate::{Error, Result};
-/// Starts the TCP engine.
-pub fn start(_core: &Arc<Core>) -> Result<Arc<dyn Transport>> { Err(Error::Transport("tcp not yet".into())) }
+use crate::{Error, NodeId, Result};
+
+const WAKER: Token = Token(usize::MAX);
+const LISTENER: Token = Token(usize::MAX - 1);
+/// Largest chunk one `writev` sends (bytes of ring-buffer data).
+const MAX_CHUNK: usize = 1 << 20;
+/// Chunks the send thread writes for one connection before serving the next.
+const SEND_ROUNDS: usize = 4;
+/// Incoming handshakes in progress at once; more are refused (so thousands of
+/// half-open connections cannot exhaust threads or memory).
+const MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// Send-side state of a connection's stream (send thread only).
+#[derive(Debug)]
+struct SendState {
+    header: [u8; CHUNK_HEADER_LEN],
+    /// Bytes of `header` already written (`CHUNK_HEADER_LEN`: none pending).
+    header_off: usize,
+    /// Data bytes of the current chunk not yet written.
+    data_left: usize,
+    /// The socket buffer was full; wait for a writable event.
+    blocked: bool,
+}
+
+/// Receive-side chunk parser state (receive thread only).
+#[derive(Debug, Default)]
+struct RecvState {
+    header: [u8; CHUNK_HEADER_LEN],
+    header_have: usize,
+    data_left: usize,
+    /// Queued in the receive thread's readable list.
+    readable: bool,
+}
+
+/// The engine's half of one connection.
+struct TcpConn {
+    conn: Arc<Connection>,
+    stream: TcpStream,
+    token: Token,
+    send: Mutex<SendState>,
+    recv: Mutex<RecvState>,
+}
+
+/// The TCP engine of one node.
+pub struct TcpEngine {
+    core: Weak<Core>,
+    own: NodeId,
+    secret: Option<Vec<u8>>,
+    by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
+    by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
+    recv_registry: mio::Registry,
+    recv_waker: Waker,
+    recv_sleeping: AtomicBool,
+    send_registry: mio::Registry,
+    send_waker: Waker,
+    send_sleeping: AtomicBool,
+    listen_waker: Waker,
+    pending_handshakes: AtomicUsize,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::Transport(e.to_string())
+}
+
+fn resolve(addr: &str) -> std::io::Result<SocketAddr> {
+    addr.to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
+}
+
+/// Starts the TCP engine: binds the listener on the own node-map address and
+/// starts the listener, send and receive threads.
+pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
+    let cfg = core.config();
+    let own = core.own_id();
+    let addr = cfg
+        .address_of(own)
+        .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
+    let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
+    let mut listener = mio::net::TcpListener::bind(addr)
+        .map_err(|e| Error::Transport(format!("cannot listen on {addr}: {e}")))?;
+    let recv_poll = Poll::new().map_err(io_err)?;
+    let send_poll = Poll::new().map_err(io_err)?;
+    let listen_poll = Poll::new().map_err(io_err)?;
+    listen_poll
+        .registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)
+        .map_err(io_err)?;
+    let engine = Arc::new(TcpEngine {
+        core: Arc::downgrade(core),
+        own,
+        secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        by_peer: Mutex::new(HashMap::new()),
+        by_token: Mutex::new(HashMap::new()),
+        recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
+        recv_waker: Waker::new(recv_poll.registry(), WAKER).map_err(io_err)?,
+        recv_sleeping: AtomicBool::new(false),
+        send_registry: send_poll.registry().try_clone().map_err(io_err)?,
+        send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
+        send_sleeping: AtomicBool::new(false),
+        listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
+        pending_handshakes: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        threads: Mutex::new(Vec::new()),
+    });
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
+    };
+    let mut threads = Vec::new();
+    let (e, c) = (engine.clone(), core.clone());
+    threads.push(spawn(format!("dxnet-tcp-recv-{}", own.0), Box::new(move || e.recv_loop(c, recv_poll)))?);
+    let (e, c) = (engine.clone(), core.clone());
+    threads.push(spawn(format!("dxnet-tcp-send-{}", own.0), Box::new(move || e.send_loop(c, send_poll)))?);
+    let e = engine.clone();
+    threads.push(spawn(
+        format!("dxnet-tcp-listen-{}", own.0),
+        Box::new(move || e.listen_loop(listener, listen_poll)),
+    )?);
+    *engine.threads.lock() = threads;
+    tracing::debug!("{own}: listening on {addr}");
+    Ok(engine)
+}
+
+impl TcpEngine {
+    fn hello(&self, core: &Core, target: u16) -> Hello {
+        Hello {
+            node_id: self.own.0,
+            target_id: target,
+            instance: core.instance,
+            fc_window: core.fc_window.min(u32::MAX as u64) as u32,
+            fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
+            nonce: rand::random(),
+        }
+    }
+
+    fn secret(&self) -> Option<&[u8]> {
+        self.secret.as_deref()
+    }
+
+    // ----- connection set-up ---------------------------------------------
+
+    /// Dialer side of the handshake; returns the acceptor's hello.
+    fn dial_handshake(&self, core: &Core, s: &mut TcpStream, peer: NodeId) -> std::result::Result<Hello, String> {
+        let mine = self.hello(core, peer.0);
+        write_msg(s, &HandshakeMsg::Hello(mine)).map_err(|e| format!("handshake write: {e}"))?;
+        let theirs = match read_msg(s)? {
+            HandshakeMsg::Reply(h, mac) => {
+                if h.node_id != peer.0 {
+                    return Err(format!("node {} answered at the address of {peer}", h.node_id));
+                }
+                if !wire::verify_proof(self.secret(), b"acceptor", &h.nonce, &mine.nonce, h.node_id, self.own.0, h.instance, &mac) {
+                    return Err(HandshakeError::Auth.to_string());
+                }
+                h
+            }
+            HandshakeMsg::Final(st) => return Err(HandshakeError::Rejected(st).to_string()),
+            other => return Err(format!("unexpected handshake message {other:?}")),
+        };
+        let proof = wire::proof(self.secret(), b"dialer", &mine.nonce, &theirs.nonce, self.own.0, peer.0, core.instance);
+        write_msg(s, &HandshakeMsg::Proof(proof)).map_err(|e| format!("handshake write: {e}"))?;
+        match read_msg(s)? {
+            HandshakeMsg::Final(Status::Accept) => Ok(theirs),
+            HandshakeMsg::Final(st) => Err(HandshakeError::Rejected(st).to_string()),
+            other => Err(format!("unexpected handshake message {other:?}")),
+        }
+    }
+
+    /// Acceptor side: authenticates the dialer, asks the core whether to
+    /// accept, attaches the connection.
+    fn accept_handshake(&self, core: &Arc<Core>, mut s: TcpStream) -> std::result::Result<(), String> {
+        let timeout = Duration::from_millis(core.config().connect_timeout_ms);
+        s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        let theirs = match read_msg(&mut s)? {
+            HandshakeMsg::Hello(h) => h,
+            other => return Err(format!("expected hello, got {other:?}")),
+        };
+        let reject = |s: &mut TcpStream, st: Status| {
+            let _ = write_msg(s, &HandshakeMsg::Final(st));
+            Err(format!("rejected node {}: {st}", theirs.node_id))
+        };
+        if theirs.target_id != self.own.0 {
+            return reject(&mut s, Status::WrongTarget);
+        }
+        if core.config().address_of(NodeId(theirs.node_id)).is_none() || theirs.node_id == self.own.0 {
+            return reject(&mut s, Status::UnknownNode);
+        }
+        let mine = self.hello(core, 0);
+        let mac = wire::proof(self.secret(), b"acceptor", &mine.nonce, &theirs.nonce, self.own.0, theirs.node_id, core.instance);
+        write_msg(&mut s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
+        match read_msg(&mut s)? {
+            HandshakeMsg::Proof(p) => {
+                if !wire::verify_proof(self.secret(), b"dialer", &theirs.nonce, &mine.nonce, theirs.node_id, self.own.0, theirs.instance, &p) {
+                    return reject(&mut s, Status::AuthFailed);
+                }
+            }
+            other => return Err(format!("expected proof, got {other:?}")),
+        }
+        let peer = NodeId(theirs.node_id);
+        let conn = match core.accept_incoming(peer, theirs.instance) {
+            Ok(c) => c,
+            Err(st) => return reject(&mut s, st),
+        };
+        write_msg(&mut s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
+        self.attach(core, &conn, s, &theirs).map_err(|e| {
+            core.close_connection(&conn, &e, true);
+            e
+        })
+    }
+
+    /// Registers an authenticated socket for `conn` and opens it.
+    fn attach(&self, core: &Core, conn: &Arc<Connection>, s: TcpStream, theirs: &Hello) -> std::result::Result<(), String> {
+        s.set_nonblocking(true).map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        let token = Token(conn.id as usize);
+        let tc = Arc::new(TcpConn {
+            conn: conn.clone(),
+            stream: s,
+            token,
+            send: Mutex::new(SendState {
+                header: [0; CHUNK_HEADER_LEN],
+                header_off: CHUNK_HEADER_LEN,
+                data_left: 0,
+                blocked: false,
+            }),
+            recv: Mutex::new(RecvState::default()),
+        });
+        {
+            let mut by_peer = self.by_peer.lock();
+            if let Some(old) = by_peer.get(&conn.peer.0) {
+                if old.conn.id == conn.id {
+                    return Err("connection already attached".into());
+                }
+            }
+            by_peer.insert(conn.peer.0, tc.clone());
+            self.by_token.lock().insert(token.0, tc.clone());
+        }
+        let fd = tc.stream.as_raw_fd();
+        self.recv_registry
+            .register(&mut SourceFd(&fd), token, Interest::READABLE)
+            .map_err(|e| e.to_string())?;
+        self.send_registry
+            .register(&mut SourceFd(&fd), token, Interest::WRITABLE)
+            .map_err(|e| e.to_string())?;
+        if !core.opened(conn, theirs.instance, theirs.fc_window as u64, theirs.fc_unit as u64) {
+            return Err("connection closed during set-up".into());
+        }
+        core.on_write_interest(conn.peer);
+        Ok(())
+    }
+
+    fn listen_loop(self: Arc<Self>, listener: mio::net::TcpListener, mut poll: Poll) {
+        let mut events = Events::with_capacity(16);
+        while !self.stop.load(Ordering::Acquire) {
+            if let Err(e) = poll.poll(&mut events, Some(Duration::from_millis(500))) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!("{}: listener poll failed: {e}", self.own);
+                    return;
+                }
+            }
+            loop {
+                let (s, from) = match listener.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!("{}: accept failed: {e}", self.own);
+                        std::thread::sleep(Duration::from_millis(10));
+                        break;
+                    }
+                };
+                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES {
+                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("{}: too many handshakes in progress; refusing {from}", self.own);
+                    continue;
+                }
+                // SAFETY-free conversion: mio's stream owns the fd; hand it to std.
+                let std_stream: TcpStream = {
+                    use std::os::fd::{FromRawFd, IntoRawFd};
+                    let fd = s.into_raw_fd();
+                    // SAFETY: `fd` was just released by mio's stream, so this
+                    // std stream is its only owner.
+                    unsafe { TcpStream::from_raw_fd(fd) }
+                };
+                let e = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("dxnet-tcp-hs-{}", self.own.0))
+                    .spawn(move || {
+                        if let Some(core) = e.core.upgrade() {
+                            if let Err(err) = std_stream
+                                .set_nonblocking(false)
+                                .map_err(|x| x.to_string())
+                                .and_then(|_| e.accept_handshake(&core, std_stream))
+                            {
+                                tracing::info!("{}: incoming connection from {from} failed: {err}", e.own);
+                            }
+                        }
+                        e.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
+    // ----- receive thread ---------------------------------------------------
+
+    fn recv_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
+        let mut events = Events::with_capacity(256);
+        let mut readable: VecDeque<Arc<TcpConn>> = VecDeque::new();
+        let mut idle = Idle::new(core.park());
+        let mut starved = false;
+        while !self.stop.load(Ordering::Acquire) {
+            let can_read = !readable.is_empty() && !starved;
+            let timeout = if can_read {
+                Some(Duration::ZERO)
+            } else if idle.step() {
+                self.recv_sleeping.store(true, Ordering::SeqCst);
+                Some(idle.max_park)
+            } else {
+                Some(Duration::ZERO)
+            };
+            let res = poll.poll(&mut events, timeout);
+            self.recv_sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = res {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!("{}: receive poll failed: {e}", self.own);
+                    return;
+                }
+            }
+            let mut woke = false;
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    woke = true;
+                    continue;
+                }
+                let tc = self.by_token.lock().get(&ev.token().0).cloned();
+                if let Some(tc) = tc {
+                    let mut rs = tc.recv.lock();
+                    if !rs.readable {
+                        rs.readable = true;
+                        drop(rs);
+                        readable.push_back(tc);
+                    }
+                }
+            }
+            if woke {
+                starved = false;
+            }
+            if readable.is_empty() {
+                if !events.is_empty() {
+                    idle.reset();
+                }
+                continue;
+            }
+            idle.reset();
+            // One buffer per readable connection per round (fairness).
+            for _ in 0..readable.len() {
+                let Some(tc) = readable.pop_front() else { break };
+                match self.read_once(&core, &tc) {
+                    ReadOutcome::More => readable.push_back(tc),
+                    ReadOutcome::Drained => tc.recv.lock().readable = false,
+                    ReadOutcome::Starved => {
+                        starved = true;
+                        readable.push_front(tc);
+                        break;
+                    }
+                    ReadOutcome::Closed => tc.recv.lock().readable = false,
+                }
+            }
+            if starved {
+                // Resources may have come back before the flags were set.
+                starved = !(core.incoming.has_room() && core.pool.available() > 0);
+            }
+        }
+    }
+
+    fn read_once(&self, core: &Arc<Core>, tc: &TcpConn) -> ReadOutcome {
+        if !tc.conn.is_alive() {
+            return ReadOutcome::Closed;
+        }
+        if !core.incoming.has_room() {
+            return ReadOutcome::Starved;
+        }
+        let Some(mut buf) = core.pool.get() else {
+            return ReadOutcome::Starved;
+        };
+        let n = match (&tc.stream).read(buf.space()) {
+            Ok(0) => {
+                core.pool.put(buf);
+                core.close_connection(&tc.conn, "peer closed the connection", true);
+                return ReadOutcome::Closed;
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                core.pool.put(buf);
+                return ReadOutcome::Drained;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                core.pool.put(buf);
+                return ReadOutcome::More;
+            }
+            Err(e) => {
+                core.pool.put(buf);
+                core.close_connection(&tc.conn, &format!("receive failed: {e}"), true);
+                return ReadOutcome::Closed;
+            }
+        };
+        let mut units = 0u64;
+        {
+            let mut rs = tc.recv.lock();
+            let mut i = 0;
+            while i < n {
+                if rs.data_left > 0 {
+                    let take = rs.data_left.min(n - i);
+                    buf.push_segment(i..i + take);
+                    rs.data_left -= take;
+                    i += take;
+                } else {
+                    let take = (CHUNK_HEADER_LEN - rs.header_have).min(n - i);
+                    let have = rs.header_have;
+                    let src = &buf.space()[i..i + take];
+                    let mut h = rs.header;
+                    h[have..have + take].copy_from_slice(src);
+                    rs.header = h;
+                    rs.header_have += take;
+                    i += take;
+                    if rs.header_have == CHUNK_HEADER_LEN {
+                        rs.header_have = 0;
+                        let (len, u) = decode_chunk_header(&rs.header);
+                        rs.data_left = len as usize;
+                        units += u as u64;
+                    }
+                }
+            }
+        }
+        while units > 0 {
+            let u = units.min(u32::MAX as u64) as u32;
+            tc.conn.flow.on_confirm(u);
+            units -= u as u64;
+        }
+        core.deliver(&tc.conn, buf);
+        ReadOutcome::More
+    }
+
+    // ----- send thread ---------------------------------------------------------
+
+    fn send_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
+        let mut events = Events::with_capacity(256);
+        let mut idle = Idle::new(core.park());
+        while !self.stop.load(Ordering::Acquire) {
+            let mut worked = false;
+            while let Some(peer) = core.wim.pop() {
+                worked = true;
+                let tc = self.by_peer.lock().get(&peer).cloned();
+                if let Some(tc) = tc {
+                    self.write_some(&core, &tc);
+                }
+            }
+            let timeout = if worked {
+                idle.reset();
+                Duration::ZERO
+            } else if idle.step() {
+                self.send_sleeping.store(true, Ordering::SeqCst);
+                if core.wim.is_empty() {
+                    idle.max_park
+                } else {
+                    Duration::ZERO
+                }
+            } else {
+                Duration::ZERO
+            };
+            let res = poll.poll(&mut events, Some(timeout));
+            self.send_sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = res {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!("{}: send poll failed: {e}", self.own);
+                    return;
+                }
+            }
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let tc = self.by_token.lock().get(&ev.token().0).cloned();
+                if let Some(tc) = tc {
+                    let was_blocked = std::mem::replace(&mut tc.send.lock().blocked, false);
+                    if was_blocked {
+                        idle.reset();
+                        self.write_some(&core, &tc);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes chunks of `tc`'s ring buffer until it is empty, the socket is
+    /// full, or the round budget is used up.
+    fn write_some(&self, core: &Core, tc: &TcpConn) {
+        let conn = &tc.conn;
+        if conn.state() != ConnState::Open {
+            return;
+        }
+        let mut st = tc.send.lock();
+        if st.blocked {
+            return;
+        }
+        for _ in 0..SEND_ROUNDS {
+            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
+                let units = conn.flow.take_units(u32::MAX);
+                let avail = conn.orb.unposted_len().min(MAX_CHUNK);
+                if avail == 0 && units == 0 {
+                    return;
+                }
+                st.header = encode_chunk_header(avail as u32, units);
+                st.header_off = 0;
+                st.data_left = avail;
+            }
+            let (a, b) = conn.orb.unposted(st.data_left);
+            let hdr = &st.header[st.header_off..];
+            let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
+            match (&tc.stream).write_vectored(&iov) {
+                Ok(n) => {
+                    let h = n.min(hdr.len());
+                    st.header_off += h;
+                    let d = n - h;
+                    if d > 0 {
+                        conn.orb.mark_posted(d);
+                        conn.orb.mark_completed(d);
+                        st.data_left -= d;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    st.blocked = true;
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    drop(st);
+                    core.close_connection(conn, &format!("send failed: {e}"), true);
+                    return;
+                }
+            }
+        }
+        // Budget used: come back after the other connections.
+        if st.data_left > 0 || st.header_off < CHUNK_HEADER_LEN || conn.orb.unposted_len() > 0 || conn.flow.pending_units() > 0 {
+            core.wim.push(conn.peer.0);
+        }
+    }
+}
+
+enum ReadOutcome {
+    /// Read a buffer; there may be more.
+    More,
+    /// The socket has no more data now.
+    Drained,
+    /// No receive buffer or queue room: stop until woken.
+    Starved,
+    /// The connection closed.
+    Closed,
+}
+
+fn write_msg(s: &mut TcpStream, m: &HandshakeMsg) -> std::io::Result<()> {
+    s.write_all(&m.encode())
+}
+
+fn read_msg(s: &mut TcpStream) -> std::result::Result<HandshakeMsg, String> {
+    let mut b = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut b).map_err(|e| format!("handshake read: {e}"))?;
+    HandshakeMsg::decode(&b).map_err(|e| e.to_string())
+}
+
+impl Transport for TcpEngine {
+    fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
+        let core = self.core.upgrade().ok_or(Error::Shutdown)?;
+        let peer = conn.peer;
+        let addr = core
+            .config()
+            .address_of(peer)
+            .ok_or_else(|| Error::Unreachable(peer, "not in the node map".into()))?;
+        let addr = resolve(addr).map_err(|e| Error::Unreachable(peer, e.to_string()))?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Unreachable(peer, "connection not established in time".into()));
+            }
+            let mut s = TcpStream::connect_timeout(&addr, left)
+                .map_err(|e| Error::Unreachable(peer, format!("connect to {addr}: {e}")))?;
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let _ = s.set_read_timeout(Some(left));
+            let _ = s.set_write_timeout(Some(left));
+            match self.dial_handshake(&core, &mut s, peer) {
+                Ok(theirs) => {
+                    if conn.state() == ConnState::Open {
+                        // Opened meanwhile from the other side: keep that one.
+                        return Ok(());
+                    }
+                    if theirs.instance == 0 {
+                        return Err(Error::Unreachable(peer, "peer sent instance id 0".into()));
+                    }
+                    return self
+                        .attach(&core, conn, s, &theirs)
+                        .map_err(|e| Error::Unreachable(peer, e));
+                }
+                Err(e) if e.contains(&Status::Duplicate.to_string()) => {
+                    // The peer's own dial wins; it will open `conn`.
+                    let wait = deadline.min(Instant::now() + Duration::from_millis(100));
+                    conn.state_changed
+                        .wait_until(core.park(), wait, || conn.state() != ConnState::Connecting);
+                    match conn.state() {
+                        ConnState::Open => return Ok(()),
+                        ConnState::Closed => return Err(Error::Unreachable(peer, conn.close_reason())),
+                        ConnState::Connecting => continue,
+                    }
+                }
+                Err(e) => return Err(Error::Unreachable(peer, e)),
+            }
+        }
+    }
+
+    fn close(&self, conn: &Arc<Connection>) {
+        let tc = {
+            let mut by_peer = self.by_peer.lock();
+            match by_peer.get(&conn.peer.0) {
+                Some(t) if t.conn.id == conn.id => by_peer.remove(&conn.peer.0),
+                _ => None,
+            }
+        };
+        self.by_token.lock().remove(&(conn.id as usize));
+        if let Some(tc) = tc {
+            let fd = tc.stream.as_raw_fd();
+            let _ = self.recv_registry.deregister(&mut SourceFd(&fd));
+            let _ = self.send_registry.deregister(&mut SourceFd(&fd));
+            let _ = tc.stream.shutdown(std::net::Shutdown::Both);
+            let _ = tc.token;
+        }
+    }
+
+    fn wake_sender(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.send_sleeping.load(Ordering::SeqCst) {
+            let _ = self.send_waker.wake();
+        }
+    }
+
+    fn wake_receiver(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let _ = self.recv_waker.wake();
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.recv_waker.wake();
+        let _ = self.send_waker.wake();
+        let _ = self.listen_waker.wake();
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}

@@ -24,8 +24,17 @@ dxnet::request!(Add, 1, 1 => Sum);
 
 #[test]
 fn two_nodes_messages_and_requests() {
-    let a = Node::start(Config::loopback(0, 2, "basic")).unwrap();
-    let b = Node::start(Config::loopback(1, 2, "basic")).unwrap();
+    run(Config::loopback(0, 2, "basic"), Config::loopback(1, 2, "basic"));
+}
+
+#[test]
+fn two_nodes_tcp() {
+    run(Config::tcp_localhost(0, 2, 23400), Config::tcp_localhost(1, 2, 23400));
+}
+
+fn run(ca: Config, cb: Config) {
+    let a = Node::start(ca).unwrap();
+    let b = Node::start(cb).unwrap();
     let got = Arc::new(AtomicU64::new(0));
     let g = got.clone();
     b.register(move |src: NodeId, m: Hello| {
