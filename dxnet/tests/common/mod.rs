@@ -1,0 +1,137 @@
+//! Shared helpers of the integration tests: clusters, checked traffic.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dxnet::{Config, Node, NodeId};
+use serde::{Deserialize, Serialize};
+
+/// A checked test message: payload bytes derive from (from, thread, seq).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Data {
+    pub from: u16,
+    pub thread: u16,
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+dxnet::message!(Data, 10, 1);
+
+pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
+    let mut x = (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Deterministic pseudo-random sizes: mostly small, some several times
+/// `big`.
+pub fn size_for(seed: u64, max: usize) -> usize {
+    let mut x = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0xDEAD_BEEF;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    match x % 10 {
+        0 => 1 + (x >> 8) as usize % max,
+        1..=3 => 1 + (x >> 8) as usize % 4096,
+        _ => 1 + (x >> 8) as usize % 256,
+    }
+}
+
+/// Per-(sender node, thread) next expected sequence number at one receiver,
+/// and every failure seen.
+#[derive(Default)]
+pub struct Checker {
+    next: Mutex<HashMap<(u16, u16), u64>>,
+    pub received: AtomicU64,
+    pub errors: Mutex<Vec<String>>,
+}
+
+impl Checker {
+    pub fn check(&self, src: NodeId, m: &Data) {
+        if src.0 != m.from {
+            self.errors.lock().unwrap().push(format!("source {src} claims {}", m.from));
+        }
+        if m.payload != pattern(m.from, m.thread, m.seq, m.payload.len()) {
+            self.errors.lock().unwrap().push(format!("corrupt payload {m:?}"));
+        }
+        let mut next = self.next.lock().unwrap();
+        let e = next.entry((m.from, m.thread)).or_insert(0);
+        if *e != m.seq {
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("from {} thread {}: expected seq {}, got {}", m.from, m.thread, e, m.seq));
+        }
+        *e = m.seq + 1;
+        self.received.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn assert_ok(&self) {
+        let e = self.errors.lock().unwrap();
+        assert!(e.is_empty(), "{} errors, first: {:?}", e.len(), &e[..e.len().min(5)]);
+    }
+}
+
+/// Waits until `f` is true or panics after `secs`.
+pub fn wait_for(secs: u64, what: &str, f: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A base port for `n` nodes unlikely to collide with other tests in this
+/// process or other test binaries running at the same time.
+pub fn base_port(n: u16) -> u16 {
+    if NEXT_PORT.load(Ordering::SeqCst) == 0 {
+        let seed = 20000 + (std::process::id() % 2000) as u16 * 10;
+        let _ = NEXT_PORT.compare_exchange(0, seed, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    loop {
+        let p = NEXT_PORT.fetch_add(n + 1, Ordering::SeqCst);
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Loopback,
+    Tcp,
+}
+
+static FABRIC: AtomicU64 = AtomicU64::new(0);
+
+/// Configs for an `n`-node cluster of `kind`, adjusted by `tweak`.
+pub fn cluster_configs(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<Config> {
+    let fabric = format!("test-{}", FABRIC.fetch_add(1, Ordering::SeqCst));
+    let base = if kind == Kind::Tcp { base_port(n) } else { 0 };
+    (0..n)
+        .map(|i| {
+            let mut c = match kind {
+                Kind::Loopback => Config::loopback(i, n, &fabric),
+                Kind::Tcp => Config::tcp_localhost(i, n, base),
+            };
+            c.park.spin_us = 20; // 2-core machine: do not let idle threads hog it
+            c.park.yield_us = 200;
+            tweak(&mut c);
+            c
+        })
+        .collect()
+}
+
+pub fn start_all(cfgs: Vec<Config>) -> Vec<Arc<Node>> {
+    cfgs.into_iter().map(|c| Arc::new(Node::start(c).unwrap())).collect()
+}
