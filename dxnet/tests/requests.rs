@@ -1,0 +1,193 @@
+//! Requests: many outstanding, matched responses, futures, timeouts,
+//! unknown types, dead and restarted nodes.
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use common::*;
+use dxnet::{Error, Node, NodeId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Echo {
+    id: u64,
+    body: Vec<u8>,
+    sleep_ms: u64,
+}
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct EchoReply {
+    id: u64,
+    body_len: usize,
+    sum: u64,
+}
+dxnet::message!(EchoReply, 20, 1);
+dxnet::request!(Echo, 20, 0 => EchoReply);
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Nobody(u8);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct NobodyReply(u8);
+dxnet::message!(NobodyReply, 21, 1);
+dxnet::request!(Nobody, 21, 0 => NobodyReply);
+
+fn serve(node: &Node) {
+    node.register_request(|_src, r: Echo| {
+        if r.sleep_ms > 0 {
+            std::thread::sleep(Duration::from_millis(r.sleep_ms));
+        }
+        EchoReply {
+            id: r.id,
+            body_len: r.body.len(),
+            sum: r.body.iter().map(|&b| b as u64).sum(),
+        }
+    })
+    .unwrap();
+}
+
+fn req(id: u64, len: usize) -> Echo {
+    Echo {
+        id,
+        body: (0..len).map(|i| (i as u64 * 7 + id) as u8).collect(),
+        sleep_ms: 0,
+    }
+}
+
+/// Minimal runtime-agnostic executor: proves the handle is a real Future.
+fn block_on<F: Future>(f: F) -> F::Output {
+    struct ThreadWaker(std::thread::Thread);
+    impl Wake for ThreadWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+fn thousands_outstanding(kind: Kind) {
+    let cluster = start_all(cluster_configs(kind, 3, |_| {}));
+    serve(&cluster[1]);
+    serve(&cluster[2]);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let node = cluster[0].clone();
+            s.spawn(move || {
+                let mut pending = Vec::new();
+                for i in 0..1500u64 {
+                    let id = t << 32 | i;
+                    let dest = NodeId(1 + (i % 2) as u16);
+                    let h = node.request_async(dest, &req(id, (i % 700) as usize), Duration::from_secs(60)).unwrap();
+                    pending.push((id, (i % 700) as usize, h));
+                }
+                // Half waited blocking, half as futures, in reverse order.
+                for (n, (id, len, h)) in pending.into_iter().rev().enumerate() {
+                    let r = if n % 2 == 0 { h.wait() } else { block_on(h) }.unwrap();
+                    assert_eq!(r.id, id);
+                    assert_eq!(r.body_len, len);
+                    assert_eq!(r.sum, req(id, len).body.iter().map(|&b| b as u64).sum::<u64>());
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn thousands_outstanding_loopback() {
+    thousands_outstanding(Kind::Loopback);
+}
+
+#[test]
+fn thousands_outstanding_tcp() {
+    thousands_outstanding(Kind::Tcp);
+}
+
+#[test]
+fn timeouts_fire_and_late_responses_are_dropped() {
+    let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| c.handler_threads = 2));
+    serve(&cluster[1]);
+    let slow = Echo { id: 1, body: vec![], sleep_ms: 300 };
+    let t0 = Instant::now();
+    let e = cluster[0].request(NodeId(1), &slow, Duration::from_millis(50)).unwrap_err();
+    assert_eq!(e, Error::Timeout("request"));
+    assert!(t0.elapsed() < Duration::from_millis(290), "timed out before the response came");
+    // As a future too.
+    let h = cluster[0].request_async(NodeId(1), &slow, Duration::from_millis(50)).unwrap();
+    assert_eq!(block_on(h).unwrap_err(), Error::Timeout("request"));
+    std::thread::sleep(Duration::from_millis(700)); // late responses arrive and are ignored
+    let r = cluster[0].request(NodeId(1), &req(5, 10), Duration::from_secs(10)).unwrap();
+    assert_eq!(r.id, 5);
+}
+
+#[test]
+fn unknown_request_type_is_a_typed_error() {
+    let cluster = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
+    let e = cluster[0].request(NodeId(1), &Nobody(1), Duration::from_secs(10)).unwrap_err();
+    assert_eq!(e, Error::UnknownMessageType(21, 0));
+    assert_eq!(cluster[1].stats().unknown_messages, 1);
+}
+
+#[test]
+fn dead_node_is_unreachable_then_reconnects_after_restart() {
+    let cfgs = cluster_configs(Kind::Tcp, 2, |c| c.connect_timeout_ms = 500);
+    let a = Node::start(cfgs[0].clone()).unwrap();
+    // Node 1 not running: fails fast with a typed error, within the timeout.
+    let t0 = Instant::now();
+    let e = a.request(NodeId(1), &req(1, 1), Duration::from_secs(2)).unwrap_err();
+    assert!(matches!(e, Error::Unreachable(NodeId(1), _)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // Node 1 comes up: the next request connects.
+    let b = Node::start(cfgs[1].clone()).unwrap();
+    serve(&b);
+    assert_eq!(a.request(NodeId(1), &req(2, 5), Duration::from_secs(5)).unwrap().id, 2);
+    // A request pending while node 1 dies fails with "unreachable".
+    let h = a
+        .request_async(NodeId(1), &Echo { id: 3, body: vec![], sleep_ms: 500 }, Duration::from_secs(30))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(b);
+    let t0 = Instant::now();
+    let e = h.wait().unwrap_err();
+    assert!(matches!(e, Error::Unreachable(NodeId(1), _)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // Restarted with the same id: a new instance, reconnected.
+    let b = Node::start(cfgs[1].clone()).unwrap();
+    serve(&b);
+    let mut ok = false;
+    for _ in 0..50 {
+        match a.request(NodeId(1), &req(4, 3), Duration::from_secs(5)) {
+            Ok(r) => {
+                assert_eq!(r.id, 4);
+                ok = true;
+                break;
+            }
+            Err(Error::Unreachable(..)) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(ok, "reconnected after restart");
+}
+
+#[test]
+fn shutdown_fails_pending_requests() {
+    let cluster = start_all(cluster_configs(Kind::Loopback, 2, |_| {}));
+    serve(&cluster[1]);
+    let h = cluster[0]
+        .request_async(NodeId(1), &Echo { id: 1, body: vec![], sleep_ms: 300 }, Duration::from_secs(30))
+        .unwrap();
+    let mut it = cluster.into_iter();
+    let a = Arc::try_unwrap(it.next().unwrap()).ok().unwrap();
+    let _b = it.next().unwrap(); // stays alive: the error must come from our own shutdown
+    a.shutdown();
+    assert_eq!(h.wait().unwrap_err(), Error::Shutdown);
+}
