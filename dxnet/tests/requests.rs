@@ -116,6 +116,8 @@ fn thousands_outstanding_tcp() {
 fn timeouts_fire_and_late_responses_are_dropped() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| c.handler_threads = 2));
     serve(&cluster[1]);
+    // Connect first, so the short timeouts below measure only the request.
+    assert_eq!(cluster[0].request(NodeId(1), &req(9, 1), Duration::from_secs(10)).unwrap().id, 9);
     let slow = Echo { id: 1, body: vec![], sleep_ms: 300 };
     let t0 = Instant::now();
     let e = cluster[0].request(NodeId(1), &slow, Duration::from_millis(50)).unwrap_err();
