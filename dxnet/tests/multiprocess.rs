@@ -1,0 +1,247 @@
+//! Nodes in separate OS processes over TCP on 127.0.0.1: all-to-all traffic
+//! with random sizes from many threads, every message checked once and in
+//! order; and a slow receiver whose and whose sender's memory stay flat.
+//!
+//! The test binary re-runs itself as the child processes (`child_*` tests
+//! that do nothing unless `DXNET_CHILD` is set).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use dxnet::{Config, Error, Node, NodeId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Ping(u16);
+#[derive(Serialize, Deserialize, Debug)]
+struct Pong(u16);
+dxnet::message!(Pong, 11, 2);
+dxnet::request!(Ping, 11, 1 => Pong);
+/// "I received everything": sent to every node at the end.
+#[derive(Serialize, Deserialize, Debug)]
+struct Done(u16);
+dxnet::message!(Done, 11, 3);
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
+}
+
+fn spawn_child(test: &str, vars: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("DXNET_CHILD", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child process")
+}
+
+fn wait_child(mut c: Child, secs: u64) -> String {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            let mut out = String::new();
+            use std::io::Read;
+            c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+            assert!(st.success(), "child failed ({st}); output:\n{out}");
+            return out;
+        }
+        if Instant::now() > end {
+            let _ = c.kill();
+            panic!("child did not finish in {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Calls `f` until it stops failing with "unreachable" (peers still starting).
+fn until_reachable<T>(what: &str, mut f: impl FnMut() -> dxnet::Result<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(Error::Unreachable(..)) | Err(Error::Timeout(_)) if Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+fn child_config(id: u16, n: u16, base: u16) -> Config {
+    let mut c = fc_config(id, n, base);
+    c.orb_size = 64 << 10;
+    c
+}
+
+/// Flow-control test settings: 1 MiB ring, 512 KiB window.
+fn fc_config(id: u16, n: u16, base: u16) -> Config {
+    let mut c = Config::tcp_localhost(id, n, base);
+    c.orb_size = 1 << 20;
+    c.recv_buffer_size = 16 << 10;
+    c.flow_control_window = 512 << 10;
+    c.park.spin_us = 20;
+    c.park.yield_us = 200;
+    c
+}
+
+#[test]
+fn child_all_to_all() {
+    if std::env::var("DXNET_CHILD").is_err() {
+        return;
+    }
+    let id: u16 = env("NODE").parse().unwrap();
+    let n: u16 = env("NODES").parse().unwrap();
+    let base: u16 = env("BASE").parse().unwrap();
+    let threads: u16 = env("THREADS").parse().unwrap();
+    let per: u64 = env("PER").parse().unwrap();
+    let node = Arc::new(Node::start(child_config(id, n, base)).unwrap());
+    let chk = Arc::new(Checker::default());
+    let c = chk.clone();
+    node.register(move |src, m: Data| c.check(src, &m)).unwrap();
+    node.register_request(|_, p: Ping| Pong(p.0)).unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let d = done.clone();
+    node.register(move |_, _: Done| {
+        d.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    // Start barrier: every peer answers a ping.
+    for p in (0..n).filter(|&p| p != id) {
+        until_reachable("ping", || node.request(NodeId(p), &Ping(id), Duration::from_secs(2)));
+    }
+    let max = 3 * (64 << 10);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let node = node.clone();
+            s.spawn(move || {
+                let mut seq = vec![0u64; n as usize];
+                for i in 0..per * (n as u64 - 1) {
+                    let dest = ((id as u64 + 1 + i % (n as u64 - 1)) % n as u64) as u16;
+                    let sq = seq[dest as usize];
+                    seq[dest as usize] += 1;
+                    let len = size_for(i ^ (t as u64) << 40 ^ (id as u64) << 50, max);
+                    let m = Data { from: id, thread: t, seq: sq, payload: pattern(id, t, sq, len) };
+                    node.send(NodeId(dest), &m).unwrap();
+                }
+            });
+        }
+    });
+    let expect = per * threads as u64 * (n as u64 - 1);
+    wait_for(120, "all messages", || chk.received.load(Ordering::SeqCst) >= expect);
+    chk.assert_ok();
+    // End barrier: nobody exits while others may still send to it.
+    for p in (0..n).filter(|&p| p != id) {
+        node.send(NodeId(p), &Done(id)).unwrap();
+    }
+    wait_for(120, "done from all", || done.load(Ordering::SeqCst) == n as u64 - 1);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(chk.received.load(Ordering::SeqCst), expect, "no duplicates");
+    println!("CHILD OK received={}", chk.received.load(Ordering::SeqCst));
+}
+
+fn run_all_to_all(n: u16, threads: u16, per: u64) {
+    let base = base_port(n);
+    let children: Vec<Child> = (0..n)
+        .map(|id| {
+            spawn_child(
+                "child_all_to_all",
+                &[
+                    ("NODE", id.to_string()),
+                    ("NODES", n.to_string()),
+                    ("BASE", base.to_string()),
+                    ("THREADS", threads.to_string()),
+                    ("PER", per.to_string()),
+                ],
+            )
+        })
+        .collect();
+    let expect = per * threads as u64 * (n as u64 - 1);
+    for c in children {
+        let out = wait_child(c, 240);
+        assert!(out.contains(&format!("CHILD OK received={expect}")), "{out}");
+    }
+}
+
+#[test]
+fn processes_two_nodes_sixteen_threads() {
+    run_all_to_all(2, 16, 100);
+}
+
+#[test]
+fn processes_four_nodes_all_to_all() {
+    run_all_to_all(4, 3, 150);
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn hwm_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn child_slow_receiver() {
+    if std::env::var("DXNET_CHILD").is_err() {
+        return;
+    }
+    let base: u16 = env("BASE").parse().unwrap();
+    let count: u64 = env("COUNT").parse().unwrap();
+    let node = Node::start(fc_config(1, 2, base)).unwrap();
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    node.register_raw(12, 1, move |_, p| {
+        assert_eq!(p.len(), 64 << 10);
+        std::thread::sleep(Duration::from_micros(500)); // deliberately slow
+        g.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let start_rss = rss_kib();
+    wait_for(300, "all messages", || got.load(Ordering::SeqCst) >= count);
+    std::thread::sleep(Duration::from_millis(200));
+    println!("CHILD OK got={} start_rss_kib={start_rss} hwm_kib={}", got.load(Ordering::SeqCst), hwm_kib());
+}
+
+#[test]
+fn slow_receiver_memory_stays_bounded() {
+    let base = base_port(2);
+    let count = 3000u64; // 3000 × 64 KiB = 192 MiB through a 512 KiB window
+    let child = spawn_child("child_slow_receiver", &[("BASE", base.to_string()), ("COUNT", count.to_string())]);
+    let node = Node::start(fc_config(0, 2, base)).unwrap();
+    let payload = vec![3u8; 64 << 10];
+    until_reachable("first send", || node.send_raw(NodeId(1), 12, 1, &payload));
+    let rss0 = rss_kib();
+    let mut peak = rss0;
+    for i in 1..count {
+        node.send_raw(NodeId(1), 12, 1, &payload).unwrap();
+        if i % 100 == 0 {
+            peak = peak.max(rss_kib());
+        }
+    }
+    let out = wait_child(child, 300);
+    let field = |k: &str| -> u64 {
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {out}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(field("got="), count);
+    // Sender: fixed ring buffer, blocked by flow control; receiver: pool,
+    // bounded queue, one window. Neither grows with the 192 MiB sent.
+    assert!(peak - rss0 < 16 << 10, "sender RSS grew by {} KiB", peak - rss0);
+    let recv_growth = field("hwm_kib=").saturating_sub(field("start_rss_kib="));
+    assert!(recv_growth < 48 << 10, "receiver peak RSS grew by {recv_growth} KiB");
+}
