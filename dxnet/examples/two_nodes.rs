@@ -54,7 +54,11 @@ fn talk(node: &Node, peer: NodeId) {
     // Wait until the peer is up (it may start later in another terminal).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match node.request(peer, &CountWords("are you there".into()), Duration::from_secs(1)) {
+        match node.request(
+            peer,
+            &CountWords("are you there".into()),
+            Duration::from_secs(1),
+        ) {
             Ok(WordCount(n)) => {
                 println!("node {}: {peer} is up (counted {n} words)", node.id().0);
                 break;
@@ -74,18 +78,26 @@ fn talk(node: &Node, peer: NodeId) {
         };
         node.send(peer, &m).unwrap();
     }
-    println!("node {}: sent 1000 messages in {:?}", node.id().0, t0.elapsed());
+    println!(
+        "node {}: sent 1000 messages in {:?}",
+        node.id().0,
+        t0.elapsed()
+    );
     // Many requests in flight at once, awaited later.
     let handles: Vec<_> = (0..100)
         .map(|i| {
             let text = "word ".repeat(i);
-            node.request_async(peer, &CountWords(text), Duration::from_secs(5)).unwrap()
+            node.request_async(peer, &CountWords(text), Duration::from_secs(5))
+                .unwrap()
         })
         .collect();
     for (i, h) in handles.into_iter().enumerate() {
         assert_eq!(h.wait().unwrap().0, i);
     }
-    println!("node {}: 100 concurrent requests answered correctly", node.id().0);
+    println!(
+        "node {}: 100 concurrent requests answered correctly",
+        node.id().0
+    );
 }
 
 fn main() {

@@ -344,7 +344,10 @@ mod tests {
         assert_eq!(t.node_id, 2);
         assert_eq!(t.orb_size, Config::default().orb_size);
         assert_eq!(t.address_of(NodeId(2)), Some("127.0.0.1:5000"));
-        let j = Config::from_json(r#"{"node_id":1,"transport":"loopback","handler_threads":4,"park":{"spin_us":0}}"#).unwrap();
+        let j = Config::from_json(
+            r#"{"node_id":1,"transport":"loopback","handler_threads":4,"park":{"spin_us":0}}"#,
+        )
+        .unwrap();
         assert_eq!(j.handler_threads, 4);
         assert_eq!(j.park.spin_us, 0);
         assert_eq!(j.park.yield_us, ParkConfig::default().yield_us);
@@ -356,7 +359,10 @@ mod tests {
         assert!(e.to_string().contains("handler_threads"), "{e}");
         let e = Config::from_toml("no_such_field = 1").unwrap_err();
         assert!(e.to_string().contains("no_such_field"), "{e}");
-        let e = Config::from_toml("[[nodes]]\nid = 1\naddress = \"a:1\"\n[[nodes]]\nid = 1\naddress = \"a:2\"").unwrap_err();
+        let e = Config::from_toml(
+            "[[nodes]]\nid = 1\naddress = \"a:1\"\n[[nodes]]\nid = 1\naddress = \"a:2\"",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");
     }
 }

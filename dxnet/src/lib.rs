@@ -33,7 +33,9 @@ pub use message::{Message, Request};
 pub use node::{Node, NodeStats, ResponseHandle};
 
 /// A node's 16-bit id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct NodeId(pub u16);
 
 impl std::fmt::Display for NodeId {

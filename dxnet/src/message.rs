@@ -182,7 +182,10 @@ mod tests {
             Err(HeaderError::TooLong { len: 77, max: 76 })
         );
         b[0] = 0;
-        assert_eq!(MessageHeader::decode(&b, 100), Err(HeaderError::BadMagic(0)));
+        assert_eq!(
+            MessageHeader::decode(&b, 100),
+            Err(HeaderError::BadMagic(0))
+        );
         b[0] = HEADER_MAGIC;
         b[3] = FLAG_REQUEST | FLAG_RESPONSE;
         assert!(matches!(

@@ -113,7 +113,12 @@ impl Node {
 
     /// Sends request `req` and blocks until its response arrives or `timeout`
     /// passes.
-    pub fn request<R: Request>(&self, dest: NodeId, req: &R, timeout: Duration) -> Result<R::Response> {
+    pub fn request<R: Request>(
+        &self,
+        dest: NodeId,
+        req: &R,
+        timeout: Duration,
+    ) -> Result<R::Response> {
         self.request_async(dest, req, timeout)?.wait()
     }
 

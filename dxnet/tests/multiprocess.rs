@@ -115,7 +115,9 @@ fn child_all_to_all() {
     .unwrap();
     // Start barrier: every peer answers a ping.
     for p in (0..n).filter(|&p| p != id) {
-        until_reachable("ping", || node.request(NodeId(p), &Ping(id), Duration::from_secs(2)));
+        until_reachable("ping", || {
+            node.request(NodeId(p), &Ping(id), Duration::from_secs(2))
+        });
     }
     let max = 3 * (64 << 10);
     std::thread::scope(|s| {
@@ -128,20 +130,29 @@ fn child_all_to_all() {
                     let sq = seq[dest as usize];
                     seq[dest as usize] += 1;
                     let len = size_for(i ^ (t as u64) << 40 ^ (id as u64) << 50, max);
-                    let m = Data { from: id, thread: t, seq: sq, payload: pattern(id, t, sq, len) };
+                    let m = Data {
+                        from: id,
+                        thread: t,
+                        seq: sq,
+                        payload: pattern(id, t, sq, len),
+                    };
                     node.send(NodeId(dest), &m).unwrap();
                 }
             });
         }
     });
     let expect = per * threads as u64 * (n as u64 - 1);
-    wait_for(120, "all messages", || chk.received.load(Ordering::SeqCst) >= expect);
+    wait_for(120, "all messages", || {
+        chk.received.load(Ordering::SeqCst) >= expect
+    });
     chk.assert_ok();
     // End barrier: nobody exits while others may still send to it.
     for p in (0..n).filter(|&p| p != id) {
         node.send(NodeId(p), &Done(id)).unwrap();
     }
-    wait_for(120, "done from all", || done.load(Ordering::SeqCst) == n as u64 - 1);
+    wait_for(120, "done from all", || {
+        done.load(Ordering::SeqCst) == n as u64 - 1
+    });
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(chk.received.load(Ordering::SeqCst), expect, "no duplicates");
     println!("CHILD OK received={}", chk.received.load(Ordering::SeqCst));
@@ -166,7 +177,10 @@ fn run_all_to_all(n: u16, threads: u16, per: u64) {
     let expect = per * threads as u64 * (n as u64 - 1);
     for c in children {
         let out = wait_child(c, 240);
-        assert!(out.contains(&format!("CHILD OK received={expect}")), "{out}");
+        assert!(
+            out.contains(&format!("CHILD OK received={expect}")),
+            "{out}"
+        );
     }
 }
 
@@ -211,14 +225,21 @@ fn child_slow_receiver() {
     let start_rss = rss_kib();
     wait_for(300, "all messages", || got.load(Ordering::SeqCst) >= count);
     std::thread::sleep(Duration::from_millis(200));
-    println!("CHILD OK got={} start_rss_kib={start_rss} hwm_kib={}", got.load(Ordering::SeqCst), hwm_kib());
+    println!(
+        "CHILD OK got={} start_rss_kib={start_rss} hwm_kib={}",
+        got.load(Ordering::SeqCst),
+        hwm_kib()
+    );
 }
 
 #[test]
 fn slow_receiver_memory_stays_bounded() {
     let base = base_port(2);
     let count = 3000u64; // 3000 × 64 KiB = 192 MiB through a 512 KiB window
-    let child = spawn_child("child_slow_receiver", &[("BASE", base.to_string()), ("COUNT", count.to_string())]);
+    let child = spawn_child(
+        "child_slow_receiver",
+        &[("BASE", base.to_string()), ("COUNT", count.to_string())],
+    );
     let node = Node::start(fc_config(0, 2, base)).unwrap();
     let payload = vec![3u8; 64 << 10];
     until_reachable("first send", || node.send_raw(NodeId(1), 12, 1, &payload));
@@ -241,7 +262,14 @@ fn slow_receiver_memory_stays_bounded() {
     assert_eq!(field("got="), count);
     // Sender: fixed ring buffer, blocked by flow control; receiver: pool,
     // bounded queue, one window. Neither grows with the 192 MiB sent.
-    assert!(peak - rss0 < 16 << 10, "sender RSS grew by {} KiB", peak - rss0);
+    assert!(
+        peak - rss0 < 16 << 10,
+        "sender RSS grew by {} KiB",
+        peak - rss0
+    );
     let recv_growth = field("hwm_kib=").saturating_sub(field("start_rss_kib="));
-    assert!(recv_growth < 48 << 10, "receiver peak RSS grew by {recv_growth} KiB");
+    assert!(
+        recv_growth < 48 << 10,
+        "receiver peak RSS grew by {recv_growth} KiB"
+    );
 }

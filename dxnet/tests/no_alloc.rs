@@ -55,10 +55,11 @@ fn no_alloc_on(kind: Kind) {
     let cluster = start_all(cluster_configs(kind, 2, |_| {}));
     let got = Arc::new(AtomicU64::new(0));
     let g = got.clone();
-    cluster[1].register_raw(30, 2, move |_, _| {
-        g.fetch_add(1, Ordering::Relaxed);
-    })
-    .unwrap();
+    cluster[1]
+        .register_raw(30, 2, move |_, _| {
+            g.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
     let g = got.clone();
     cluster[1]
         .register(move |_, _m: Typed| {
@@ -83,7 +84,10 @@ fn no_alloc_on(kind: Kind) {
     }
     let per_msg = allocs() - before;
     wait_for(60, "delivery", || got.load(Ordering::Relaxed) == 42_000);
-    assert_eq!(per_msg, 0, "allocations on the send path for 40000 messages");
+    assert_eq!(
+        per_msg, 0,
+        "allocations on the send path for 40000 messages"
+    );
 }
 
 #[test]

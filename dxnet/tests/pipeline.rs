@@ -21,7 +21,8 @@ fn all_to_all(kind: Kind, nodes: u16, threads: u16, per_thread: u64, orb: usize)
     let checkers: Vec<Arc<Checker>> = (0..nodes).map(|_| Arc::new(Checker::default())).collect();
     for (node, chk) in cluster.iter().zip(&checkers) {
         let chk = chk.clone();
-        node.register(move |src, m: Data| chk.check(src, &m)).unwrap();
+        node.register(move |src, m: Data| chk.check(src, &m))
+            .unwrap();
     }
     let max = orb / 2; // larger than the ring: split across it
     std::thread::scope(|s| {
@@ -88,12 +89,30 @@ fn send_to_self_is_delivered_locally() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 1, |_| {}));
     let chk = Arc::new(Checker::default());
     let c = chk.clone();
-    cluster[0].register(move |src, m: Data| c.check(src, &m)).unwrap();
+    cluster[0]
+        .register(move |src, m: Data| c.check(src, &m))
+        .unwrap();
     for seq in 0..500 {
         let p = pattern(0, 0, seq, (seq as usize * 13) % 3000);
-        cluster[0].send(NodeId(0), &Data { from: 0, thread: 0, seq, payload: p }).unwrap();
+        cluster[0]
+            .send(
+                NodeId(0),
+                &Data {
+                    from: 0,
+                    thread: 0,
+                    seq,
+                    payload: p,
+                },
+            )
+            .unwrap();
     }
-    wait_for(30, "local messages", || chk.received.load(Ordering::SeqCst) == 500);
+    wait_for(30, "local messages", || {
+        chk.received.load(Ordering::SeqCst) == 500
+    });
     chk.assert_ok();
-    assert_eq!(cluster[0].stats().connections_opened, 0, "no transport connection to self");
+    assert_eq!(
+        cluster[0].stats().connections_opened,
+        0,
+        "no transport connection to self"
+    );
 }

@@ -87,7 +87,9 @@ fn thousands_outstanding(kind: Kind) {
                 for i in 0..1500u64 {
                     let id = t << 32 | i;
                     let dest = NodeId(1 + (i % 2) as u16);
-                    let h = node.request_async(dest, &req(id, (i % 700) as usize), Duration::from_secs(60)).unwrap();
+                    let h = node
+                        .request_async(dest, &req(id, (i % 700) as usize), Duration::from_secs(60))
+                        .unwrap();
                     pending.push((id, (i % 700) as usize, h));
                 }
                 // Half waited blocking, half as futures, in reverse order.
@@ -95,7 +97,10 @@ fn thousands_outstanding(kind: Kind) {
                     let r = if n % 2 == 0 { h.wait() } else { block_on(h) }.unwrap();
                     assert_eq!(r.id, id);
                     assert_eq!(r.body_len, len);
-                    assert_eq!(r.sum, req(id, len).body.iter().map(|&b| b as u64).sum::<u64>());
+                    assert_eq!(
+                        r.sum,
+                        req(id, len).body.iter().map(|&b| b as u64).sum::<u64>()
+                    );
                 }
             });
         }
@@ -117,24 +122,45 @@ fn timeouts_fire_and_late_responses_are_dropped() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| c.handler_threads = 2));
     serve(&cluster[1]);
     // Connect first, so the short timeouts below measure only the request.
-    assert_eq!(cluster[0].request(NodeId(1), &req(9, 1), Duration::from_secs(10)).unwrap().id, 9);
-    let slow = Echo { id: 1, body: vec![], sleep_ms: 300 };
+    assert_eq!(
+        cluster[0]
+            .request(NodeId(1), &req(9, 1), Duration::from_secs(10))
+            .unwrap()
+            .id,
+        9
+    );
+    let slow = Echo {
+        id: 1,
+        body: vec![],
+        sleep_ms: 300,
+    };
     let t0 = Instant::now();
-    let e = cluster[0].request(NodeId(1), &slow, Duration::from_millis(50)).unwrap_err();
+    let e = cluster[0]
+        .request(NodeId(1), &slow, Duration::from_millis(50))
+        .unwrap_err();
     assert_eq!(e, Error::Timeout("request"));
-    assert!(t0.elapsed() < Duration::from_millis(290), "timed out before the response came");
+    assert!(
+        t0.elapsed() < Duration::from_millis(290),
+        "timed out before the response came"
+    );
     // As a future too.
-    let h = cluster[0].request_async(NodeId(1), &slow, Duration::from_millis(50)).unwrap();
+    let h = cluster[0]
+        .request_async(NodeId(1), &slow, Duration::from_millis(50))
+        .unwrap();
     assert_eq!(block_on(h).unwrap_err(), Error::Timeout("request"));
     std::thread::sleep(Duration::from_millis(700)); // late responses arrive and are ignored
-    let r = cluster[0].request(NodeId(1), &req(5, 10), Duration::from_secs(10)).unwrap();
+    let r = cluster[0]
+        .request(NodeId(1), &req(5, 10), Duration::from_secs(10))
+        .unwrap();
     assert_eq!(r.id, 5);
 }
 
 #[test]
 fn unknown_request_type_is_a_typed_error() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
-    let e = cluster[0].request(NodeId(1), &Nobody(1), Duration::from_secs(10)).unwrap_err();
+    let e = cluster[0]
+        .request(NodeId(1), &Nobody(1), Duration::from_secs(10))
+        .unwrap_err();
     assert_eq!(e, Error::UnknownMessageType(21, 0));
     assert_eq!(cluster[1].stats().unknown_messages, 1);
 }
@@ -145,16 +171,31 @@ fn dead_node_is_unreachable_then_reconnects_after_restart() {
     let a = Node::start(cfgs[0].clone()).unwrap();
     // Node 1 not running: fails fast with a typed error, within the timeout.
     let t0 = Instant::now();
-    let e = a.request(NodeId(1), &req(1, 1), Duration::from_secs(2)).unwrap_err();
+    let e = a
+        .request(NodeId(1), &req(1, 1), Duration::from_secs(2))
+        .unwrap_err();
     assert!(matches!(e, Error::Unreachable(NodeId(1), _)), "{e:?}");
     assert!(t0.elapsed() < Duration::from_secs(2));
     // Node 1 comes up: the next request connects.
     let b = Node::start(cfgs[1].clone()).unwrap();
     serve(&b);
-    assert_eq!(a.request(NodeId(1), &req(2, 5), Duration::from_secs(5)).unwrap().id, 2);
+    assert_eq!(
+        a.request(NodeId(1), &req(2, 5), Duration::from_secs(5))
+            .unwrap()
+            .id,
+        2
+    );
     // A request pending while node 1 dies fails with "unreachable".
     let h = a
-        .request_async(NodeId(1), &Echo { id: 3, body: vec![], sleep_ms: 500 }, Duration::from_secs(30))
+        .request_async(
+            NodeId(1),
+            &Echo {
+                id: 3,
+                body: vec![],
+                sleep_ms: 500,
+            },
+            Duration::from_secs(30),
+        )
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
     drop(b);
@@ -185,7 +226,15 @@ fn shutdown_fails_pending_requests() {
     let cluster = start_all(cluster_configs(Kind::Loopback, 2, |_| {}));
     serve(&cluster[1]);
     let h = cluster[0]
-        .request_async(NodeId(1), &Echo { id: 1, body: vec![], sleep_ms: 300 }, Duration::from_secs(30))
+        .request_async(
+            NodeId(1),
+            &Echo {
+                id: 1,
+                body: vec![],
+                sleep_ms: 300,
+            },
+            Duration::from_secs(30),
+        )
         .unwrap();
     let mut it = cluster.into_iter();
     let a = Arc::try_unwrap(it.next().unwrap()).ok().unwrap();

@@ -24,12 +24,18 @@ dxnet::request!(Add, 1, 1 => Sum);
 
 #[test]
 fn two_nodes_messages_and_requests() {
-    run(Config::loopback(0, 2, "basic"), Config::loopback(1, 2, "basic"));
+    run(
+        Config::loopback(0, 2, "basic"),
+        Config::loopback(1, 2, "basic"),
+    );
 }
 
 #[test]
 fn two_nodes_tcp() {
-    run(Config::tcp_localhost(0, 2, 23400), Config::tcp_localhost(1, 2, 23400));
+    run(
+        Config::tcp_localhost(0, 2, 23400),
+        Config::tcp_localhost(1, 2, 23400),
+    );
 }
 
 fn run(ca: Config, cb: Config) {
@@ -45,9 +51,18 @@ fn run(ca: Config, cb: Config) {
     .unwrap();
     b.register_request(|_src, r: Add| Sum(r.a + r.b)).unwrap();
     for n in 0..1000 {
-        a.send(NodeId(1), &Hello { n, text: format!("hi {n}") }).unwrap();
+        a.send(
+            NodeId(1),
+            &Hello {
+                n,
+                text: format!("hi {n}"),
+            },
+        )
+        .unwrap();
     }
-    let s = a.request(NodeId(1), &Add { a: 2, b: 3 }, Duration::from_secs(5)).unwrap();
+    let s = a
+        .request(NodeId(1), &Add { a: 2, b: 3 }, Duration::from_secs(5))
+        .unwrap();
     assert_eq!(s, Sum(5));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while got.load(Ordering::SeqCst) < 1000 && std::time::Instant::now() < deadline {

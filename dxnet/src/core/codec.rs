@@ -23,7 +23,10 @@ pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> Result<usize> {
 }
 
 /// Serializes `value` into `w`.
-pub fn encode_into<W: std::io::Write, T: Serialize + ?Sized>(w: W, value: &T) -> std::io::Result<()> {
+pub fn encode_into<W: std::io::Write, T: Serialize + ?Sized>(
+    w: W,
+    value: &T,
+) -> std::io::Result<()> {
     options()
         .serialize_into(w, value)
         .map_err(|e| std::io::Error::other(e.to_string()))

@@ -87,7 +87,13 @@ pub struct Connection {
 
 impl Connection {
     /// A new connection in state `Connecting`.
-    pub fn new(peer: NodeId, id: u64, orb_size: usize, flow: FlowControl, max_payload: usize) -> Self {
+    pub fn new(
+        peer: NodeId,
+        id: u64,
+        orb_size: usize,
+        flow: FlowControl,
+        max_payload: usize,
+    ) -> Self {
         Self {
             peer,
             id,
@@ -168,6 +174,11 @@ impl Connection {
         if self.last_used.load(Ordering::Relaxed) != tick {
             self.last_used.store(tick, Ordering::Relaxed);
         }
+    }
+
+    /// True if nothing is queued to send or to process.
+    pub fn is_idle(&self) -> bool {
+        self.orb.is_empty() && self.inbox.lock().items.is_empty()
     }
 
     /// Last use tick.

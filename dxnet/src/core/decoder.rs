@@ -138,7 +138,8 @@ mod tests {
             let mut d = Decoder::new(1 << 20);
             let mut got = Vec::new();
             for c in stream.chunks(chunk) {
-                d.feed(c, |h, p| got.push((h.request_id, p.to_vec()))).unwrap();
+                d.feed(c, |h, p| got.push((h.request_id, p.to_vec())))
+                    .unwrap();
             }
             assert!(d.is_idle());
             assert_eq!(got, expect, "chunk size {chunk}");

@@ -107,7 +107,8 @@ impl IncomingQueue {
         if let Some(it) = &item {
             self.buffers.fetch_sub(1, Ordering::AcqRel);
             self.bytes.fetch_sub(it.data_len(), Ordering::AcqRel);
-            wake = self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst);
+            wake =
+                self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst);
         }
         (item, wake)
     }

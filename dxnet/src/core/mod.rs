@@ -336,7 +336,9 @@ impl Core {
         if t == 0 {
             return Err(Error::Config("message type 0 is reserved for dxnet".into()));
         }
-        self.send_frame(dest, t, s, 0, 0, payload.len(), None, |w| w.write_all(payload))
+        self.send_frame(dest, t, s, 0, 0, payload.len(), None, |w| {
+            w.write_all(payload)
+        })
     }
 
     /// Sends a request; the handle waits for its response.
@@ -349,17 +351,31 @@ impl Core {
         let len = codec::encoded_len(req)?;
         let (id, pending) = self.requests.insert(dest, timeout)?;
         let deadline = Instant::now() + timeout;
-        self.send_frame(dest, R::TYPE, R::SUBTYPE, FLAG_REQUEST, id, len, Some(deadline), |w| {
-            codec::encode_into(w, req)
-        })?;
+        self.send_frame(
+            dest,
+            R::TYPE,
+            R::SUBTYPE,
+            FLAG_REQUEST,
+            id,
+            len,
+            Some(deadline),
+            |w| codec::encode_into(w, req),
+        )?;
         Ok(pending)
     }
 
     fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
         let len = codec::encoded_len(resp)?;
-        self.send_frame(dest, M::TYPE, M::SUBTYPE, FLAG_RESPONSE, id, len, None, |w| {
-            codec::encode_into(w, resp)
-        })
+        self.send_frame(
+            dest,
+            M::TYPE,
+            M::SUBTYPE,
+            FLAG_RESPONSE,
+            id,
+            len,
+            None,
+            |w| codec::encode_into(w, resp),
+        )
     }
 
     fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
@@ -442,13 +458,21 @@ impl Core {
             Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
             Err(OrbError::Corrupted) => {
                 self.close_connection(&conn, "message stream corrupted by a failed send", true);
-                Err(Error::Timeout("send of a large message interrupted; connection closed"))
+                Err(Error::Timeout(
+                    "send of a large message interrupted; connection closed",
+                ))
             }
         }
     }
 
     /// Delivers a message to the own node through the handler threads.
-    fn send_local<F>(&self, hb: &[u8; HEADER_LEN], total: usize, deadline: Instant, fill: F) -> Result<()>
+    fn send_local<F>(
+        &self,
+        hb: &[u8; HEADER_LEN],
+        total: usize,
+        deadline: Instant,
+        fill: F,
+    ) -> Result<()>
     where
         F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
     {
@@ -456,14 +480,18 @@ impl Core {
         v.extend_from_slice(hb);
         fill(&mut v).map_err(|e| Error::Decode(format!("cannot serialize message: {e}")))?;
         if v.len() != total {
-            return Err(Error::Decode("serialized size differs from computed size".into()));
+            return Err(Error::Decode(
+                "serialized size differs from computed size".into(),
+            ));
         }
         if !self.incoming.has_room()
-            && !self
-                .local_room
-                .wait_until(&self.config.park, deadline, || self.incoming.has_room() || self.is_shut_down())
+            && !self.local_room.wait_until(&self.config.park, deadline, || {
+                self.incoming.has_room() || self.is_shut_down()
+            })
         {
-            return Err(Error::Timeout("local delivery blocked by a full incoming queue"));
+            return Err(Error::Timeout(
+                "local delivery blocked by a full incoming queue",
+            ));
         }
         self.incoming.push(&self.local, Incoming::Local(v));
         self.stats.msgs_sent.add(1);
@@ -476,21 +504,28 @@ impl Core {
     /// The open connection to `dest`, creating it on first use. Waits at most
     /// until `deadline` (and the connect timeout) for it to open.
     pub fn connection(&self, dest: NodeId, deadline: Instant) -> Result<Arc<Connection>> {
-        let connect_deadline = deadline.min(Instant::now() + Duration::from_millis(self.config.connect_timeout_ms));
+        let connect_deadline =
+            deadline.min(Instant::now() + Duration::from_millis(self.config.connect_timeout_ms));
         loop {
             if let Some(c) = self.connections.get(dest) {
                 match c.state() {
                     ConnState::Open => return Ok(c),
                     ConnState::Connecting => {
-                        c.state_changed.wait_until(&self.config.park, connect_deadline, || {
-                            c.state() != ConnState::Connecting
-                        });
+                        c.state_changed
+                            .wait_until(&self.config.park, connect_deadline, || {
+                                c.state() != ConnState::Connecting
+                            });
                         match c.state() {
                             ConnState::Open => return Ok(c),
                             ConnState::Connecting => {
-                                return Err(Error::Unreachable(dest, "connection not established in time".into()))
+                                return Err(Error::Unreachable(
+                                    dest,
+                                    "connection not established in time".into(),
+                                ))
                             }
-                            ConnState::Closed => return Err(Error::Unreachable(dest, c.close_reason())),
+                            ConnState::Closed => {
+                                return Err(Error::Unreachable(dest, c.close_reason()))
+                            }
                         }
                     }
                     ConnState::Closed => {} // being removed; create a new one
@@ -499,7 +534,9 @@ impl Core {
             if self.is_shut_down() {
                 return Err(Error::Shutdown);
             }
-            if self.config.transport != TransportKind::Loopback && self.config.address_of(dest).is_none() {
+            if self.config.transport != TransportKind::Loopback
+                && self.config.address_of(dest).is_none()
+            {
                 return Err(Error::Unreachable(dest, "not in the node map".into()));
             }
             let Some(conn) = self.create_connection(dest, None)? else {
@@ -529,7 +566,11 @@ impl Core {
     /// Creates and installs a connection to `peer` in state Connecting,
     /// closing the least recently used one if the limit is reached. Returns
     /// `None` if a live connection exists (and `replace` is not it).
-    fn create_connection(&self, peer: NodeId, replace: Option<&Arc<Connection>>) -> Result<Option<Arc<Connection>>> {
+    fn create_connection(
+        &self,
+        peer: NodeId,
+        replace: Option<&Arc<Connection>>,
+    ) -> Result<Option<Arc<Connection>>> {
         let mut evict = None;
         let conn = {
             let mut count = self.connections.lock.lock();
@@ -543,12 +584,14 @@ impl Core {
                 }
             }
             if *count >= self.config.max_connections {
+                // Prefer idle connections: closing one with queued data
+                // loses that data (as a broken connection would).
                 let lru = self
                     .connections
                     .all()
                     .into_iter()
                     .filter(|c| c.peer != peer)
-                    .min_by_key(|c| c.last_used());
+                    .min_by_key(|c| (!c.is_idle(), c.last_used()));
                 if let Some(l) = lru {
                     self.connections.remove_if_current(&mut count, &l);
                     evict = Some(l);
@@ -566,11 +609,19 @@ impl Core {
             conn
         };
         if let Some(l) = evict {
-            tracing::debug!("{}: closing least recently used connection to {}", self.own, l.peer);
+            tracing::debug!(
+                "{}: closing least recently used connection to {}",
+                self.own,
+                l.peer
+            );
             self.close_connection(&l, "closed to stay within max_connections", false);
         }
         if let Some(r) = replace {
-            self.close_connection(r, "replaced by a new connection from the restarted peer", true);
+            self.close_connection(
+                r,
+                "replaced by a new connection from the restarted peer",
+                true,
+            );
         }
         Ok(Some(conn))
     }
@@ -579,7 +630,11 @@ impl Core {
     /// the connection to attach to (then call [`Core::opened`]), or the
     /// status to reject with: the lower node id's dial wins a simultaneous
     /// connect, and a known peer instance already connected is a duplicate.
-    pub fn accept_incoming(&self, peer: NodeId, instance: u64) -> std::result::Result<Arc<Connection>, wire::Status> {
+    pub fn accept_incoming(
+        &self,
+        peer: NodeId,
+        instance: u64,
+    ) -> std::result::Result<Arc<Connection>, wire::Status> {
         if self.is_shut_down() {
             return Err(wire::Status::ShuttingDown);
         }
@@ -594,7 +649,9 @@ impl Core {
                             Ok(c.clone())
                         };
                     }
-                    ConnState::Open if c.peer_instance() == instance => return Err(wire::Status::Duplicate),
+                    ConnState::Open if c.peer_instance() == instance => {
+                        return Err(wire::Status::Duplicate)
+                    }
                     ConnState::Open => existing.as_ref(),
                     ConnState::Closed => None,
                 },
@@ -609,7 +666,13 @@ impl Core {
     }
 
     /// A transport finished attaching `conn`: data may flow.
-    pub fn opened(&self, conn: &Arc<Connection>, peer_instance: u64, peer_window: u64, peer_unit: u64) -> bool {
+    pub fn opened(
+        &self,
+        conn: &Arc<Connection>,
+        peer_instance: u64,
+        peer_window: u64,
+        peer_unit: u64,
+    ) -> bool {
         conn.flow.set_peer(peer_window, peer_unit);
         let ok = conn.mark_open(peer_instance);
         if ok {
@@ -738,7 +801,11 @@ impl Core {
             if conn.id == 0 {
                 tracing::error!("{}: local message stream corrupted: {e}", self.own);
             } else {
-                tracing::warn!("{}: protocol error from {}: {e}; closing the connection", self.own, conn.peer);
+                tracing::warn!(
+                    "{}: protocol error from {}: {e}; closing the connection",
+                    self.own,
+                    conn.peer
+                );
                 self.close_connection(conn, &format!("protocol error: {e}"), true);
             }
         }
@@ -752,7 +819,11 @@ impl Core {
                 Ok(payload.to_vec())
             };
             if !self.requests.complete(h.request_id, src, outcome) {
-                tracing::debug!("{}: response {} from {src} matches no pending request", self.own, h.request_id);
+                tracing::debug!(
+                    "{}: response {} from {src} matches no pending request",
+                    self.own,
+                    h.request_id
+                );
             }
             return;
         }
@@ -765,14 +836,25 @@ impl Core {
                 h.subtype
             );
             if h.flags & FLAG_REQUEST != 0 {
-                self.send_error_response(src, h.request_id, REMOTE_UNKNOWN_TYPE, h.msg_type, h.subtype);
+                self.send_error_response(
+                    src,
+                    h.request_id,
+                    REMOTE_UNKNOWN_TYPE,
+                    h.msg_type,
+                    h.subtype,
+                );
             }
             return;
         };
         match &entry.kind {
             HandlerKind::Request(f) => {
                 if h.flags & FLAG_REQUEST == 0 {
-                    tracing::warn!("{}: request type ({}, {}) sent without request flag by {src}", self.own, h.msg_type, h.subtype);
+                    tracing::warn!(
+                        "{}: request type ({}, {}) sent without request flag by {src}",
+                        self.own,
+                        h.msg_type,
+                        h.subtype
+                    );
                     return;
                 }
                 f(self, src, h.request_id, payload)
@@ -854,14 +936,20 @@ fn run_receiver(own: NodeId, f: &MessageFn, src: NodeId, key: u16, payload: &[u8
             key >> 8,
             key & 0xff
         ),
-        Err(_) => tracing::error!("{own}: receiver for ({}, {}) panicked", key >> 8, key & 0xff),
+        Err(_) => tracing::error!(
+            "{own}: receiver for ({}, {}) panicked",
+            key >> 8,
+            key & 0xff
+        ),
     }
 }
 
 fn remote_error(h: &MessageHeader, payload: &[u8]) -> Error {
     match payload.first() {
         Some(&REMOTE_UNKNOWN_TYPE) => Error::UnknownMessageType(h.msg_type, h.subtype),
-        Some(&REMOTE_DECODE) => Error::Decode("the remote node could not decode the request".into()),
+        Some(&REMOTE_DECODE) => {
+            Error::Decode("the remote node could not decode the request".into())
+        }
         Some(&REMOTE_PANIC) => Error::Cancelled("the remote request handler panicked"),
         _ => Error::Decode("malformed error response".into()),
     }

@@ -60,7 +60,7 @@ impl Idle {
 
     /// No work was found: which phase the thread is in now. Reads the clock
     /// only every 64 polls to keep busy-polling cheap.
-    pub fn next(&mut self) -> IdlePhase {
+    pub fn phase(&mut self) -> IdlePhase {
         self.polls = self.polls.wrapping_add(1);
         if self.polls & 63 == 1 {
             let since = *self.idle_since.get_or_insert_with(Instant::now);
@@ -80,7 +80,7 @@ impl Idle {
     /// should park now.
     #[inline]
     pub fn step(&mut self) -> bool {
-        match self.next() {
+        match self.phase() {
             IdlePhase::Spin => {
                 std::hint::spin_loop();
                 false
@@ -150,7 +150,12 @@ impl Signal {
 
     /// Waits adaptively (spin, yield, park) until `ready()` is true or the
     /// deadline passes; returns whether it became ready.
-    pub fn wait_until(&self, cfg: &ParkConfig, deadline: Instant, ready: impl Fn() -> bool) -> bool {
+    pub fn wait_until(
+        &self,
+        cfg: &ParkConfig,
+        deadline: Instant,
+        ready: impl Fn() -> bool,
+    ) -> bool {
         let mut idle = Idle::new(cfg);
         loop {
             if ready() {
@@ -185,14 +190,14 @@ mod tests {
             yield_us: 0,
             max_park_ms: 1,
         });
-        assert_eq!(idle.next(), IdlePhase::Park);
+        assert_eq!(idle.phase(), IdlePhase::Park);
         idle.reset();
         let mut idle = Idle::new(&ParkConfig {
             spin_us: 1_000_000,
             yield_us: 2_000_000,
             max_park_ms: 1,
         });
-        assert_eq!(idle.next(), IdlePhase::Spin);
+        assert_eq!(idle.phase(), IdlePhase::Spin);
     }
 
     #[test]

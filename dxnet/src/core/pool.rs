@@ -68,7 +68,10 @@ impl RecvBuffer {
 
     /// Number of message-stream bytes.
     pub fn data_len(&self) -> usize {
-        self.segments.iter().map(|r| (r.end - r.start) as usize).sum()
+        self.segments
+            .iter()
+            .map(|r| (r.end - r.start) as usize)
+            .sum()
     }
 
     /// Forgets the segments (buffer reuse).

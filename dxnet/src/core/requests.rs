@@ -17,6 +17,9 @@ use crate::{Error, NodeId, Result};
 
 const SHARDS: usize = 64;
 
+/// One lock's share of the pending requests.
+type Shard = Mutex<HashMap<u32, Arc<Slot>>>;
+
 /// What a completed request holds: the encoded response payload or why none
 /// came.
 type Outcome = Result<Vec<u8>>;
@@ -65,7 +68,7 @@ impl Slot {
 #[derive(Debug)]
 pub struct RequestTable {
     next_id: AtomicU32,
-    shards: Box<[Mutex<HashMap<u32, Arc<Slot>>>]>,
+    shards: Box<[Shard]>,
     closed: AtomicBool,
     timer: Timer,
 }
@@ -88,12 +91,16 @@ impl RequestTable {
         table
     }
 
-    fn shard(&self, id: u32) -> &Mutex<HashMap<u32, Arc<Slot>>> {
+    fn shard(&self, id: u32) -> &Shard {
         &self.shards[id as usize % SHARDS]
     }
 
     /// Registers a new pending request to `peer`; returns its id and handle.
-    pub fn insert(self: &Arc<Self>, peer: NodeId, timeout: Duration) -> Result<(u32, PendingResponse)> {
+    pub fn insert(
+        self: &Arc<Self>,
+        peer: NodeId,
+        timeout: Duration,
+    ) -> Result<(u32, PendingResponse)> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
@@ -357,7 +364,10 @@ mod tests {
     fn complete_fail_timeout() {
         let t = RequestTable::new();
         let (id, p) = t.insert(NodeId(1), Duration::from_secs(10)).unwrap();
-        assert!(!t.complete(id, NodeId(2), Ok(vec![1])), "wrong peer ignored");
+        assert!(
+            !t.complete(id, NodeId(2), Ok(vec![1])),
+            "wrong peer ignored"
+        );
         assert!(t.complete(id, NodeId(1), Ok(vec![1, 2])));
         assert!(!t.complete(id, NodeId(1), Ok(vec![3])), "only once");
         assert_eq!(p.wait(), Ok(vec![1, 2]));

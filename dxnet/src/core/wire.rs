@@ -314,9 +314,21 @@ mod tests {
         let (a, b) = ([1u8; 16], [2u8; 16]);
         let p = proof(s, b"dialer", &a, &b, 1, 2, 42);
         assert!(verify_proof(s, b"dialer", &a, &b, 1, 2, 42, &p));
-        assert!(!verify_proof(Some(b"other"), b"dialer", &a, &b, 1, 2, 42, &p));
+        assert!(!verify_proof(
+            Some(b"other"),
+            b"dialer",
+            &a,
+            &b,
+            1,
+            2,
+            42,
+            &p
+        ));
         assert!(!verify_proof(s, b"acceptor", &a, &b, 1, 2, 42, &p));
-        assert!(!verify_proof(s, b"dialer", &a, &b, 3, 2, 42, &p), "claimed id bound");
+        assert!(
+            !verify_proof(s, b"dialer", &a, &b, 3, 2, 42, &p),
+            "claimed id bound"
+        );
         assert!(!verify_proof(s, b"dialer", &b, &a, 1, 2, 42, &p));
     }
 

@@ -183,7 +183,9 @@ impl Transport for LoopbackEngine {
             .lock()
             .get(&peer.0)
             .and_then(Weak::upgrade)
-            .ok_or_else(|| Error::Unreachable(peer, "no such node in the loopback fabric".into()))?;
+            .ok_or_else(|| {
+                Error::Unreachable(peer, "no such node in the loopback fabric".into())
+            })?;
         let rcore = remote_engine
             .core
             .upgrade()
@@ -203,7 +205,13 @@ impl Transport for LoopbackEngine {
                     Arc::new(Link {
                         local: rconn.clone(),
                         remote: conn.clone(),
-                        remote_engine: self.fabric.nodes.lock().get(&self.own.0).cloned().unwrap_or_default(),
+                        remote_engine: self
+                            .fabric
+                            .nodes
+                            .lock()
+                            .get(&self.own.0)
+                            .cloned()
+                            .unwrap_or_default(),
                     }),
                 );
                 rcore.opened(&rconn, core.instance, core.fc_window, core.fc_unit);
@@ -219,7 +227,10 @@ impl Transport for LoopbackEngine {
                 if conn.state() == ConnState::Open {
                     Ok(())
                 } else {
-                    Err(Error::Unreachable(peer, "connection not established in time".into()))
+                    Err(Error::Unreachable(
+                        peer,
+                        "connection not established in time".into(),
+                    ))
                 }
             }
             Err(s) => Err(Error::Unreachable(peer, s.to_string())),
@@ -249,7 +260,13 @@ impl Transport for LoopbackEngine {
         // Our receive resources came free: every sender in the fabric may be
         // stalled on us.
         self.fabric.resource_epoch.fetch_add(1, Ordering::AcqRel);
-        let nodes: Vec<_> = self.fabric.nodes.lock().values().filter_map(Weak::upgrade).collect();
+        let nodes: Vec<_> = self
+            .fabric
+            .nodes
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
         for n in nodes {
             n.signal.notify_one();
         }
@@ -264,7 +281,10 @@ impl Transport for LoopbackEngine {
             }
         }
         let mut nodes = self.fabric.nodes.lock();
-        if nodes.get(&self.own.0).is_some_and(|w| std::ptr::eq(w.as_ptr(), self)) {
+        if nodes
+            .get(&self.own.0)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), self))
+        {
             nodes.remove(&self.own.0);
         }
     }

@@ -148,9 +148,15 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     };
     let mut threads = Vec::new();
     let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(format!("dxnet-tcp-recv-{}", own.0), Box::new(move || e.recv_loop(c, recv_poll)))?);
+    threads.push(spawn(
+        format!("dxnet-tcp-recv-{}", own.0),
+        Box::new(move || e.recv_loop(c, recv_poll)),
+    )?);
     let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(format!("dxnet-tcp-send-{}", own.0), Box::new(move || e.send_loop(c, send_poll)))?);
+    threads.push(spawn(
+        format!("dxnet-tcp-send-{}", own.0),
+        Box::new(move || e.send_loop(c, send_poll)),
+    )?);
     let e = engine.clone();
     threads.push(spawn(
         format!("dxnet-tcp-listen-{}", own.0),
@@ -180,15 +186,32 @@ impl TcpEngine {
     // ----- connection set-up ---------------------------------------------
 
     /// Dialer side of the handshake; returns the acceptor's hello.
-    fn dial_handshake(&self, core: &Core, s: &mut TcpStream, peer: NodeId) -> std::result::Result<Hello, String> {
+    fn dial_handshake(
+        &self,
+        core: &Core,
+        s: &mut TcpStream,
+        peer: NodeId,
+    ) -> std::result::Result<Hello, String> {
         let mine = self.hello(core, peer.0);
         write_msg(s, &HandshakeMsg::Hello(mine)).map_err(|e| format!("handshake write: {e}"))?;
         let theirs = match read_msg(s)? {
             HandshakeMsg::Reply(h, mac) => {
                 if h.node_id != peer.0 {
-                    return Err(format!("node {} answered at the address of {peer}", h.node_id));
+                    return Err(format!(
+                        "node {} answered at the address of {peer}",
+                        h.node_id
+                    ));
                 }
-                if !wire::verify_proof(self.secret(), b"acceptor", &h.nonce, &mine.nonce, h.node_id, self.own.0, h.instance, &mac) {
+                if !wire::verify_proof(
+                    self.secret(),
+                    b"acceptor",
+                    &h.nonce,
+                    &mine.nonce,
+                    h.node_id,
+                    self.own.0,
+                    h.instance,
+                    &mac,
+                ) {
                     return Err(HandshakeError::Auth.to_string());
                 }
                 h
@@ -196,7 +219,15 @@ impl TcpEngine {
             HandshakeMsg::Final(st) => return Err(HandshakeError::Rejected(st).to_string()),
             other => return Err(format!("unexpected handshake message {other:?}")),
         };
-        let proof = wire::proof(self.secret(), b"dialer", &mine.nonce, &theirs.nonce, self.own.0, peer.0, core.instance);
+        let proof = wire::proof(
+            self.secret(),
+            b"dialer",
+            &mine.nonce,
+            &theirs.nonce,
+            self.own.0,
+            peer.0,
+            core.instance,
+        );
         write_msg(s, &HandshakeMsg::Proof(proof)).map_err(|e| format!("handshake write: {e}"))?;
         match read_msg(s)? {
             HandshakeMsg::Final(Status::Accept) => Ok(theirs),
@@ -207,10 +238,16 @@ impl TcpEngine {
 
     /// Acceptor side: authenticates the dialer, asks the core whether to
     /// accept, attaches the connection.
-    fn accept_handshake(&self, core: &Arc<Core>, mut s: TcpStream) -> std::result::Result<(), String> {
+    fn accept_handshake(
+        &self,
+        core: &Arc<Core>,
+        mut s: TcpStream,
+    ) -> std::result::Result<(), String> {
         let timeout = Duration::from_millis(core.config().connect_timeout_ms);
-        s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-        s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
         let theirs = match read_msg(&mut s)? {
             HandshakeMsg::Hello(h) => h,
             other => return Err(format!("expected hello, got {other:?}")),
@@ -222,15 +259,34 @@ impl TcpEngine {
         if theirs.target_id != self.own.0 {
             return reject(&mut s, Status::WrongTarget);
         }
-        if core.config().address_of(NodeId(theirs.node_id)).is_none() || theirs.node_id == self.own.0 {
+        if core.config().address_of(NodeId(theirs.node_id)).is_none()
+            || theirs.node_id == self.own.0
+        {
             return reject(&mut s, Status::UnknownNode);
         }
         let mine = self.hello(core, 0);
-        let mac = wire::proof(self.secret(), b"acceptor", &mine.nonce, &theirs.nonce, self.own.0, theirs.node_id, core.instance);
+        let mac = wire::proof(
+            self.secret(),
+            b"acceptor",
+            &mine.nonce,
+            &theirs.nonce,
+            self.own.0,
+            theirs.node_id,
+            core.instance,
+        );
         write_msg(&mut s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
         match read_msg(&mut s)? {
             HandshakeMsg::Proof(p) => {
-                if !wire::verify_proof(self.secret(), b"dialer", &theirs.nonce, &mine.nonce, theirs.node_id, self.own.0, theirs.instance, &p) {
+                if !wire::verify_proof(
+                    self.secret(),
+                    b"dialer",
+                    &theirs.nonce,
+                    &mine.nonce,
+                    theirs.node_id,
+                    self.own.0,
+                    theirs.instance,
+                    &p,
+                ) {
                     return reject(&mut s, Status::AuthFailed);
                 }
             }
@@ -242,14 +298,18 @@ impl TcpEngine {
             Err(st) => return reject(&mut s, st),
         };
         write_msg(&mut s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
-        self.attach(core, &conn, s, &theirs).map_err(|e| {
-            core.close_connection(&conn, &e, true);
-            e
-        })
+        self.attach(core, &conn, s, &theirs)
+            .inspect_err(|e| core.close_connection(&conn, e, true))
     }
 
     /// Registers an authenticated socket for `conn` and opens it.
-    fn attach(&self, core: &Core, conn: &Arc<Connection>, s: TcpStream, theirs: &Hello) -> std::result::Result<(), String> {
+    fn attach(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        s: TcpStream,
+        theirs: &Hello,
+    ) -> std::result::Result<(), String> {
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         let token = Token(conn.id as usize);
@@ -282,7 +342,12 @@ impl TcpEngine {
         self.send_registry
             .register(&mut SourceFd(&fd), token, Interest::WRITABLE)
             .map_err(|e| e.to_string())?;
-        if !core.opened(conn, theirs.instance, theirs.fc_window as u64, theirs.fc_unit as u64) {
+        if !core.opened(
+            conn,
+            theirs.instance,
+            theirs.fc_window as u64,
+            theirs.fc_unit as u64,
+        ) {
             return Err("connection closed during set-up".into());
         }
         core.on_write_interest(conn.peer);
@@ -308,9 +373,13 @@ impl TcpEngine {
                         break;
                     }
                 };
-                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES {
+                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES
+                {
                     self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
-                    tracing::warn!("{}: too many handshakes in progress; refusing {from}", self.own);
+                    tracing::warn!(
+                        "{}: too many handshakes in progress; refusing {from}",
+                        self.own
+                    );
                     continue;
                 }
                 // SAFETY-free conversion: mio's stream owns the fd; hand it to std.
@@ -331,7 +400,10 @@ impl TcpEngine {
                                 .map_err(|x| x.to_string())
                                 .and_then(|_| e.accept_handshake(&core, std_stream))
                             {
-                                tracing::info!("{}: incoming connection from {from} failed: {err}", e.own);
+                                tracing::info!(
+                                    "{}: incoming connection from {from} failed: {err}",
+                                    e.own
+                                );
                             }
                         }
                         e.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
@@ -396,7 +468,9 @@ impl TcpEngine {
             idle.reset();
             // One buffer per readable connection per round (fairness).
             for _ in 0..readable.len() {
-                let Some(tc) = readable.pop_front() else { break };
+                let Some(tc) = readable.pop_front() else {
+                    break;
+                };
                 match self.read_once(&core, &tc) {
                     ReadOutcome::More => readable.push_back(tc),
                     ReadOutcome::Drained => tc.recv.lock().readable = false,
@@ -583,7 +657,11 @@ impl TcpEngine {
             }
         }
         // Budget used: come back after the other connections.
-        if st.data_left > 0 || st.header_off < CHUNK_HEADER_LEN || conn.orb.unposted_len() > 0 || conn.flow.pending_units() > 0 {
+        if st.data_left > 0
+            || st.header_off < CHUNK_HEADER_LEN
+            || conn.orb.unposted_len() > 0
+            || conn.flow.pending_units() > 0
+        {
             core.wim.push(conn.peer.0);
         }
     }
@@ -606,7 +684,8 @@ fn write_msg(s: &mut TcpStream, m: &HandshakeMsg) -> std::io::Result<()> {
 
 fn read_msg(s: &mut TcpStream) -> std::result::Result<HandshakeMsg, String> {
     let mut b = [0u8; HANDSHAKE_LEN];
-    s.read_exact(&mut b).map_err(|e| format!("handshake read: {e}"))?;
+    s.read_exact(&mut b)
+        .map_err(|e| format!("handshake read: {e}"))?;
     HandshakeMsg::decode(&b).map_err(|e| e.to_string())
 }
 
@@ -622,11 +701,16 @@ impl Transport for TcpEngine {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Unreachable(peer, "connection not established in time".into()));
+                return Err(Error::Unreachable(
+                    peer,
+                    "connection not established in time".into(),
+                ));
             }
             let mut s = TcpStream::connect_timeout(&addr, left)
                 .map_err(|e| Error::Unreachable(peer, format!("connect to {addr}: {e}")))?;
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
             let _ = s.set_read_timeout(Some(left));
             let _ = s.set_write_timeout(Some(left));
             match self.dial_handshake(&core, &mut s, peer) {
@@ -649,7 +733,9 @@ impl Transport for TcpEngine {
                         .wait_until(core.park(), wait, || conn.state() != ConnState::Connecting);
                     match conn.state() {
                         ConnState::Open => return Ok(()),
-                        ConnState::Closed => return Err(Error::Unreachable(peer, conn.close_reason())),
+                        ConnState::Closed => {
+                            return Err(Error::Unreachable(peer, conn.close_reason()))
+                        }
                         ConnState::Connecting => continue,
                     }
                 }

@@ -20,7 +20,8 @@ pub struct Data {
 dxnet::message!(Data, 10, 1);
 
 pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
-    let mut x = (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut x =
+        (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (0..len)
         .map(|_| {
             x ^= x << 13;
@@ -57,18 +58,24 @@ pub struct Checker {
 impl Checker {
     pub fn check(&self, src: NodeId, m: &Data) {
         if src.0 != m.from {
-            self.errors.lock().unwrap().push(format!("source {src} claims {}", m.from));
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("source {src} claims {}", m.from));
         }
         if m.payload != pattern(m.from, m.thread, m.seq, m.payload.len()) {
-            self.errors.lock().unwrap().push(format!("corrupt payload {m:?}"));
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("corrupt payload {m:?}"));
         }
         let mut next = self.next.lock().unwrap();
         let e = next.entry((m.from, m.thread)).or_insert(0);
         if *e != m.seq {
-            self.errors
-                .lock()
-                .unwrap()
-                .push(format!("from {} thread {}: expected seq {}, got {}", m.from, m.thread, e, m.seq));
+            self.errors.lock().unwrap().push(format!(
+                "from {} thread {}: expected seq {}, got {}",
+                m.from, m.thread, e, m.seq
+            ));
         }
         *e = m.seq + 1;
         self.received.fetch_add(1, Ordering::SeqCst);
@@ -76,7 +83,12 @@ impl Checker {
 
     pub fn assert_ok(&self) {
         let e = self.errors.lock().unwrap();
-        assert!(e.is_empty(), "{} errors, first: {:?}", e.len(), &e[..e.len().min(5)]);
+        assert!(
+            e.is_empty(),
+            "{} errors, first: {:?}",
+            e.len(),
+            &e[..e.len().min(5)]
+        );
     }
 }
 
@@ -133,5 +145,7 @@ pub fn cluster_configs(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<C
 }
 
 pub fn start_all(cfgs: Vec<Config>) -> Vec<Arc<Node>> {
-    cfgs.into_iter().map(|c| Arc::new(Node::start(c).unwrap())).collect()
+    cfgs.into_iter()
+        .map(|c| Arc::new(Node::start(c).unwrap()))
+        .collect()
 }
