@@ -46,17 +46,13 @@ impl RecvBuffer {
     /// Marks `range` of the buffer as message-stream bytes (in stream order).
     pub fn push_segment(&mut self, range: Range<usize>) {
         debug_assert!(range.end <= self.data.len());
-        if range.is_empty() {
-            return;
-        }
-        // Adjacent ranges merge: a buffer read from one chunk is one segment.
-        if let Some(last) = self.segments.last_mut() {
-            if last.end as usize == range.start {
-                last.end = range.end as u32;
-                return;
-            }
-        }
-        self.segments.push(range.start as u32..range.end as u32);
+        SegmentSink(&mut self.segments).push(range);
+    }
+
+    /// The received bytes and a sink for their message-stream ranges (for
+    /// parsers that mark ranges while reading the bytes).
+    pub fn space_and_segments(&mut self) -> (&[u8], SegmentSink<'_>) {
+        (&self.data, SegmentSink(&mut self.segments))
     }
 
     /// The message-stream bytes, in order.
@@ -77,6 +73,25 @@ impl RecvBuffer {
     /// Forgets the segments (buffer reuse).
     pub fn clear(&mut self) {
         self.segments.clear();
+    }
+}
+
+/// Appends message-stream ranges to a buffer (adjacent ranges merge).
+pub struct SegmentSink<'a>(&'a mut Vec<Range<u32>>);
+
+impl SegmentSink<'_> {
+    /// Marks `range` as message-stream bytes.
+    pub fn push(&mut self, range: Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        if let Some(last) = self.0.last_mut() {
+            if last.end as usize == range.start {
+                last.end = range.end as u32;
+                return;
+            }
+        }
+        self.0.push(range.start as u32..range.end as u32);
     }
 }
 

@@ -33,6 +33,56 @@ pub fn decode_chunk_header(b: &[u8; CHUNK_HEADER_LEN]) -> (u32, u32) {
     )
 }
 
+/// Splits a TCP byte stream into chunk data ranges and flow-control units
+/// (sans-IO: fed with whatever one `read` returned).
+#[derive(Debug, Default, Clone)]
+pub struct ChunkParser {
+    header: [u8; CHUNK_HEADER_LEN],
+    header_have: usize,
+    data_left: usize,
+}
+
+impl ChunkParser {
+    /// Parses `data`; `on_data` gets the ranges of `data` that are message
+    /// bytes (in order), `on_units` every chunk's flow-control units.
+    pub fn parse(
+        &mut self,
+        data: &[u8],
+        mut on_data: impl FnMut(std::ops::Range<usize>),
+        mut on_units: impl FnMut(u32),
+    ) {
+        let n = data.len();
+        let mut i = 0;
+        while i < n {
+            if self.data_left > 0 {
+                let take = self.data_left.min(n - i);
+                on_data(i..i + take);
+                self.data_left -= take;
+                i += take;
+            } else {
+                let take = (CHUNK_HEADER_LEN - self.header_have).min(n - i);
+                self.header[self.header_have..self.header_have + take]
+                    .copy_from_slice(&data[i..i + take]);
+                self.header_have += take;
+                i += take;
+                if self.header_have == CHUNK_HEADER_LEN {
+                    self.header_have = 0;
+                    let (len, units) = decode_chunk_header(&self.header);
+                    self.data_left = len as usize;
+                    if units > 0 {
+                        on_units(units);
+                    }
+                }
+            }
+        }
+    }
+
+    /// True at a chunk boundary.
+    pub fn is_idle(&self) -> bool {
+        self.header_have == 0 && self.data_left == 0
+    }
+}
+
 /// Why a handshake failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
@@ -330,6 +380,28 @@ mod tests {
             "claimed id bound"
         );
         assert!(!verify_proof(s, b"dialer", &b, &a, 1, 2, 42, &p));
+    }
+
+    #[test]
+    fn chunk_parser_any_split() {
+        let mut stream = Vec::new();
+        let mut expect_data = Vec::new();
+        for (i, len) in [0usize, 5, 1, 300, 0, 17].iter().enumerate() {
+            stream.extend_from_slice(&encode_chunk_header(*len as u32, i as u32));
+            let d: Vec<u8> = (0..*len).map(|x| (x * 3 + i) as u8).collect();
+            stream.extend_from_slice(&d);
+            expect_data.extend(d);
+        }
+        for split in [1, 3, 8, 9, 64, stream.len()] {
+            let mut p = ChunkParser::default();
+            let (mut data, mut units) = (Vec::new(), 0u32);
+            for c in stream.chunks(split) {
+                p.parse(c, |r| data.extend_from_slice(&c[r]), |u| units += u);
+            }
+            assert!(p.is_idle());
+            assert_eq!(data, expect_data, "split {split}");
+            assert_eq!(units, 1 + 2 + 3 + 4 + 5);
+        }
     }
 
     #[test]

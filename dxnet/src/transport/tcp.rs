@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use crate::core::connection::{ConnState, Connection};
 use crate::core::park::Idle;
 use crate::core::wire::{
-    self, decode_chunk_header, encode_chunk_header, HandshakeError, HandshakeMsg, Hello, Status,
+    self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
     CHUNK_HEADER_LEN, HANDSHAKE_LEN,
 };
 use crate::core::Core;
@@ -57,12 +57,10 @@ struct SendState {
     blocked: bool,
 }
 
-/// Receive-side chunk parser state (receive thread only).
+/// Receive-side state (receive thread only).
 #[derive(Debug, Default)]
 struct RecvState {
-    header: [u8; CHUNK_HEADER_LEN],
-    header_have: usize,
-    data_left: usize,
+    parser: ChunkParser,
     /// Queued in the receive thread's readable list.
     readable: bool,
 }
@@ -520,38 +518,11 @@ impl TcpEngine {
                 return ReadOutcome::Closed;
             }
         };
-        let mut units = 0u64;
         {
             let mut rs = tc.recv.lock();
-            let mut i = 0;
-            while i < n {
-                if rs.data_left > 0 {
-                    let take = rs.data_left.min(n - i);
-                    buf.push_segment(i..i + take);
-                    rs.data_left -= take;
-                    i += take;
-                } else {
-                    let take = (CHUNK_HEADER_LEN - rs.header_have).min(n - i);
-                    let have = rs.header_have;
-                    let src = &buf.space()[i..i + take];
-                    let mut h = rs.header;
-                    h[have..have + take].copy_from_slice(src);
-                    rs.header = h;
-                    rs.header_have += take;
-                    i += take;
-                    if rs.header_have == CHUNK_HEADER_LEN {
-                        rs.header_have = 0;
-                        let (len, u) = decode_chunk_header(&rs.header);
-                        rs.data_left = len as usize;
-                        units += u as u64;
-                    }
-                }
-            }
-        }
-        while units > 0 {
-            let u = units.min(u32::MAX as u64) as u32;
-            tc.conn.flow.on_confirm(u);
-            units -= u as u64;
+            let (data, mut segs) = buf.space_and_segments();
+            rs.parser
+                .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
         }
         core.deliver(&tc.conn, buf);
         ReadOutcome::More
