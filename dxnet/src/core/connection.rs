@@ -223,6 +223,13 @@ impl ConnectionTable {
         self.slots[peer.0 as usize].load_full()
     }
 
+    /// The current connection to `peer` without touching its reference
+    /// count (the send hot path: no contended atomic per message).
+    #[inline]
+    pub fn guard(&self, peer: NodeId) -> arc_swap::Guard<Option<Arc<Connection>>> {
+        self.slots[peer.0 as usize].load()
+    }
+
     /// A fresh connection id.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

@@ -430,7 +430,15 @@ impl Core {
         if dest == self.own {
             return self.send_local(&hb, total, deadline, fill);
         }
-        let conn = self.connection(dest, deadline)?;
+        let guard = self.connections.guard(dest);
+        let slow;
+        let conn: &Arc<Connection> = match &*guard {
+            Some(c) if c.state() == ConnState::Open => c,
+            _ => {
+                slow = self.connection(dest, deadline)?;
+                &slow
+            }
+        };
         conn.touch(self.tick(now));
         let open = || conn.state() == ConnState::Open;
         conn.flow
@@ -457,7 +465,7 @@ impl Core {
             }
             Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
             Err(OrbError::Corrupted) => {
-                self.close_connection(&conn, "message stream corrupted by a failed send", true);
+                self.close_connection(conn, "message stream corrupted by a failed send", true);
                 Err(Error::Timeout(
                     "send of a large message interrupted; connection closed",
                 ))
