@@ -6,7 +6,7 @@
 //! (socket, queue pair) keyed by the connection's id.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -83,6 +83,9 @@ pub struct Connection {
     /// Signalled when the state changes.
     pub state_changed: Signal,
     close_reason: Mutex<Option<String>>,
+    /// The last response to this peer timed out: further responses are
+    /// dropped instead of blocking a handler thread (see `Core::send_response`).
+    pub responses_stalled: AtomicBool,
 }
 
 impl Connection {
@@ -106,6 +109,7 @@ impl Connection {
             last_used: AtomicU64::new(0),
             state_changed: Signal::new(),
             close_reason: Mutex::new(None),
+            responses_stalled: AtomicBool::new(false),
         }
     }
 

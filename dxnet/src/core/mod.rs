@@ -366,24 +366,52 @@ impl Core {
 
     fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
         let len = codec::encoded_len(resp)?;
-        self.send_frame(
+        let res = self.send_frame(
             dest,
             M::TYPE,
             M::SUBTYPE,
             FLAG_RESPONSE,
             id,
             len,
-            None,
+            self.response_deadline(dest),
             |w| codec::encode_into(w, resp),
-        )
+        );
+        self.response_done(dest, &res);
+        res
     }
 
     fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
         let payload = [code, t, s];
-        if let Err(e) = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, None, |w| {
+        let deadline = self.response_deadline(dest);
+        let res = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, deadline, |w| {
             w.write_all(&payload)
-        }) {
+        });
+        self.response_done(dest, &res);
+        if let Err(e) = res {
             tracing::debug!("error response to {dest} not sent: {e}");
+        }
+    }
+
+    /// Responses are sent by handler threads. Once a response to `dest`
+    /// timed out (a peer that does not read, or ignores flow control), the
+    /// next ones are tried without waiting until one fits again: otherwise
+    /// such a peer, sending requests, would hold a handler thread for
+    /// `send_timeout_ms` per request and its unprocessed buffers would fill
+    /// the incoming queue of every connection.
+    fn response_deadline(&self, dest: NodeId) -> Option<Instant> {
+        let g = self.connections.guard(dest);
+        let stalled = g
+            .as_ref()
+            .is_some_and(|c| c.responses_stalled.load(Ordering::Relaxed));
+        stalled.then(Instant::now)
+    }
+
+    fn response_done(&self, dest: NodeId, res: &Result<()>) {
+        if let Some(c) = self.connections.guard(dest).as_ref() {
+            let stalled = matches!(res, Err(Error::Timeout(_)));
+            if c.responses_stalled.load(Ordering::Relaxed) != stalled {
+                c.responses_stalled.store(stalled, Ordering::Relaxed);
+            }
         }
     }
 

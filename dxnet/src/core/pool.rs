@@ -3,63 +3,102 @@
 //! Transports read (or RDMA-receive) into buffers from the pool, so the
 //! receive path allocates nothing in steady state and the memory a node
 //! spends on received data is bounded by `recv_pool_size ×
-//! recv_buffer_size`.
+//! recv_buffer_size`. All buffers are slices of one arena allocated at
+//! start, so an RDMA engine registers the whole pool once.
 
+use std::cell::UnsafeCell;
 use std::ops::Range;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crossbeam::queue::ArrayQueue;
+
+/// The memory of all buffers of a pool. Each [`RecvBuffer`] keeps it alive.
+struct Arena {
+    mem: Box<[UnsafeCell<u8>]>,
+}
+
+// SAFETY: the arena is only accessed through `RecvBuffer`s, each of which
+// owns a disjoint slice exclusively (buffers are not `Clone`).
+unsafe impl Sync for Arena {}
+// SAFETY: as above; the memory itself is plain bytes.
+unsafe impl Send for Arena {}
 
 /// One pooled receive buffer: `data` holds bytes a transport received;
 /// `segments` name the ranges of `data` that belong to the connection's
 /// message stream (a TCP buffer may also hold chunk headers, which are not
 /// message bytes).
-#[derive(Debug)]
 pub struct RecvBuffer {
-    data: Box<[u8]>,
+    ptr: NonNull<u8>,
+    len: usize,
+    index: u32,
+    _arena: Arc<Arena>,
     segments: Vec<Range<u32>>,
 }
 
-impl RecvBuffer {
-    fn new(size: usize) -> Self {
-        Self {
-            data: vec![0u8; size].into_boxed_slice(),
-            segments: Vec::new(),
-        }
-    }
+// SAFETY: a RecvBuffer is the only handle to its slice of the arena, which
+// it keeps alive; moving it between threads moves that exclusive access.
+unsafe impl Send for RecvBuffer {}
+// SAFETY: shared references only read the slice.
+unsafe impl Sync for RecvBuffer {}
 
+impl std::fmt::Debug for RecvBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBuffer")
+            .field("index", &self.index)
+            .field("segments", &self.segments)
+            .finish()
+    }
+}
+
+impl RecvBuffer {
     /// The whole buffer, for a transport to receive into.
     pub fn space(&mut self) -> &mut [u8] {
-        &mut self.data
+        // SAFETY: `ptr..ptr+len` lies in the arena this buffer keeps alive and
+        // no other RecvBuffer covers it; `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn data(&self) -> &[u8] {
+        // SAFETY: as in `space`; shared access for reading.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
     /// Buffer capacity.
     pub fn capacity(&self) -> usize {
-        self.data.len()
+        self.len
     }
 
-    /// Raw pointer to the memory (for RDMA registration of the pool).
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.data.as_mut_ptr()
+    /// Index of the buffer in its pool (an RDMA engine's work request id).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Address of the buffer (for RDMA scatter-gather entries).
+    pub fn addr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Marks `range` of the buffer as message-stream bytes (in stream order).
     pub fn push_segment(&mut self, range: Range<usize>) {
-        debug_assert!(range.end <= self.data.len());
+        debug_assert!(range.end <= self.len);
         SegmentSink(&mut self.segments).push(range);
     }
 
     /// The received bytes and a sink for their message-stream ranges (for
     /// parsers that mark ranges while reading the bytes).
     pub fn space_and_segments(&mut self) -> (&[u8], SegmentSink<'_>) {
-        (&self.data, SegmentSink(&mut self.segments))
+        // SAFETY: as in `space`; the slice and the segment list are disjoint.
+        let data = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) };
+        (data, SegmentSink(&mut self.segments))
     }
 
     /// The message-stream bytes, in order.
     pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
         self.segments
             .iter()
-            .map(|r| &self.data[r.start as usize..r.end as usize])
+            .map(|r| &self.data()[r.start as usize..r.end as usize])
     }
 
     /// Number of message-stream bytes.
@@ -100,21 +139,46 @@ impl SegmentSink<'_> {
 pub struct BufferPool {
     free: ArrayQueue<RecvBuffer>,
     buffer_size: usize,
+    count: usize,
+    base: usize,
     starved: AtomicBool,
 }
 
 impl BufferPool {
-    /// `count` buffers of `size` bytes each.
+    /// `count` buffers of `size` bytes each, in one arena.
     pub fn new(count: usize, size: usize) -> Self {
+        // Zeroed memory straight from the allocator (pages are touched only
+        // when first used).
+        let bytes: Box<[u8]> = vec![0u8; count * size].into_boxed_slice();
+        // SAFETY: UnsafeCell<u8> is repr(transparent) over u8, so the slice
+        // layouts are identical and ownership moves unchanged.
+        let mem = unsafe { Box::from_raw(Box::into_raw(bytes) as *mut [UnsafeCell<u8>]) };
+        let arena = Arc::new(Arena { mem });
+        let base = arena.mem.as_ptr() as *mut u8;
         let free = ArrayQueue::new(count);
-        for _ in 0..count {
-            let _ = free.push(RecvBuffer::new(size));
+        for i in 0..count {
+            let _ = free.push(RecvBuffer {
+                // SAFETY: i * size < count * size, inside the arena.
+                ptr: NonNull::new(unsafe { base.add(i * size) }).expect("arena pointer"),
+                len: size,
+                index: i as u32,
+                _arena: arena.clone(),
+                segments: Vec::new(),
+            });
         }
         Self {
             free,
             buffer_size: size,
+            count,
+            base: base as usize,
             starved: AtomicBool::new(false),
         }
+    }
+
+    /// The arena (address, length) holding every buffer: an RDMA engine
+    /// registers it once.
+    pub fn arena(&self) -> (*mut u8, usize) {
+        (self.base as *mut u8, self.count * self.buffer_size)
     }
 
     /// Size of every buffer.

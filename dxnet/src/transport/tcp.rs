@@ -72,6 +72,8 @@ struct TcpConn {
     token: Token,
     send: Mutex<SendState>,
     recv: Mutex<RecvState>,
+    /// Send an empty chunk even if there is nothing to send (liveness probe).
+    poke: AtomicBool,
 }
 
 /// The TCP engine of one node.
@@ -291,6 +293,9 @@ impl TcpEngine {
             other => return Err(format!("expected proof, got {other:?}")),
         }
         let peer = NodeId(theirs.node_id);
+        if !self.old_connection_gone(core, peer, theirs.instance, timeout / 2) {
+            return reject(&mut s, Status::Duplicate);
+        }
         let conn = match core.accept_incoming(peer, theirs.instance) {
             Ok(c) => c,
             Err(st) => return reject(&mut s, st),
@@ -298,6 +303,38 @@ impl TcpEngine {
         write_msg(&mut s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
         self.attach(core, &conn, s, &theirs)
             .inspect_err(|e| core.close_connection(&conn, e, true))
+    }
+
+    /// A dialer claims to be `peer` with another instance id than our open
+    /// connection to `peer`: a restarted node, or a member of the cluster
+    /// (it knows the secret) claiming a running node's id. Only a dead
+    /// connection may be replaced: probe it with an empty chunk (a restarted
+    /// or rebooted peer host answers with a reset, which closes it) and wait
+    /// at most `wait` for it to close. False if it stays open.
+    fn old_connection_gone(&self, core: &Core, peer: NodeId, instance: u64, wait: Duration) -> bool {
+        let Some(old) = core.connections.get(peer) else {
+            return true;
+        };
+        if old.state() != ConnState::Open || old.peer_instance() == instance {
+            return true; // Connecting or Closed: the core decides.
+        }
+        let tc = self.by_peer.lock().get(&peer.0).cloned();
+        if let Some(tc) = tc {
+            tc.poke.store(true, Ordering::Release);
+            core.on_write_interest(peer);
+        }
+        old.state_changed
+            .wait_until(core.park(), Instant::now() + wait, || {
+                old.state() != ConnState::Open
+            });
+        if old.state() == ConnState::Open {
+            tracing::warn!(
+                "{}: refused a second connection claiming to be {peer} (instance {instance:#x}) while its connection is alive",
+                self.own
+            );
+            return false;
+        }
+        true
     }
 
     /// Registers an authenticated socket for `conn` and opens it.
@@ -322,6 +359,7 @@ impl TcpEngine {
                 blocked: false,
             }),
             recv: Mutex::new(RecvState::default()),
+            poke: AtomicBool::new(false),
         });
         {
             let mut by_peer = self.by_peer.lock();
@@ -594,7 +632,8 @@ impl TcpEngine {
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
                 let units = conn.flow.take_units(u32::MAX);
                 let avail = conn.orb.unposted_len().min(MAX_CHUNK);
-                if avail == 0 && units == 0 {
+                let poke = tc.poke.swap(false, Ordering::AcqRel);
+                if avail == 0 && units == 0 && !poke {
                     return;
                 }
                 st.header = encode_chunk_header(avail as u32, units);
