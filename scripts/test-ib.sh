@@ -65,6 +65,12 @@ while read -r exe; do
     name=${exe##*/}
     cp "$exe" "$STAGE/tests/${name%-*}"
 done
+# dxnet's own engine tests (multi-process nodes on the verbs device).
+cargo test -p dxnet --test ib --no-run --message-format=json |
+    grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
+while read -r exe; do
+    cp "$exe" "$STAGE/tests/dxnet-ib"
+done
 EXAMPLES_DIR=$(echo "$tests_json" | grep -o '"executable":"[^"]*"' | head -n 1 | cut -d'"' -f4)
 EXAMPLES_DIR=${EXAMPLES_DIR%/deps/*}/examples
 cp "$EXAMPLES_DIR/rc_pingpong" "$STAGE/programs/rc_pingpong"

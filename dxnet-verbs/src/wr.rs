@@ -121,6 +121,11 @@ pub struct SendChain {
     first_sge: Vec<usize>,
 }
 
+// SAFETY: the raw pointers inside the work requests only ever point into the
+// chain's own vectors and are rebuilt by `link` right before every post, so
+// moving a chain to another thread cannot leave a dangling pointer in use.
+unsafe impl Send for SendChain {}
+
 impl SendChain {
     /// An empty chain.
     pub fn new() -> SendChain {
@@ -248,6 +253,9 @@ pub struct RecvChain {
     sges: Vec<ffi::ibv_sge>,
     first_sge: Vec<usize>,
 }
+
+// SAFETY: as for `SendChain`: internal pointers are relinked before each post.
+unsafe impl Send for RecvChain {}
 
 impl RecvChain {
     /// An empty chain.

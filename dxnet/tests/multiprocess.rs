@@ -7,13 +7,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::proc::*;
 use common::*;
-use dxnet::{Config, Error, Node, NodeId};
+use dxnet::{Config, Node, NodeId};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -26,54 +26,6 @@ dxnet::request!(Ping, 11, 1 => Pong);
 #[derive(Serialize, Deserialize, Debug)]
 struct Done(u16);
 dxnet::message!(Done, 11, 3);
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
-}
-
-fn spawn_child(test: &str, vars: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("DXNET_CHILD", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn child process")
-}
-
-fn wait_child(mut c: Child, secs: u64) -> String {
-    let end = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(st) = c.try_wait().unwrap() {
-            let mut out = String::new();
-            use std::io::Read;
-            c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-            assert!(st.success(), "child failed ({st}); output:\n{out}");
-            return out;
-        }
-        if Instant::now() > end {
-            let _ = c.kill();
-            panic!("child did not finish in {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Calls `f` until it stops failing with "unreachable" (peers still starting).
-fn until_reachable<T>(what: &str, mut f: impl FnMut() -> dxnet::Result<T>) -> T {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        match f() {
-            Ok(v) => return v,
-            Err(Error::Unreachable(..)) | Err(Error::Timeout(_)) if Instant::now() < end => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
-}
 
 fn child_config(id: u16, n: u16, base: u16) -> Config {
     let mut c = fc_config(id, n, base);
@@ -160,7 +112,7 @@ fn child_all_to_all() {
 
 fn run_all_to_all(n: u16, threads: u16, per: u64) {
     let base = base_port(n);
-    let children: Vec<Child> = (0..n)
+    let children: Vec<ChildProc> = (0..n)
         .map(|id| {
             spawn_child(
                 "child_all_to_all",
@@ -192,18 +144,6 @@ fn processes_two_nodes_sixteen_threads() {
 #[test]
 fn processes_four_nodes_all_to_all() {
     run_all_to_all(4, 3, 150);
-}
-
-fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-fn hwm_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 #[test]

@@ -383,9 +383,16 @@ impl Core {
     fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
         let payload = [code, t, s];
         let deadline = self.response_deadline(dest);
-        let res = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, deadline, |w| {
-            w.write_all(&payload)
-        });
+        let res = self.send_frame(
+            dest,
+            t,
+            s,
+            FLAG_RESPONSE | FLAG_ERROR,
+            id,
+            3,
+            deadline,
+            |w| w.write_all(&payload),
+        );
         self.response_done(dest, &res);
         if let Err(e) = res {
             tracing::debug!("error response to {dest} not sent: {e}");

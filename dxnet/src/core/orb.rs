@@ -73,6 +73,10 @@ impl Orb {
             closed: AtomicBool::new(false),
         }
     }
+    /// Base.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.buf.as_ptr() as *mut u8
+    }
     /// Cap.
     pub fn capacity(&self) -> usize {
         self.cap

@@ -316,6 +316,132 @@ pub fn verify_proof(
     mac.verify_slice(got).is_ok()
 }
 
+/// Magic of the InfiniBand connection-exchange datagrams.
+pub const EXCHANGE_MAGIC: [u8; 8] = *b"DXNETib\0";
+/// Size of an exchange datagram.
+pub const EXCHANGE_LEN: usize = 120;
+/// Bytes of a queue-pair endpoint (QPN, PSN, LID, GID) in an exchange.
+pub const ENDPOINT_LEN: usize = 26;
+
+/// Kinds of exchange datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExchangeKind {
+    /// "Connect your queue pair to mine" (retransmitted until answered).
+    Request = 1,
+    /// "Done; here is mine" (answer to a request).
+    Accept = 2,
+    /// "I closed the connection that used this queue pair."
+    Close = 3,
+    /// "My queue pair is connected to yours; send" (answer to an accept).
+    Ready = 4,
+}
+
+/// The UDP datagram by which two nodes discover each other and exchange
+/// queue-pair endpoints (the InfiniBand analogue of the TCP handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exchange {
+    /// What this datagram asks for.
+    pub kind: ExchangeKind,
+    /// Sender node id.
+    pub src: u16,
+    /// Receiver node id.
+    pub dst: u16,
+    /// Sender's instance id (detects restarted nodes).
+    pub instance: u64,
+    /// Sender's flow-control window.
+    pub fc_window: u32,
+    /// Sender's flow-control unit.
+    pub fc_unit: u32,
+    /// Sender's queue-pair endpoint (opaque here; `dxnet_verbs::Endpoint`).
+    pub endpoint: [u8; ENDPOINT_LEN],
+    /// Fresh random value: makes every datagram's MAC unique.
+    pub nonce: [u8; 16],
+}
+
+impl Exchange {
+    /// Encodes and, with a secret, authenticates the datagram
+    /// (HMAC-SHA256 over everything before the MAC).
+    pub fn encode(&self, secret: Option<&[u8]>) -> [u8; EXCHANGE_LEN] {
+        let mut b = [0u8; EXCHANGE_LEN];
+        b[..8].copy_from_slice(&EXCHANGE_MAGIC);
+        b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        b[10] = self.kind as u8;
+        b[12..14].copy_from_slice(&self.src.to_le_bytes());
+        b[14..16].copy_from_slice(&self.dst.to_le_bytes());
+        b[16..24].copy_from_slice(&self.instance.to_le_bytes());
+        b[24..28].copy_from_slice(&self.fc_window.to_le_bytes());
+        b[28..32].copy_from_slice(&self.fc_unit.to_le_bytes());
+        b[32..58].copy_from_slice(&self.endpoint);
+        b[58..74].copy_from_slice(&self.nonce);
+        let mac = exchange_mac(secret, &b[..88]);
+        b[88..120].copy_from_slice(&mac);
+        b
+    }
+
+    /// Decodes and checks a datagram of any length.
+    pub fn decode(b: &[u8], secret: Option<&[u8]>) -> Result<Self, HandshakeError> {
+        if b.len() != EXCHANGE_LEN || b[..8] != EXCHANGE_MAGIC {
+            return Err(HandshakeError::BadMagic);
+        }
+        let theirs = u16::from_le_bytes([b[8], b[9]]);
+        if theirs != PROTOCOL_VERSION {
+            return Err(HandshakeError::Version {
+                ours: PROTOCOL_VERSION,
+                theirs,
+            });
+        }
+        let kind = match b[10] {
+            1 => ExchangeKind::Request,
+            2 => ExchangeKind::Accept,
+            3 => ExchangeKind::Close,
+            4 => ExchangeKind::Ready,
+            k => return Err(HandshakeError::Kind(k)),
+        };
+        if let Some(secret) = secret {
+            let mut mac =
+                <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+            mac.update(b"ib-exchange");
+            mac.update(&b[..88]);
+            // Constant-time comparison.
+            if mac.verify_slice(&b[88..120]).is_err() {
+                return Err(HandshakeError::Auth);
+            }
+        }
+        Ok(Self {
+            kind,
+            src: u16::from_le_bytes([b[12], b[13]]),
+            dst: u16::from_le_bytes([b[14], b[15]]),
+            instance: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            fc_window: u32::from_le_bytes(b[24..28].try_into().unwrap()),
+            fc_unit: u32::from_le_bytes(b[28..32].try_into().unwrap()),
+            endpoint: b[32..58].try_into().unwrap(),
+            nonce: b[58..74].try_into().unwrap(),
+        })
+    }
+}
+
+fn exchange_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
+    let Some(secret) = secret else {
+        return [0; 32];
+    };
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(b"ib-exchange");
+    mac.update(body);
+    mac.finalize().into_bytes().into()
+}
+
+/// Immediate data of an RDMA send: source node id (16 bits) and
+/// flow-control units (8 bits); the low byte is reserved.
+pub fn encode_imm(src: u16, fc_units: u8) -> u32 {
+    (src as u32) << 16 | (fc_units as u32) << 8
+}
+
+/// Decodes [`encode_imm`] into (source node id, flow-control units).
+pub fn decode_imm(imm: u32) -> (u16, u8) {
+    ((imm >> 16) as u16, (imm >> 8) as u8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +506,36 @@ mod tests {
             "claimed id bound"
         );
         assert!(!verify_proof(s, b"dialer", &b, &a, 1, 2, 42, &p));
+    }
+
+    #[test]
+    fn exchange_roundtrip_and_auth() {
+        let e = Exchange {
+            kind: ExchangeKind::Request,
+            src: 1,
+            dst: 2,
+            instance: 77,
+            fc_window: 1 << 20,
+            fc_unit: 1 << 19,
+            endpoint: [4; ENDPOINT_LEN],
+            nonce: [5; 16],
+        };
+        let s = Some(&b"k"[..]);
+        let b = e.encode(s);
+        assert_eq!(Exchange::decode(&b, s), Ok(e));
+        assert_eq!(
+            Exchange::decode(&b, Some(b"other")),
+            Err(HandshakeError::Auth)
+        );
+        let mut t = b;
+        t[12] = 9; // claims another source
+        assert_eq!(Exchange::decode(&t, s), Err(HandshakeError::Auth));
+        assert_eq!(
+            Exchange::decode(&b[..100], s),
+            Err(HandshakeError::BadMagic)
+        );
+        assert_eq!(Exchange::decode(&e.encode(None), None), Ok(e));
+        assert_eq!(decode_imm(encode_imm(0xBEEF, 200)), (0xBEEF, 200));
     }
 
     #[test]

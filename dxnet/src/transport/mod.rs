@@ -14,8 +14,9 @@ use std::time::Instant;
 use crate::config::TransportKind;
 use crate::core::connection::Connection;
 use crate::core::Core;
-use crate::{Error, Result};
+use crate::Result;
 
+pub mod ib;
 pub mod loopback;
 pub mod tcp;
 
@@ -41,8 +42,6 @@ pub(crate) fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     match core.config().transport {
         TransportKind::Loopback => loopback::start(core),
         TransportKind::Tcp => tcp::start(core),
-        TransportKind::Ib => Err(Error::Transport(
-            "the InfiniBand transport is not available in this build".into(),
-        )),
+        TransportKind::Ib => ib::start(core),
     }
 }

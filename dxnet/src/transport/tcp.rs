@@ -311,7 +311,13 @@ impl TcpEngine {
     /// connection may be replaced: probe it with an empty chunk (a restarted
     /// or rebooted peer host answers with a reset, which closes it) and wait
     /// at most `wait` for it to close. False if it stays open.
-    fn old_connection_gone(&self, core: &Core, peer: NodeId, instance: u64, wait: Duration) -> bool {
+    fn old_connection_gone(
+        &self,
+        core: &Core,
+        peer: NodeId,
+        instance: u64,
+        wait: Duration,
+    ) -> bool {
         let Some(old) = core.connections.get(peer) else {
             return true;
         };

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: clusters, checked traffic.
 #![allow(dead_code)]
 
+pub mod proc;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,6 +81,25 @@ impl Checker {
         }
         *e = m.seq + 1;
         self.received.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The next sequence number expected from stream (`from`, `thread`):
+    /// the number of its messages received, in order, so far.
+    pub fn next_seq(&self, from: u16, thread: u16) -> u64 {
+        *self.next.lock().unwrap().get(&(from, thread)).unwrap_or(&0)
+    }
+
+    /// Every stream seen and its next expected sequence number.
+    pub fn streams(&self) -> Vec<((u16, u16), u64)> {
+        let mut v: Vec<_> = self
+            .next
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        v.sort();
+        v
     }
 
     pub fn assert_ok(&self) {

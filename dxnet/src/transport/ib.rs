@@ -1,0 +1,993 @@
+//! InfiniBand / RoCE transport: the "msgrc" engine of Ibdxnet over
+//! libibverbs (loaded at run time through `dxnet-verbs`).
+//!
+//! - One reliable-connected queue pair per connection; one shared receive
+//!   queue for all of them; one completion queue for sends, one for receives.
+//! - Send thread: takes connections from the write-interest manager and posts
+//!   their ring-buffer data zero-copy: the ring buffer of each connection is
+//!   registered once when the connection is created, a work request has one
+//!   scatter-gather entry (two where the data wraps around the ring's end),
+//!   data larger than the receiver's receive size (`recv_buffer_size ×
+//!   sges_per_recv`) is sliced into several work requests that go out
+//!   chained in one post call, the send-queue depth is respected, and the
+//!   ring learns what was posted (`mark_posted`) and, from the send
+//!   completions, what was sent (`mark_completed`). The send completion
+//!   queue is polled in batches only while completions are outstanding.
+//! - Immediate data of every send: source node id and flow-control units; a
+//!   zero-length send with immediate data carries flow control alone.
+//! - Receive thread: keeps the shared receive queue full with chained work
+//!   requests of `sges_per_recv` buffers each from the node's pool (one
+//!   registration for the whole pool); polls the receive completion queue in
+//!   batches; buffers that received data go in order to the incoming queue,
+//!   the others straight back to the pool.
+//! - Connection thread: a job queue (create, close) and a UDP socket on the
+//!   node-map address: requests and accepts exchange QPN, PSN, LID, GID,
+//!   node id, instance id and flow-control window, authenticated with the
+//!   cluster secret. Failed work completions close the connection (pending
+//!   requests fail with "destination unreachable"); the next send
+//!   rediscovers the node.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, Sender};
+use dxnet_verbs as ibv;
+use parking_lot::Mutex;
+
+use crate::core::connection::{ConnState, Connection};
+use crate::core::park::{Idle, Signal};
+use crate::core::pool::RecvBuffer;
+use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
+use crate::core::Core;
+use crate::transport::Transport;
+use crate::{Error, NodeId, Result};
+
+/// Completions taken per poll call.
+const POLL_BATCH: usize = 32;
+/// Retransmission interval of connection requests.
+const REQUEST_RETRY: Duration = Duration::from_millis(50);
+/// How long a closed queue pair lingers before it is destroyed (its flushed
+/// work requests may still reference the ring buffer).
+const CLOSE_LINGER: Duration = Duration::from_millis(200);
+
+/// The engine's half of one connection.
+struct IbConn {
+    conn: Arc<Connection>,
+    qp: ibv::QueuePair,
+    /// The connection's ring buffer, registered once.
+    orb_mr: ibv::MemoryRegion,
+    local: ibv::Endpoint,
+    remote: Mutex<Option<ibv::Endpoint>>,
+    send: Mutex<SendState>,
+}
+
+struct SendState {
+    /// Work requests posted and not yet known complete.
+    outstanding: u32,
+    /// Per signalled chain, in post order: (bytes, work requests, posted at).
+    chains: VecDeque<(usize, u32, Instant)>,
+    chain: ibv::SendChain,
+}
+
+enum Job {
+    /// Create a queue pair for this connection and ask the peer to connect.
+    Create(Arc<Connection>),
+    /// Tell the peer a connection closed and destroy its queue pair later.
+    Close(Arc<IbConn>),
+}
+
+/// The InfiniBand engine of one node.
+pub struct IbEngine {
+    core: Weak<Core>,
+    own: NodeId,
+    ctx: ibv::Context,
+    pd: ibv::ProtectionDomain,
+    send_cq: ibv::CompletionQueue,
+    recv_cq: ibv::CompletionQueue,
+    srq: ibv::SharedReceiveQueue,
+    pool_mr: ibv::MemoryRegion,
+    attr: ibv::ConnectAttr,
+    gid_index: Option<u32>,
+    sq_size: u32,
+    sges_per_recv: usize,
+    recv_wrs: usize,
+    max_recv_size: usize,
+    secret: Option<Vec<u8>>,
+    by_peer: Mutex<HashMap<u16, Arc<IbConn>>>,
+    by_qpn: Mutex<HashMap<u32, Arc<IbConn>>>,
+    /// Connections whose queue pair waits for the peer's accept.
+    pending: Mutex<HashMap<u16, Arc<IbConn>>>,
+    /// Accepted connections waiting for the requester's "ready".
+    awaiting: Mutex<HashMap<u16, (Arc<IbConn>, Exchange)>>,
+    udp: UdpSocket,
+    jobs: Sender<Job>,
+    send_signal: Signal,
+    recv_signal: Signal,
+    outstanding_total: AtomicU64,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn verbs_err(e: ibv::Error) -> Error {
+    Error::Transport(format!("InfiniBand: {e}"))
+}
+
+fn resolve(addr: &str) -> std::io::Result<SocketAddr> {
+    addr.to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
+}
+
+/// Starts the engine: opens the device, creates the shared queues,
+/// registers the receive pool, binds the exchange socket, starts threads.
+pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
+    let cfg = core.config();
+    let ib = &cfg.ib;
+    let own = core.own_id();
+    let dev = (!ib.device.is_empty()).then_some(ib.device.as_str());
+    let ctx = ibv::Context::open(dev).map_err(verbs_err)?;
+    let port = ctx.query_port(ib.port).map_err(verbs_err)?;
+    let gid_index =
+        (port.link_layer == ibv::LinkLayer::Ethernet || ib.gid_index != 0).then_some(ib.gid_index);
+    let mut attr = ibv::ConnectAttr::for_port(&ctx, ib.port, gid_index).map_err(verbs_err)?;
+    attr.local_psn = rand::random::<u32>() & 0xff_ffff;
+    let pd = ctx.alloc_pd().map_err(verbs_err)?;
+    let send_cq = ctx.create_cq(ib.send_cq_size, None).map_err(verbs_err)?;
+    let recv_cq = ctx.create_cq(ib.recv_cq_size, None).map_err(verbs_err)?;
+    let sges = ib.sges_per_recv as usize;
+    // Keep half the pool for buffers waiting in the incoming queue.
+    let recv_wrs = (ib.srq_size as usize)
+        .min(cfg.recv_pool_size / 2 / sges)
+        .max(1);
+    let srq = pd
+        .create_srq(recv_wrs as u32, ib.sges_per_recv)
+        .map_err(verbs_err)?;
+    let (base, len) = core.pool.arena();
+    // SAFETY: the arena lives as long as the core's pool, which outlives the
+    // engine's use of it: the engine holds the core (weakly) and stops its
+    // threads in `shutdown` before the core is dropped; receive buffers posted
+    // to the device are RecvBuffers that keep the arena alive themselves.
+    let pool_mr =
+        unsafe { pd.register_raw(base, len, ibv::AccessFlags::LOCAL_WRITE) }.map_err(verbs_err)?;
+    let addr = cfg
+        .address_of(own)
+        .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
+    let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
+    let udp = UdpSocket::bind(addr)
+        .map_err(|e| Error::Transport(format!("cannot bind UDP {addr} for IB exchange: {e}")))?;
+    udp.set_read_timeout(Some(Duration::from_millis(20)))
+        .map_err(|e| Error::Transport(e.to_string()))?;
+    let (jobs, job_rx) = crossbeam::channel::unbounded();
+    let engine = Arc::new(IbEngine {
+        core: Arc::downgrade(core),
+        own,
+        ctx,
+        pd,
+        send_cq,
+        recv_cq,
+        srq,
+        pool_mr,
+        attr,
+        gid_index: gid_index.map(u32::from),
+        sq_size: ib.sq_size,
+        sges_per_recv: sges,
+        recv_wrs,
+        max_recv_size: cfg.recv_buffer_size * sges,
+        secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        by_peer: Mutex::new(HashMap::new()),
+        by_qpn: Mutex::new(HashMap::new()),
+        pending: Mutex::new(HashMap::new()),
+        awaiting: Mutex::new(HashMap::new()),
+        udp,
+        jobs,
+        send_signal: Signal::new(),
+        recv_signal: Signal::new(),
+        outstanding_total: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        threads: Mutex::new(Vec::new()),
+    });
+    let mut threads = Vec::new();
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
+    };
+    let (e, c) = (engine.clone(), core.clone());
+    threads.push(spawn(
+        format!("dxnet-ib-send-{}", own.0),
+        Box::new(move || e.send_loop(c)),
+    )?);
+    let (e, c) = (engine.clone(), core.clone());
+    threads.push(spawn(
+        format!("dxnet-ib-recv-{}", own.0),
+        Box::new(move || e.recv_loop(c)),
+    )?);
+    let e = engine.clone();
+    threads.push(spawn(
+        format!("dxnet-ib-conn-{}", own.0),
+        Box::new(move || e.connection_loop(job_rx)),
+    )?);
+    *engine.threads.lock() = threads;
+    tracing::info!(
+        "{own}: InfiniBand engine on {} port {} ({:?}), exchange on udp {addr}",
+        engine.ctx.name(),
+        engine.attr.port,
+        port.link_layer
+    );
+    Ok(engine)
+}
+
+impl IbEngine {
+    fn secret(&self) -> Option<&[u8]> {
+        self.secret.as_deref()
+    }
+
+    /// A queue pair for `conn` in state INIT, its ring buffer registered.
+    fn create_ibconn(&self, conn: &Arc<Connection>) -> std::result::Result<Arc<IbConn>, String> {
+        let qp = self
+            .pd
+            .create_rc_qp(&ibv::QpInit {
+                send_cq: &self.send_cq,
+                recv_cq: &self.recv_cq,
+                srq: Some(&self.srq),
+                caps: ibv::QpCaps {
+                    max_send_wr: self.sq_size,
+                    max_recv_wr: 1,
+                    max_send_sge: 2,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+            .map_err(|e| e.to_string())?;
+        qp.to_init(self.attr.port, self.attr.access)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: the ring buffer's memory never moves and lives as long as
+        // `conn`, which the IbConn (and so the registration) keeps alive.
+        let orb_mr = unsafe {
+            self.pd.register_raw(
+                conn.orb.base_ptr(),
+                conn.orb.capacity(),
+                ibv::AccessFlags::LOCAL_WRITE,
+            )
+        }
+        .map_err(|e| e.to_string())?;
+        let local = ibv::Endpoint::local(
+            &self.ctx,
+            &qp,
+            self.attr.port,
+            self.gid_index,
+            self.attr.local_psn,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Arc::new(IbConn {
+            conn: conn.clone(),
+            qp,
+            orb_mr,
+            local,
+            remote: Mutex::new(None),
+            send: Mutex::new(SendState {
+                outstanding: 0,
+                chains: VecDeque::new(),
+                chain: ibv::SendChain::with_capacity(
+                    self.sq_size as usize,
+                    2 * self.sq_size as usize,
+                ),
+            }),
+        }))
+    }
+
+    fn exchange(
+        &self,
+        core: &Core,
+        kind: ExchangeKind,
+        dst: u16,
+        local: &ibv::Endpoint,
+    ) -> Exchange {
+        let mut endpoint = [0u8; ENDPOINT_LEN];
+        endpoint.copy_from_slice(&local.to_bytes());
+        Exchange {
+            kind,
+            src: self.own.0,
+            dst,
+            instance: core.instance,
+            fc_window: core.fc_window.min(u32::MAX as u64) as u32,
+            fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
+            endpoint,
+            nonce: rand::random(),
+        }
+    }
+
+    fn send_exchange(&self, core: &Core, peer: NodeId, x: &Exchange) {
+        let Some(addr) = core.config().address_of(peer).and_then(|a| resolve(a).ok()) else {
+            return;
+        };
+        if let Err(e) = self.udp.send_to(&x.encode(self.secret()), addr) {
+            tracing::debug!("{}: exchange datagram to {peer} failed: {e}", self.own);
+        }
+    }
+
+    /// Connects `ic`'s queue pair to the peer's (RTR, RTS) and makes it
+    /// known to the send and receive threads.
+    fn connect_qp(&self, ic: &Arc<IbConn>, x: &Exchange) -> std::result::Result<(), String> {
+        let remote = ibv::Endpoint::from_bytes(&x.endpoint).map_err(|e| e.to_string())?;
+        ic.qp
+            .to_rtr(&self.attr, &remote)
+            .map_err(|e| e.to_string())?;
+        ic.qp.to_rts(&self.attr).map_err(|e| e.to_string())?;
+        *ic.remote.lock() = Some(remote);
+        self.by_qpn.lock().insert(ic.qp.qp_num(), ic.clone());
+        self.by_peer.lock().insert(x.src, ic.clone());
+        Ok(())
+    }
+
+    /// Opens the connection: data may flow.
+    fn open(&self, core: &Core, ic: &IbConn, x: &Exchange) -> std::result::Result<(), String> {
+        if !core.opened(&ic.conn, x.instance, x.fc_window as u64, x.fc_unit as u64) {
+            return Err("connection closed during set-up".into());
+        }
+        core.on_write_interest(ic.conn.peer);
+        Ok(())
+    }
+
+    fn is_remote(ic: &IbConn, x: &Exchange) -> bool {
+        ic.remote
+            .lock()
+            .is_some_and(|r| r.to_bytes()[..] == x.endpoint[..])
+    }
+
+    // ----- connection thread ------------------------------------------------
+
+    fn connection_loop(self: Arc<Self>, jobs: Receiver<Job>) {
+        let mut buf = [0u8; 2 * wire::EXCHANGE_LEN];
+        let mut lingering: VecDeque<(Instant, Arc<IbConn>)> = VecDeque::new();
+        let mut last_retry = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let Some(core) = self.core.upgrade() else {
+                return;
+            };
+            while let Ok(job) = jobs.try_recv() {
+                match job {
+                    Job::Create(conn) => self.job_create(&core, &conn),
+                    Job::Close(ic) => {
+                        let x =
+                            self.exchange(&core, ExchangeKind::Close, ic.conn.peer.0, &ic.local);
+                        self.send_exchange(&core, ic.conn.peer, &x);
+                        lingering.push_back((Instant::now() + CLOSE_LINGER, ic));
+                    }
+                }
+            }
+            while lingering.front().is_some_and(|(t, _)| *t <= Instant::now()) {
+                lingering.pop_front();
+            }
+            if last_retry.elapsed() >= REQUEST_RETRY {
+                last_retry = Instant::now();
+                let pending: Vec<_> = self.pending.lock().values().cloned().collect();
+                for ic in pending {
+                    if ic.conn.state() == ConnState::Connecting {
+                        let x =
+                            self.exchange(&core, ExchangeKind::Request, ic.conn.peer.0, &ic.local);
+                        self.send_exchange(&core, ic.conn.peer, &x);
+                    } else {
+                        self.pending.lock().remove(&ic.conn.peer.0);
+                    }
+                }
+                let awaiting: Vec<_> = self.awaiting.lock().values().cloned().collect();
+                for (ic, _) in awaiting {
+                    if ic.conn.state() == ConnState::Connecting {
+                        let a =
+                            self.exchange(&core, ExchangeKind::Accept, ic.conn.peer.0, &ic.local);
+                        self.send_exchange(&core, ic.conn.peer, &a);
+                    } else {
+                        self.awaiting.lock().remove(&ic.conn.peer.0);
+                    }
+                }
+            }
+            match self.udp.recv_from(&mut buf) {
+                Ok((n, from)) => match Exchange::decode(&buf[..n], self.secret()) {
+                    Ok(x) if x.dst == self.own.0 => self.on_exchange(&core, &x),
+                    Ok(x) => tracing::info!(
+                        "{}: exchange for node {} from {from} ignored",
+                        self.own,
+                        x.dst
+                    ),
+                    Err(e) => {
+                        tracing::warn!("{}: bad exchange datagram from {from}: {e}", self.own)
+                    }
+                },
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => {
+                    tracing::warn!("{}: exchange socket: {e}", self.own);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn job_create(&self, core: &Core, conn: &Arc<Connection>) {
+        if conn.state() != ConnState::Connecting
+            || self
+                .by_peer
+                .lock()
+                .get(&conn.peer.0)
+                .is_some_and(|ic| ic.conn.id == conn.id)
+        {
+            return; // the peer's request got there first
+        }
+        match self.create_ibconn(conn) {
+            Ok(ic) => {
+                let x = self.exchange(core, ExchangeKind::Request, conn.peer.0, &ic.local);
+                self.pending.lock().insert(conn.peer.0, ic);
+                self.send_exchange(core, conn.peer, &x);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{}: cannot create a queue pair for {}: {e}",
+                    self.own,
+                    conn.peer
+                );
+                conn.mark_closed(&format!("queue pair creation failed: {e}"));
+            }
+        }
+    }
+
+    fn on_exchange(&self, core: &Arc<Core>, x: &Exchange) {
+        let peer = NodeId(x.src);
+        if core.config().address_of(peer).is_none() || x.src == self.own.0 {
+            tracing::warn!("{}: exchange from unknown node {} ignored", self.own, x.src);
+            return;
+        }
+        match x.kind {
+            ExchangeKind::Request => {
+                // A repeated request for a queue pair we already connected:
+                // answer again (our accept was lost).
+                if let Some(ic) = self.by_peer.lock().get(&x.src).cloned() {
+                    if Self::is_remote(&ic, x) && ic.conn.is_alive() {
+                        let a = self.exchange(core, ExchangeKind::Accept, x.src, &ic.local);
+                        self.send_exchange(core, peer, &a);
+                        return;
+                    }
+                }
+                let conn = match core.accept_incoming(peer, x.instance) {
+                    Ok(c) => c,
+                    Err(Status::Duplicate) => return, // our own request wins
+                    Err(s) => {
+                        tracing::info!("{}: connection request from {peer} refused: {s}", self.own);
+                        return;
+                    }
+                };
+                // Reuse the queue pair of our own pending request, if any.
+                let ic = match self.pending.lock().remove(&x.src) {
+                    Some(ic) if ic.conn.id == conn.id => Ok(ic),
+                    _ => self.create_ibconn(&conn),
+                };
+                let res = ic.and_then(|ic| {
+                    self.connect_qp(&ic, x)?;
+                    // Data may flow only once the requester's queue pair is
+                    // connected too: it says so with "ready" (or by sending).
+                    self.awaiting.lock().insert(x.src, (ic.clone(), *x));
+                    let a = self.exchange(core, ExchangeKind::Accept, x.src, &ic.local);
+                    self.send_exchange(core, peer, &a);
+                    Ok(())
+                });
+                if let Err(e) = res {
+                    core.close_connection(&conn, &format!("connection set-up failed: {e}"), true);
+                }
+            }
+            ExchangeKind::Accept => {
+                let ic = self.pending.lock().remove(&x.src);
+                match ic {
+                    Some(ic) if ic.conn.state() == ConnState::Connecting => {
+                        let res = self
+                            .connect_qp(&ic, x)
+                            .and_then(|_| self.open(core, &ic, x));
+                        match res {
+                            Ok(()) => {
+                                let r = self.exchange(core, ExchangeKind::Ready, x.src, &ic.local);
+                                self.send_exchange(core, peer, &r);
+                            }
+                            Err(e) => core.close_connection(
+                                &ic.conn,
+                                &format!("connection set-up failed: {e}"),
+                                true,
+                            ),
+                        }
+                    }
+                    _ => {
+                        // A repeated accept: our "ready" was lost.
+                        let ic = self.by_peer.lock().get(&x.src).cloned();
+                        if let Some(ic) = ic.filter(|ic| Self::is_remote(ic, x)) {
+                            let r = self.exchange(core, ExchangeKind::Ready, x.src, &ic.local);
+                            self.send_exchange(core, peer, &r);
+                        }
+                    }
+                }
+            }
+            ExchangeKind::Ready => self.on_ready(core, x.src, Some(&x.endpoint)),
+            ExchangeKind::Close => {
+                let ic = self.by_peer.lock().get(&x.src).cloned();
+                if let Some(ic) = ic {
+                    let ours = ic
+                        .remote
+                        .lock()
+                        .is_some_and(|r| r.to_bytes()[..] == x.endpoint[..]);
+                    if ours {
+                        core.close_connection(&ic.conn, "peer closed the connection", true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The requester's queue pair is connected (it said so, or its data
+    /// arrived): open the accepted connection.
+    fn on_ready(&self, core: &Core, src: u16, endpoint: Option<&[u8; ENDPOINT_LEN]>) {
+        let entry = {
+            let mut aw = self.awaiting.lock();
+            match aw.get(&src) {
+                Some((ic, x))
+                    if endpoint
+                        .is_none_or(|e| Self::is_remote(ic, &Exchange { endpoint: *e, ..*x })) =>
+                {
+                    aw.remove(&src)
+                }
+                _ => None,
+            }
+        };
+        if let Some((ic, x)) = entry {
+            if let Err(e) = self.open(core, &ic, &x) {
+                core.close_connection(&ic.conn, &format!("connection set-up failed: {e}"), true);
+            }
+        }
+    }
+
+    // ----- send thread ----------------------------------------------------------
+
+    fn send_loop(self: Arc<Self>, core: Arc<Core>) {
+        let mut idle = Idle::new(core.park());
+        let mut wcs = vec![ibv::WorkCompletion::default(); POLL_BATCH];
+        let mut last_watch = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let mut worked = false;
+            if self.outstanding_total.load(Ordering::Acquire) > 0 {
+                worked |= self.poll_send(&core, &mut wcs);
+                if last_watch.elapsed() >= Duration::from_millis(100) {
+                    last_watch = Instant::now();
+                    self.watchdog(&core);
+                }
+            }
+            while let Some(peer) = core.wim.pop() {
+                worked = true;
+                let ic = self.by_peer.lock().get(&peer).cloned();
+                if let Some(ic) = ic {
+                    self.post(&core, &ic);
+                }
+            }
+            if worked {
+                idle.reset();
+                continue;
+            }
+            if idle.step() {
+                // Completions outstanding: stay responsive to them.
+                let max = if self.outstanding_total.load(Ordering::Acquire) > 0 {
+                    Duration::from_micros(200)
+                } else {
+                    idle.max_park
+                };
+                self.send_signal.park_unless(
+                    || !core.wim.is_empty() || self.stop.load(Ordering::Acquire),
+                    max,
+                );
+            }
+        }
+    }
+
+    /// A peer that died without a word leaves our sends without completions
+    /// on some devices (no retry-exceeded error): a connection whose oldest
+    /// send has not completed within the send timeout is declared broken.
+    fn watchdog(&self, core: &Core) {
+        let limit = Duration::from_millis(
+            core.config()
+                .send_timeout_ms
+                .max(core.config().connect_timeout_ms),
+        );
+        let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
+        for ic in conns {
+            let stale = ic
+                .send
+                .lock()
+                .chains
+                .front()
+                .is_some_and(|c| c.2.elapsed() > limit);
+            if stale {
+                core.close_connection(
+                    &ic.conn,
+                    &format!("no send completion within {limit:?}: peer unresponsive"),
+                    true,
+                );
+            }
+        }
+    }
+
+    fn poll_send(&self, core: &Core, wcs: &mut [ibv::WorkCompletion]) -> bool {
+        let n = match self.send_cq.poll(wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(
+                    "{}: polling the send completion queue failed: {e}",
+                    self.own
+                );
+                return false;
+            }
+        };
+        for wc in &wcs[..n] {
+            let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+            tracing::trace!(
+                "{}: send completion qp {} status {} known {}",
+                self.own,
+                wc.qp_num(),
+                wc.status_name(),
+                ic.is_some()
+            );
+            let Some(ic) = ic else { continue };
+            if !wc.is_success() {
+                if !wc.is_flush() {
+                    core.close_connection(
+                        &ic.conn,
+                        &format!("send completion error: {}", wc.status_name()),
+                        true,
+                    );
+                }
+                continue;
+            }
+            let more = {
+                let mut st = ic.send.lock();
+                if let Some((bytes, wrs, _)) = st.chains.pop_front() {
+                    ic.conn.orb.mark_completed(bytes);
+                    st.outstanding -= wrs;
+                    self.outstanding_total
+                        .fetch_sub(wrs as u64, Ordering::AcqRel);
+                }
+                ic.conn.orb.unposted_len() > 0 || ic.conn.flow.pending_units() > 0
+            };
+            if more {
+                core.on_write_interest(ic.conn.peer);
+            }
+        }
+        n > 0
+    }
+
+    /// Posts `ic`'s unposted ring-buffer data (and pending flow-control
+    /// units) as one chain of SEND_WITH_IMM work requests.
+    fn post(&self, core: &Core, ic: &IbConn) {
+        let conn = &ic.conn;
+        if conn.state() != ConnState::Open {
+            return;
+        }
+        let mut st = ic.send.lock();
+        let free = self.sq_size.saturating_sub(st.outstanding);
+        if free == 0 {
+            return; // a completion will re-register interest
+        }
+        let units = conn.flow.take_units(u8::MAX as u32) as u8;
+        let (a, b) = conn.orb.unposted(free as usize * self.max_recv_size);
+        let total = a.len() + b.len();
+        if total == 0 && units == 0 {
+            return;
+        }
+        let base = ic.orb_mr.addr() as usize;
+        let imm_first = wire::encode_imm(self.own.0, units);
+        let imm_rest = wire::encode_imm(self.own.0, 0);
+        let mut st_chain = std::mem::take(&mut st.chain);
+        st_chain.clear();
+        let mut wrs = 0u32;
+        let mut sges: [Option<ibv::Sge>; 2] = [None, None];
+        let result: std::result::Result<(), String> = (|| {
+            if total == 0 {
+                st_chain.push(
+                    conn.id,
+                    ibv::SendOp::SendWithImm(imm_first),
+                    &[],
+                    ibv::SendFlags::SIGNALED,
+                );
+                wrs = 1;
+                return Ok(());
+            }
+            // Walk the (up to two) slices in max_recv_size work requests.
+            let mut pieces = [a, b].into_iter().filter(|s| !s.is_empty()).peekable();
+            let mut cur: &[u8] = pieces.next().unwrap_or(&[]);
+            let mut left = total;
+            while left > 0 {
+                let mut want = left.min(self.max_recv_size);
+                let mut n_sge = 0;
+                let mut wr_bytes = 0;
+                while want > 0 {
+                    if cur.is_empty() {
+                        cur = pieces.next().ok_or("ring slices shorter than claimed")?;
+                    }
+                    let take = want.min(cur.len());
+                    let off = cur.as_ptr() as usize - base;
+                    sges[n_sge] = Some(ic.orb_mr.sge(off, take as u32).map_err(|e| e.to_string())?);
+                    n_sge += 1;
+                    cur = &cur[take..];
+                    want -= take;
+                    wr_bytes += take;
+                }
+                left -= wr_bytes;
+                let s = [sges[0].take(), sges[1].take()];
+                let sl: &[ibv::Sge] = match (&s[0], &s[1]) {
+                    (Some(x), Some(y)) => &[*x, *y],
+                    (Some(x), None) => std::slice::from_ref(x),
+                    _ => &[],
+                };
+                let imm = if wrs == 0 { imm_first } else { imm_rest };
+                let flags = if left == 0 {
+                    ibv::SendFlags::SIGNALED
+                } else {
+                    ibv::SendFlags::NONE
+                };
+                st_chain.push(conn.id, ibv::SendOp::SendWithImm(imm), sl, flags);
+                wrs += 1;
+            }
+            Ok(())
+        })();
+        let posted = result.and_then(|_| ic.qp.post_send(&mut st_chain).map_err(|e| e.to_string()));
+        st.chain = st_chain;
+        match posted {
+            Ok(()) => {
+                tracing::trace!(
+                    "{}: posted {wrs} work requests, {total} bytes, to {}",
+                    self.own,
+                    conn.peer
+                );
+                conn.orb.mark_posted(total);
+                st.outstanding += wrs;
+                st.chains.push_back((total, wrs, Instant::now()));
+                self.outstanding_total
+                    .fetch_add(wrs as u64, Ordering::AcqRel);
+            }
+            Err(e) => {
+                drop(st);
+                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+            }
+        }
+    }
+
+    // ----- receive thread -----------------------------------------------------
+
+    fn recv_loop(self: Arc<Self>, core: Arc<Core>) {
+        let mut idle = Idle::new(core.park());
+        let mut wcs = vec![ibv::WorkCompletion::default(); POLL_BATCH];
+        // Posted receive work requests: slot → its buffers.
+        let mut posted: Vec<Vec<RecvBuffer>> = (0..self.recv_wrs).map(|_| Vec::new()).collect();
+        let mut empty_slots: Vec<usize> = (0..self.recv_wrs).collect();
+        let mut chain =
+            ibv::RecvChain::with_capacity(self.recv_wrs, self.recv_wrs * self.sges_per_recv);
+        while !self.stop.load(Ordering::Acquire) {
+            self.refill(&core, &mut posted, &mut empty_slots, &mut chain);
+            let n = match self.recv_cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(
+                        "{}: polling the receive completion queue failed: {e}",
+                        self.own
+                    );
+                    return;
+                }
+            };
+            for wc in &wcs[..n] {
+                let slot = wc.wr_id() as usize;
+                let bufs = std::mem::take(&mut posted[slot]);
+                empty_slots.push(slot);
+                let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+                if !wc.is_success() {
+                    for b in bufs {
+                        core.pool.put(b);
+                    }
+                    if let (Some(ic), false) = (&ic, wc.is_flush()) {
+                        core.close_connection(
+                            &ic.conn,
+                            &format!("receive completion error: {}", wc.status_name()),
+                            true,
+                        );
+                    }
+                    continue;
+                }
+                let Some(ic) = ic else {
+                    for b in bufs {
+                        core.pool.put(b);
+                    }
+                    continue;
+                };
+                if ic.conn.state() == ConnState::Connecting {
+                    self.on_ready(&core, ic.conn.peer.0, None);
+                }
+                let (src, units) = wire::decode_imm(wc.imm().unwrap_or(0));
+                if src != ic.conn.peer.0 {
+                    tracing::warn!(
+                        "{}: data on the queue pair of {} claims node {src}",
+                        self.own,
+                        ic.conn.peer
+                    );
+                }
+                ic.conn.flow.on_confirm(units as u32);
+                let mut left = wc.byte_len() as usize;
+                for mut b in bufs {
+                    if left == 0 {
+                        core.pool.put(b);
+                        continue;
+                    }
+                    let take = left.min(b.capacity());
+                    b.push_segment(0..take);
+                    left -= take;
+                    core.deliver(&ic.conn, b);
+                }
+            }
+            if n > 0 {
+                idle.reset();
+                continue;
+            }
+            if idle.step() {
+                let max = if empty_slots.len() == self.recv_wrs {
+                    idle.max_park
+                } else {
+                    Duration::from_micros(200)
+                };
+                self.recv_signal
+                    .park_unless(|| self.stop.load(Ordering::Acquire), max);
+            }
+        }
+        for bufs in posted {
+            for b in bufs {
+                core.pool.put(b);
+            }
+        }
+    }
+
+    /// Posts receive work requests for empty slots while the pool has buffers.
+    fn refill(
+        &self,
+        core: &Core,
+        posted: &mut [Vec<RecvBuffer>],
+        empty: &mut Vec<usize>,
+        chain: &mut ibv::RecvChain,
+    ) {
+        if empty.is_empty() {
+            return;
+        }
+        chain.clear();
+        let base = self.pool_mr.addr() as usize;
+        let mut filled = Vec::new();
+        let mut sges = Vec::with_capacity(self.sges_per_recv);
+        while let Some(&slot) = empty.last() {
+            if core.pool.available() < self.sges_per_recv {
+                break;
+            }
+            sges.clear();
+            for _ in 0..self.sges_per_recv {
+                let Some(b) = core.pool.get() else { break };
+                let off = b.addr() as usize - base;
+                match self.pool_mr.sge(off, b.capacity() as u32) {
+                    Ok(s) => sges.push(s),
+                    Err(e) => tracing::error!(
+                        "{}: receive buffer outside the registered pool: {e}",
+                        self.own
+                    ),
+                }
+                posted[slot].push(b);
+            }
+            if sges.len() < self.sges_per_recv {
+                for b in posted[slot].drain(..) {
+                    core.pool.put(b);
+                }
+                break;
+            }
+            empty.pop();
+            chain.push(slot as u64, &sges);
+            filled.push(slot);
+        }
+        if filled.is_empty() {
+            return;
+        }
+        if let Err(e) = self.srq.post_recv(chain) {
+            tracing::error!("{}: posting receive work requests failed: {e}", self.own);
+            for slot in filled {
+                for b in posted[slot].drain(..) {
+                    core.pool.put(b);
+                }
+                empty.push(slot);
+            }
+        }
+    }
+}
+
+impl Transport for IbEngine {
+    fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
+        let core = self.core.upgrade().ok_or(Error::Shutdown)?;
+        if core.config().address_of(conn.peer).is_none() {
+            return Err(Error::Unreachable(conn.peer, "not in the node map".into()));
+        }
+        let _ = self.jobs.send(Job::Create(conn.clone()));
+        conn.state_changed.wait_until(core.park(), deadline, || {
+            conn.state() != ConnState::Connecting
+        });
+        match conn.state() {
+            ConnState::Open => Ok(()),
+            ConnState::Closed => Err(Error::Unreachable(conn.peer, conn.close_reason())),
+            ConnState::Connecting => {
+                self.pending.lock().remove(&conn.peer.0);
+                Err(Error::Unreachable(
+                    conn.peer,
+                    "no answer to the connection request in time".into(),
+                ))
+            }
+        }
+    }
+
+    fn close(&self, conn: &Arc<Connection>) {
+        let ic = {
+            let mut by_peer = self.by_peer.lock();
+            match by_peer.get(&conn.peer.0) {
+                Some(ic) if ic.conn.id == conn.id => by_peer.remove(&conn.peer.0),
+                _ => None,
+            }
+        };
+        {
+            let mut pending = self.pending.lock();
+            if pending
+                .get(&conn.peer.0)
+                .is_some_and(|ic| ic.conn.id == conn.id)
+            {
+                pending.remove(&conn.peer.0);
+            }
+            let mut awaiting = self.awaiting.lock();
+            if awaiting
+                .get(&conn.peer.0)
+                .is_some_and(|(ic, _)| ic.conn.id == conn.id)
+            {
+                awaiting.remove(&conn.peer.0);
+            }
+        }
+        if let Some(ic) = ic {
+            self.by_qpn.lock().remove(&ic.qp.qp_num());
+            let _ = ic.qp.to_error();
+            {
+                let mut st = ic.send.lock();
+                let wrs: u32 = st.chains.drain(..).map(|(_, w, _)| w).sum();
+                st.outstanding = 0;
+                self.outstanding_total
+                    .fetch_sub(wrs as u64, Ordering::AcqRel);
+            }
+            let _ = self.jobs.send(Job::Close(ic));
+        }
+    }
+
+    fn wake_sender(&self) {
+        self.send_signal.notify_one();
+    }
+
+    fn wake_receiver(&self) {
+        self.recv_signal.notify_one();
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.send_signal.notify_all();
+        self.recv_signal.notify_all();
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
