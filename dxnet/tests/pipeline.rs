@@ -24,7 +24,7 @@ fn all_to_all(kind: Kind, nodes: u16, threads: u16, per_thread: u64, orb: usize)
         node.register(move |src, m: Data| chk.check(src, &m))
             .unwrap();
     }
-    let max = orb / 2; // larger than the ring: split across it
+    let max = orb * 3; // larger than the ring: split across it
     std::thread::scope(|s| {
         for node in &cluster {
             for t in 0..threads {

@@ -679,7 +679,10 @@ impl IbEngine {
             return; // a completion will re-register interest
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;
-        let (a, b) = conn.orb.unposted(free as usize * self.max_recv_size);
+        // SAFETY: this send thread is the ring's only consumer, and the
+        // slices are handed to the device before `mark_completed` (called
+        // from this thread after their completion) frees their bytes.
+        let (a, b) = unsafe { conn.orb.unposted(free as usize * self.max_recv_size) };
         let total = a.len() + b.len();
         if total == 0 && units == 0 {
             return;

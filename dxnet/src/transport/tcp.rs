@@ -646,7 +646,9 @@ impl TcpEngine {
                 st.header_off = 0;
                 st.data_left = avail;
             }
-            let (a, b) = conn.orb.unposted(st.data_left);
+            // SAFETY: the send thread is the ring's only consumer; the
+            // slices are written out before `mark_completed` frees them.
+            let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
             let hdr = &st.header[st.header_off..];
             let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
             match (&tc.stream).write_vectored(&iov) {
