@@ -69,7 +69,8 @@ impl Default for ParkConfig {
     }
 }
 
-/// Settings of the InfiniBand/RoCE engine (`transport = "ib"`).
+/// Settings of the InfiniBand/RoCE engine (`transport = "ib"`). The UDP
+/// connection exchange uses each node's node-map address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct IbConfig {
@@ -87,11 +88,9 @@ pub struct IbConfig {
     pub send_cq_size: u32,
     /// Receive completion queue size. Default 400.
     pub recv_cq_size: u32,
-    /// Scatter-gather entries per receive work request. Default 4.
+    /// Scatter-gather entries (pool buffers) per receive work request.
+    /// Default 4.
     pub sges_per_recv: u32,
-    /// UDP port for node discovery and queue-pair exchange, relative to nothing:
-    /// every node uses this port on its node-map host. Default 22223.
-    pub discovery_port: u16,
 }
 
 impl Default for IbConfig {
@@ -105,7 +104,6 @@ impl Default for IbConfig {
             send_cq_size: 400,
             recv_cq_size: 400,
             sges_per_recv: 4,
-            discovery_port: 22223,
         }
     }
 }
