@@ -1,0 +1,208 @@
+//! `dxnet-tcp` and `dxnet-loopback`: the library under test.
+//!
+//! One-way messages use `send_raw` / `register_raw` (no serde on either
+//! side: the payload is copied straight into the ring buffer, which is the
+//! closest to what the raw baselines do). Request/response uses the typed
+//! API (`request` with a `serde_bytes` payload) because that is what an
+//! application would call; the handler moves the request's bytes into the
+//! same-size response. Loopback nodes are `Node` instances in one process.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use dxnet::config::NodeEntry;
+use dxnet::{Config, Node, NodeId, TransportKind};
+use serde::{Deserialize, Serialize};
+
+use super::{Binding, BindingKind, BindingSetup, Sink};
+
+/// Message type of all benchmark traffic (type 0 is dxnet's own).
+const BENCH_TYPE: u8 = 200;
+const SUB_MSG: u8 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct BenchReq(#[serde(with = "serde_bytes")] Vec<u8>);
+#[derive(Serialize, Deserialize)]
+struct BenchResp(#[serde(with = "serde_bytes")] Vec<u8>);
+dxnet::message!(BenchResp, BENCH_TYPE, 3);
+dxnet::request!(BenchReq, BENCH_TYPE, 2 => BenchResp);
+
+/// Connect-phase probe, kept apart from the measured request type.
+#[derive(Serialize, Deserialize)]
+struct Ping(u16);
+#[derive(Serialize, Deserialize)]
+struct Pong(u16);
+dxnet::message!(Pong, BENCH_TYPE, 5);
+dxnet::request!(Ping, BENCH_TYPE, 4 => Pong);
+
+/// A dxnet node driven through the lean interface.
+pub struct DxnetBinding {
+    node: Node,
+    /// Per sender thread: the request last sent, reused while the size stays
+    /// the same so that the measured loop does not allocate.
+    reqs: Vec<Mutex<Option<BenchReq>>>,
+    timeout: Duration,
+}
+
+/// The dxnet configuration of node `me`: the binding's node map and
+/// transport, then the user's `params.dxnet` fields, then the handler count.
+pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
+    let kind = BindingKind::parse(&setup.binding)?;
+    let base = match kind {
+        BindingKind::DxnetLoopback => Config::loopback(me, setup.nodes.len() as u16, &setup.fabric),
+        BindingKind::DxnetTcp => Config {
+            node_id: me,
+            nodes: setup
+                .nodes
+                .iter()
+                .map(|(id, a)| NodeEntry {
+                    id: *id,
+                    address: a.clone(),
+                })
+                .collect(),
+            transport: TransportKind::Tcp,
+            ..Config::default()
+        },
+        other => bail!("{} is not a dxnet binding", other.name()),
+    };
+    let mut v = serde_json::to_value(&base)?;
+    let obj = v.as_object_mut().expect("Config serializes to an object");
+    for (k, val) in &setup.params.dxnet {
+        if matches!(
+            k.as_str(),
+            "node_id" | "nodes" | "transport" | "loopback_fabric"
+        ) {
+            bail!("params.dxnet.{k} is set by the benchmark itself");
+        }
+        obj.insert(k.clone(), val.clone());
+    }
+    if setup.handlers > 0 {
+        obj.insert("handler_threads".into(), setup.handlers.into());
+    }
+    let cfg: Config = serde_json::from_value(v).context("invalid params.dxnet")?;
+    cfg.validate().map_err(|e| anyhow!("dxnet config: {e}"))?;
+    Ok(cfg)
+}
+
+impl DxnetBinding {
+    /// Initialize phase: starts the node and registers the receivers.
+    pub fn start(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Self> {
+        let cfg = node_config(setup, me)?;
+        let node = Node::start(cfg).map_err(|e| anyhow!("dxnet node {me}: {e}"))?;
+        let s = sink.clone();
+        node.register_raw(BENCH_TYPE, SUB_MSG, move |src: NodeId, payload: &[u8]| {
+            s.deliver(src.0, payload)
+        })
+        .map_err(|e| anyhow!("{e}"))?;
+        let s = sink;
+        node.register_request::<BenchReq, _>(move |_src, req: BenchReq| {
+            s.note_request(req.0.len());
+            BenchResp(req.0)
+        })
+        .map_err(|e| anyhow!("{e}"))?;
+        node.register_request::<Ping, _>(move |_src, p: Ping| Pong(p.0))
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(DxnetBinding {
+            node,
+            reqs: (0..setup.threads.max(1))
+                .map(|_| Mutex::new(None))
+                .collect(),
+            timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
+        })
+    }
+}
+
+impl Binding for DxnetBinding {
+    fn connect(&self, peers: &[u16], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let me = self.node.id().0;
+        for &p in peers.iter().filter(|&&p| p != me) {
+            loop {
+                match self
+                    .node
+                    .request(NodeId(p), &Ping(me), Duration::from_secs(1))
+                {
+                    Ok(Pong(x)) if x == me => break,
+                    Ok(_) => bail!("node {p} answered a ping wrongly"),
+                    Err(e) if Instant::now() >= deadline => {
+                        bail!("cannot reach node {p}: {e}")
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&self, _thread: usize, dest: u16, payload: &[u8]) -> Result<()> {
+        self.node
+            .send_raw(NodeId(dest), BENCH_TYPE, SUB_MSG, payload)
+            .map_err(|e| anyhow!("send to node {dest}: {e}"))
+    }
+
+    fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()> {
+        let mut slot = self.reqs[thread % self.reqs.len()].lock().unwrap();
+        if !matches!(slot.as_ref(), Some(r) if r.0.len() == payload.len()) {
+            *slot = Some(BenchReq(payload.to_vec()));
+        }
+        let req = slot.as_ref().unwrap();
+        let resp = self
+            .node
+            .request(NodeId(dest), req, self.timeout)
+            .map_err(|e| anyhow!("request to node {dest}: {e}"))?;
+        if resp.0.len() != payload.len() {
+            bail!(
+                "response of {} bytes to a {}-byte request",
+                resp.0.len(),
+                payload.len()
+            );
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        // The node stops when the binding is dropped (Node's Drop joins its
+        // threads); nothing may be in flight by now.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Params;
+
+    fn setup(binding: &str) -> BindingSetup {
+        let mut params = Params::default();
+        params.dxnet.insert("orb_size".into(), 1_048_576.into());
+        BindingSetup {
+            binding: binding.into(),
+            nodes: vec![(0, "127.0.0.1:1".into()), (1, "127.0.0.1:2".into())],
+            threads: 1,
+            handlers: 3,
+            params,
+            fabric: "t".into(),
+        }
+    }
+
+    #[test]
+    fn config_layers() {
+        let c = node_config(&setup("dxnet-tcp"), 1).unwrap();
+        assert_eq!(c.node_id, 1);
+        assert_eq!(c.transport, TransportKind::Tcp);
+        assert_eq!(c.orb_size, 1_048_576);
+        assert_eq!(c.handler_threads, 3);
+        assert_eq!(c.nodes.len(), 2);
+        let l = node_config(&setup("dxnet-loopback"), 0).unwrap();
+        assert_eq!(l.transport, TransportKind::Loopback);
+        assert_eq!(l.loopback_fabric, "t");
+        let mut bad = setup("dxnet-tcp");
+        bad.params
+            .dxnet
+            .insert("nodes".into(), serde_json::json!([]));
+        assert!(node_config(&bad, 0).is_err());
+        let mut bad = setup("dxnet-tcp");
+        bad.params.dxnet.insert("no_such_field".into(), 1.into());
+        assert!(node_config(&bad, 0).is_err());
+    }
+}

@@ -1,0 +1,419 @@
+//! The single lean interface every measured system is driven through
+//! (Observatory's idea): a binding can connect, send a one-way message and
+//! run a request/response round trip; everything it receives goes to a
+//! [`Sink`]. The operations in [`crate::ops`] are written once against it, so
+//! dxnet and the raw baselines are measured by exactly the same code.
+//!
+//! Adding a binding (e.g. `raw-verbs`, one send WR per message): add a
+//! [`BindingKind`] variant, a module implementing [`Binding`], and a line in
+//! [`create`] and [`BindingKind::wire`].
+
+pub mod raw_tcp;
+
+pub mod dxnet;
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Params;
+
+/// The bindings this build knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BindingKind {
+    /// Blocking TCP sockets, one `writev` of a 4-byte prefix plus payload per
+    /// message: the TCP analogue of `ib_send_bw` / `ib_send_lat`.
+    RawTcp,
+    /// dxnet over its TCP transport, one node per process.
+    DxnetTcp,
+    /// dxnet over its in-process loopback transport: all nodes of a run are
+    /// `Node` instances inside one process.
+    DxnetLoopback,
+}
+
+/// The raw baseline a binding is compared with (by name, so that results of
+/// other builds can be tabulated too): the same medium without the library.
+pub fn baseline_of(binding: &str) -> Option<&'static str> {
+    match binding {
+        "dxnet-tcp" | "dxnet-loopback" => Some("raw-tcp"),
+        "dxnet-ib" => Some("raw-verbs"),
+        _ => None,
+    }
+}
+
+/// Where a node's wire bytes are counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireSource {
+    /// The `tx_bytes` counter of a network interface.
+    NetIface(String),
+    /// The `port_xmit_data` counter (4-byte units) of an RDMA port.
+    IbPort {
+        /// Device name, e.g. `mlx5_0`.
+        device: String,
+        /// Port number.
+        port: u8,
+    },
+}
+
+impl BindingKind {
+    /// Parses a binding name.
+    pub fn parse(s: &str) -> Result<Self> {
+        let k = match s.trim() {
+            "raw-tcp" => BindingKind::RawTcp,
+            "dxnet-tcp" => BindingKind::DxnetTcp,
+            "dxnet-loopback" => BindingKind::DxnetLoopback,
+            "dxnet-ib" | "raw-verbs" => {
+                bail!("binding {s:?} is not implemented in this build yet")
+            }
+            other => {
+                bail!("unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-loopback)")
+            }
+        };
+        Ok(k)
+    }
+
+    /// The name used in configs and results.
+    pub fn name(self) -> &'static str {
+        match self {
+            BindingKind::RawTcp => "raw-tcp",
+            BindingKind::DxnetTcp => "dxnet-tcp",
+            BindingKind::DxnetLoopback => "dxnet-loopback",
+        }
+    }
+
+    /// Whether the binding has message-handler threads to configure.
+    pub fn has_handlers(self) -> bool {
+        matches!(self, BindingKind::DxnetTcp | BindingKind::DxnetLoopback)
+    }
+
+    /// Whether all nodes of a run live in one process.
+    pub fn in_process(self) -> bool {
+        self == BindingKind::DxnetLoopback
+    }
+
+    /// Whether the binding talks over the network (needs addresses, has wire
+    /// counters).
+    pub fn uses_network(self) -> bool {
+        !self.in_process()
+    }
+
+    /// Where the wire bytes of a node with data address `addr` are counted.
+    pub fn wire(self, addr: &str, params: &Params) -> Option<WireSource> {
+        if !self.uses_network() {
+            return None;
+        }
+        if !params.wire_iface.is_empty() {
+            return Some(WireSource::NetIface(params.wire_iface.clone()));
+        }
+        let ip = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        let ip: std::net::IpAddr = ip.trim_matches(['[', ']']).parse().ok()?;
+        crate::metrics::iface_of(ip).map(WireSource::NetIface)
+    }
+}
+
+/// Everything a node needs to create its binding instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BindingSetup {
+    /// Binding name.
+    pub binding: String,
+    /// Node map: (id, data address `ip:port`); empty addresses for in-process
+    /// bindings.
+    pub nodes: Vec<(u16, String)>,
+    /// Sender threads per node.
+    pub threads: usize,
+    /// Message-handler threads per node.
+    pub handlers: usize,
+    /// Global parameters.
+    pub params: Params,
+    /// Name of the in-process fabric (loopback), unique per group.
+    pub fabric: String,
+}
+
+impl BindingSetup {
+    /// The data address of node `id`.
+    pub fn address(&self, id: u16) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, a)| a.as_str())
+    }
+}
+
+/// The lean interface. All methods may be called from many threads at once;
+/// `thread` is the caller's sender-thread index (0..threads), which a binding
+/// may use to pick a per-thread connection or scratch buffer.
+pub trait Binding: Send + Sync {
+    /// Connect phase: after it returns this node can send to every peer and
+    /// every peer's connections to this node are accepted.
+    fn connect(&self, peers: &[u16], timeout: Duration) -> Result<()>;
+    /// Sends one message; delivered to the destination's [`Sink`]. May return
+    /// before delivery (dxnet returns once the message is in its ring buffer).
+    fn send(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()>;
+    /// Sends a request of `payload` and blocks until the destination's
+    /// same-size response has arrived.
+    fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()>;
+    /// Cleanup phase: closes connections and stops threads.
+    fn shutdown(&self);
+}
+
+/// Creates the binding instance of node `me`.
+pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn Binding>> {
+    let b: Arc<dyn Binding> = match BindingKind::parse(&setup.binding)? {
+        BindingKind::RawTcp => Arc::new(raw_tcp::RawTcp::start(setup, me, sink.clone())?),
+        BindingKind::DxnetTcp | BindingKind::DxnetLoopback => {
+            Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?)
+        }
+    };
+    sink.set_binding(Arc::downgrade(&b));
+    Ok(b)
+}
+
+/// What a [`Sink`] does with each message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SinkMode {
+    /// Count messages and bytes (throughput receivers).
+    Count = 0,
+    /// Count, then send the message back to its source (latency responder).
+    Echo = 1,
+    /// Wake the sender thread named by the payload's first byte (latency
+    /// initiator).
+    Wake = 2,
+}
+
+/// A latency initiator thread waiting for its echoes.
+pub struct WaitSlot {
+    /// Echoes received.
+    pub seq: AtomicU64,
+    thread: Thread,
+}
+
+/// Receives every message a binding delivers. Counting is lock-free; the
+/// time the expected count is reached is recorded by the delivering thread
+/// so that the waiter can poll lazily without skewing the measurement.
+pub struct Sink {
+    mode: AtomicU8,
+    received: AtomicU64,
+    bytes: AtomicU64,
+    expected: AtomicU64,
+    done: Mutex<Option<Instant>>,
+    done_cv: Condvar,
+    slots: RwLock<Vec<Arc<WaitSlot>>>,
+    binding: OnceLock<Weak<dyn Binding>>,
+    errors: AtomicU64,
+}
+
+impl Default for Sink {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sink {
+    /// A sink in `Count` mode expecting nothing.
+    pub fn new() -> Self {
+        Sink {
+            mode: AtomicU8::new(SinkMode::Count as u8),
+            received: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            expected: AtomicU64::new(u64::MAX),
+            done: Mutex::new(None),
+            done_cv: Condvar::new(),
+            slots: RwLock::new(Vec::new()),
+            binding: OnceLock::new(),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    fn set_binding(&self, b: Weak<dyn Binding>) {
+        let _ = self.binding.set(b);
+    }
+
+    /// Resets the counters for a new phase. Only call while no traffic flows.
+    pub fn reset(&self, mode: SinkMode, expected: u64) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+        self.received.store(0, Ordering::SeqCst);
+        self.bytes.store(0, Ordering::SeqCst);
+        self.errors.store(0, Ordering::SeqCst);
+        self.expected.store(expected, Ordering::SeqCst);
+        *self.done.lock().unwrap() = None;
+        self.slots.write().unwrap().clear();
+    }
+
+    /// Registers the calling thread as waiter `index` (index = payload[0]).
+    pub fn register_waiter(&self, index: usize) -> Arc<WaitSlot> {
+        let slot = Arc::new(WaitSlot {
+            seq: AtomicU64::new(0),
+            thread: std::thread::current(),
+        });
+        let mut s = self.slots.write().unwrap();
+        while s.len() <= index {
+            // Placeholders are replaced by the real thread below.
+            s.push(slot.clone());
+        }
+        s[index] = slot.clone();
+        slot
+    }
+
+    /// Called by the binding for every received message.
+    pub fn deliver(&self, src: u16, payload: &[u8]) {
+        match self.mode.load(Ordering::Relaxed) {
+            m if m == SinkMode::Wake as u8 => {
+                let idx = payload.first().copied().unwrap_or(0) as usize;
+                let slot = self.slots.read().unwrap().get(idx).cloned();
+                if let Some(slot) = slot {
+                    slot.seq.fetch_add(1, Ordering::Release);
+                    slot.thread.unpark();
+                }
+            }
+            m if m == SinkMode::Echo as u8 => {
+                let thread = payload.first().copied().unwrap_or(0) as usize;
+                match self.binding.get().and_then(|w| w.upgrade()) {
+                    Some(b) => {
+                        if b.send(thread, src, payload).is_err() {
+                            self.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    None => {
+                        self.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.count(payload.len());
+    }
+
+    /// Called by the binding for every request it answers itself, so that a
+    /// responder knows when the initiator is done.
+    pub fn note_request(&self, len: usize) {
+        self.count(len);
+    }
+
+    fn count(&self, len: usize) {
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        let n = self.received.fetch_add(1, Ordering::AcqRel) + 1;
+        if n == self.expected.load(Ordering::Acquire) {
+            let now = Instant::now();
+            *self.done.lock().unwrap() = Some(now);
+            self.done_cv.notify_all();
+        }
+    }
+
+    /// Messages received in this phase.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Acquire)
+    }
+
+    /// Payload bytes received in this phase.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    /// Echo sends that failed in this phase.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Acquire)
+    }
+
+    /// Waits until the expected count is reached; returns when it was reached.
+    pub fn wait_done(&self, deadline: Instant) -> Result<Instant> {
+        let mut g = self.done.lock().unwrap();
+        loop {
+            if let Some(t) = *g {
+                return Ok(t);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                bail!(
+                    "timed out: received {} of {} messages",
+                    self.received(),
+                    self.expected.load(Ordering::Acquire)
+                );
+            }
+            g = self.done_cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+    }
+}
+
+/// Waits for `slot.seq >= target`: spins `spin` first (the echo usually comes
+/// within microseconds), then parks.
+pub fn wait_slot(slot: &WaitSlot, target: u64, spin: Duration, deadline: Instant) -> Result<()> {
+    if slot.seq.load(Ordering::Acquire) >= target {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let mut i = 0u32;
+    loop {
+        if slot.seq.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        i = i.wrapping_add(1);
+        if i & 63 == 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                bail!("timed out waiting for an echo");
+            }
+            if now - start >= spin {
+                std::thread::park_timeout(Duration::from_millis(1));
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sink_counts_and_marks_done() {
+        let s = Sink::new();
+        s.reset(SinkMode::Count, 3);
+        s.deliver(1, b"ab");
+        s.deliver(1, b"c");
+        assert!(s
+            .wait_done(Instant::now() + Duration::from_millis(1))
+            .is_err());
+        s.deliver(2, b"");
+        assert_eq!(s.received(), 3);
+        assert_eq!(s.bytes(), 3);
+        s.wait_done(Instant::now()).unwrap();
+        s.reset(SinkMode::Count, 1);
+        assert_eq!(s.received(), 0);
+    }
+
+    #[test]
+    fn sink_wakes_waiter_by_first_byte() {
+        let s = Arc::new(Sink::new());
+        s.reset(SinkMode::Wake, u64::MAX);
+        let slot = s.register_waiter(2);
+        let s2 = s.clone();
+        let h = std::thread::spawn(move || s2.deliver(1, &[2, 0, 0]));
+        wait_slot(
+            &slot,
+            1,
+            Duration::from_micros(10),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .unwrap();
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn binding_names() {
+        assert_eq!(BindingKind::parse("raw-tcp").unwrap(), BindingKind::RawTcp);
+        assert!(BindingKind::parse("raw-verbs").is_err());
+        assert!(BindingKind::parse("bogus").is_err());
+        assert_eq!(
+            BindingKind::parse("dxnet-loopback").unwrap(),
+            BindingKind::DxnetLoopback
+        );
+        assert_eq!(baseline_of("dxnet-tcp"), Some("raw-tcp"));
+        assert_eq!(baseline_of("raw-tcp"), None);
+    }
+}

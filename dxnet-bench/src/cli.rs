@@ -1,0 +1,513 @@
+//! Command line: every configuration option is also a flag; flags override
+//! the file (or the built-in default suite).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use crate::binding::BindingKind;
+use crate::config::{parse_size, BenchConfig, BenchEntry, Mode, Operation, Sizes};
+use crate::coordinator::{self, Coordinator, Placement};
+use crate::netns::{Guard, Layout};
+use crate::output;
+
+/// Observatory/OSU-style benchmarks of dxnet against raw baselines.
+///
+/// Without arguments it runs a short default suite between two local
+/// processes over TCP loopback and prints a summary table; results go to
+/// `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
+#[derive(Debug, Parser)]
+#[command(name = "dxnet-bench", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Sub>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// A node process, started by the coordinator (internal).
+    #[command(hide = true)]
+    Node {
+        /// Control channel address (`unix:PATH` or `tcp:HOST:PORT`).
+        #[arg(long)]
+        coord: String,
+        /// Logical node ids this process hosts.
+        #[arg(long, value_delimiter = ',', required = true)]
+        ids: Vec<u16>,
+    },
+    /// Create or remove the network namespaces by hand (`--netns` does both
+    /// around a run by itself).
+    Netns {
+        #[command(subcommand)]
+        action: NetnsAction,
+    },
+    /// Redraw plots, CSV and the summary table from a results.json.
+    Plot {
+        /// The results file.
+        results: PathBuf,
+        /// Output directory (default: the results file's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NetnsAction {
+    /// Create N namespaces `{prefix}0..` on a bridge (10.201.0.1.. /24).
+    Setup {
+        /// Number of node namespaces.
+        #[arg(long)]
+        nodes: usize,
+        /// Namespace name prefix.
+        #[arg(long, default_value = "dxb")]
+        prefix: String,
+        /// MTU of the veth links.
+        #[arg(long, default_value_t = 1500)]
+        mtu: u32,
+    },
+    /// Remove the namespaces of a prefix.
+    Teardown {
+        /// Namespace name prefix.
+        #[arg(long, default_value = "dxb")]
+        prefix: String,
+    },
+}
+
+/// Options of a benchmark run.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Configuration file (JSON or TOML); default: the built-in short suite.
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, short = 'o', default_value = "bench-results")]
+    out: PathBuf,
+    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-loopback).
+    #[arg(long, value_delimiter = ',')]
+    bindings: Vec<String>,
+    /// Operations (throughput, latency, pingpong, all_to_all); replaces the
+    /// config's list, keeping its entries for operations named here.
+    #[arg(long, value_delimiter = ',')]
+    operations: Vec<String>,
+    /// Modes (uni, bi) for throughput.
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Message sizes, e.g. `64,4k,64k`.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Smallest size of a power-of-two sweep (with --max-size).
+    #[arg(long)]
+    min_size: Option<String>,
+    /// Largest size of a power-of-two sweep.
+    #[arg(long)]
+    max_size: Option<String>,
+    /// Messages (round trips) per sending node, before halving above 4 KiB.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Warm-up messages per sending node.
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Measured repetitions.
+    #[arg(long)]
+    repetitions: Option<u32>,
+    /// Sender threads per node, e.g. `1,2,4,8,16`.
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Message-handler threads per node (dxnet), e.g. `1,2,4`.
+    #[arg(long, value_delimiter = ',')]
+    handlers: Vec<usize>,
+    /// Node counts, e.g. `2,4,6,8`.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<usize>,
+    /// First data port.
+    #[arg(long)]
+    base_port: Option<u16>,
+    /// Phase timeout in seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Halve counts for every doubling of the size above this.
+    #[arg(long)]
+    halve_count_from: Option<String>,
+    /// Counts never go below this.
+    #[arg(long)]
+    min_count: Option<u64>,
+    /// dxnet Config field for every dxnet node, `KEY=VALUE` (value as JSON,
+    /// else a string); repeatable, e.g. `--dxnet orb_size=4194304`.
+    #[arg(long = "dxnet", value_name = "KEY=VALUE")]
+    dxnet: Vec<String>,
+    /// Receive buffer of the raw TCP baseline in bytes (e.g. `4M`).
+    #[arg(long)]
+    raw_tcp_recv_buffer: Option<String>,
+    /// How long latency waiters spin before parking, in microseconds.
+    #[arg(long)]
+    spin_us: Option<u64>,
+    /// Interface whose tx_bytes count the wire bytes (default: the one that
+    /// carries the node's address).
+    #[arg(long)]
+    wire_iface: Option<String>,
+    /// Skip the plots.
+    #[arg(long)]
+    no_plots: bool,
+    /// No progress bar.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Print the effective configuration (JSON) and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Run every networked node in its own network namespace, connected by
+    /// veth pairs and a bridge (needs root).
+    #[arg(long)]
+    netns: bool,
+    /// Namespace name prefix for --netns.
+    #[arg(long, default_value = "dxb")]
+    netns_prefix: String,
+    /// MTU of the veth links for --netns.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+    /// Multi-host run: file of `ID HOST` lines, one node per host.
+    #[arg(long, requires = "node_id")]
+    node_file: Option<PathBuf>,
+    /// This host's node id in the node file (0 coordinates).
+    #[arg(long, requires = "node_file")]
+    node_id: Option<u16>,
+    /// Control port of node 0 in a multi-host run.
+    #[arg(long, default_value_t = 24099)]
+    control_port: u16,
+}
+
+fn default_count(op: Operation) -> u64 {
+    match op {
+        Operation::Throughput | Operation::AllToAll => 100_000,
+        Operation::Latency | Operation::Pingpong => 10_000,
+    }
+}
+
+/// Builds the effective configuration: file (or default suite) + flags.
+pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
+    let mut cfg = match &a.config {
+        Some(p) => BenchConfig::from_file(p)?,
+        None => BenchConfig::default_suite(),
+    };
+    if !a.bindings.is_empty() {
+        cfg.bindings = a.bindings.iter().map(|s| s.trim().to_string()).collect();
+    }
+    if !a.operations.is_empty() {
+        let mut entries = Vec::new();
+        for o in &a.operations {
+            let op = Operation::parse(o)?;
+            let existing: Vec<BenchEntry> = cfg
+                .benchmarks
+                .iter()
+                .filter(|e| e.operation == op)
+                .cloned()
+                .collect();
+            if existing.is_empty() {
+                let mut e = BenchEntry::new(op, default_count(op));
+                if let Some(t) = cfg.benchmarks.first() {
+                    // Keep the sweep of the base config so that a new
+                    // operation runs at the same sizes.
+                    e.sizes = t.sizes.clone();
+                }
+                entries.push(e);
+            } else {
+                entries.extend(existing);
+            }
+        }
+        cfg.benchmarks = entries;
+    }
+    let sizes = if !a.sizes.is_empty() {
+        Some(Sizes::List(
+            a.sizes
+                .iter()
+                .map(|s| parse_size(s))
+                .collect::<Result<_>>()?,
+        ))
+    } else if a.min_size.is_some() || a.max_size.is_some() {
+        Some(Sizes::Range {
+            min: a
+                .min_size
+                .as_deref()
+                .map(parse_size)
+                .transpose()?
+                .unwrap_or(1),
+            max: a
+                .max_size
+                .as_deref()
+                .map(parse_size)
+                .transpose()?
+                .unwrap_or(1 << 20),
+        })
+    } else {
+        None
+    };
+    let modes: Vec<Mode> = a
+        .modes
+        .iter()
+        .map(|m| Mode::parse(m))
+        .collect::<Result<_>>()?;
+    for e in &mut cfg.benchmarks {
+        if let Some(s) = &sizes {
+            e.sizes = s.clone();
+        }
+        if !modes.is_empty() {
+            e.modes = modes.clone();
+        }
+        if let Some(c) = a.count {
+            e.count = c;
+        }
+        if let Some(w) = a.warmup {
+            e.warmup = Some(w);
+        }
+        if let Some(r) = a.repetitions {
+            e.repetitions = r;
+        }
+        if !a.threads.is_empty() {
+            e.threads = a.threads.clone();
+        }
+        if !a.handlers.is_empty() {
+            e.handlers = a.handlers.clone();
+        }
+        if !a.nodes.is_empty() {
+            e.nodes = Some(if e.operation == Operation::AllToAll {
+                a.nodes.clone()
+            } else {
+                // Pairwise operations need even node counts.
+                a.nodes.iter().copied().filter(|n| n % 2 == 0).collect()
+            });
+            if e.nodes.as_ref().is_some_and(|n| n.is_empty()) {
+                e.nodes = None;
+            }
+        }
+    }
+    let p = &mut cfg.params;
+    if let Some(v) = a.base_port {
+        p.base_port = v;
+    }
+    if let Some(v) = a.timeout {
+        p.timeout_s = v;
+    }
+    if let Some(v) = &a.halve_count_from {
+        p.halve_count_from = parse_size(v)?;
+    }
+    if let Some(v) = a.min_count {
+        p.min_count = v;
+    }
+    if let Some(v) = &a.raw_tcp_recv_buffer {
+        p.raw_tcp_recv_buffer = parse_size(v)?;
+    }
+    if let Some(v) = a.spin_us {
+        p.spin_us = v;
+    }
+    if let Some(v) = &a.wire_iface {
+        p.wire_iface = v.clone();
+    }
+    for kv in &a.dxnet {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--dxnet expects KEY=VALUE, got {kv:?}"))?;
+        let val = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+        p.dxnet.insert(k.trim().to_string(), val);
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Entry point.
+pub fn main() -> Result<i32> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Sub::Node { coord, ids }) => {
+            crate::node::run(&coord, ids)?;
+            Ok(0)
+        }
+        Some(Sub::Netns { action }) => {
+            if !is_root() {
+                bail!("network namespaces need root");
+            }
+            match action {
+                NetnsAction::Setup { nodes, prefix, mtu } => {
+                    let l = Layout::new(&prefix, nodes, mtu);
+                    l.setup()?;
+                    for i in 0..nodes {
+                        println!("{}  {}", l.namespace(i), l.address(i));
+                    }
+                }
+                NetnsAction::Teardown { prefix } => Layout::new(&prefix, 64, 1500).teardown(),
+            }
+            Ok(0)
+        }
+        Some(Sub::Plot { results, out }) => {
+            let records = output::json::read(&results)?;
+            let dir = out.unwrap_or_else(|| {
+                results
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| PathBuf::from("."))
+            });
+            std::fs::create_dir_all(&dir)?;
+            output::csv::write_all(&records, &dir)?;
+            let files = output::plot::write_all(&records, &dir)?;
+            print!("{}", output::table::render(&records));
+            println!("\nwrote {} plot files to {}", files.len(), dir.display());
+            Ok(0)
+        }
+        None => run_suite(cli.run),
+    }
+}
+
+fn run_suite(a: RunArgs) -> Result<i32> {
+    let cfg = effective_config(&a)?;
+    if a.print_config {
+        println!("{}", serde_json::to_string_pretty(&cfg)?);
+        return Ok(0);
+    }
+    let exe = std::env::current_exe().context("cannot find own executable")?;
+    let mut _guard = None;
+    let placement = match (&a.node_file, a.node_id) {
+        (Some(f), Some(id)) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read node file {}", f.display()))?;
+            let hosts = coordinator::parse_node_file(&text)?;
+            if id as usize >= hosts.len() {
+                bail!("node id {id} is not in the node file");
+            }
+            if id != 0 {
+                // A worker host: serve the coordinator until it says exit.
+                let coord = format!("tcp:{}:{}", hosts[0], a.control_port);
+                crate::node::run(&coord, vec![id])?;
+                return Ok(0);
+            }
+            coordinator::gather_hosts(hosts, &format!("0.0.0.0:{}", a.control_port), &exe)?
+        }
+        _ if a.netns => {
+            if !is_root() {
+                bail!("--netns needs root");
+            }
+            let n = cfg
+                .plan()?
+                .iter()
+                .filter(|g| BindingKind::parse(&g.key.binding).is_ok_and(|k| k.uses_network()))
+                .map(|g| g.key.nodes)
+                .max()
+                .unwrap_or(2);
+            let layout = Layout::new(&a.netns_prefix, n, a.mtu);
+            layout.setup()?;
+            _guard = Some(Guard(layout.clone()));
+            Placement::Netns(layout)
+        }
+        _ => Placement::Local,
+    };
+    let groups = cfg.plan()?;
+    let runs: usize = groups.iter().map(|g| g.runs.len()).sum();
+    eprintln!(
+        "dxnet-bench: {runs} runs in {} process groups; bindings: {}; results -> {}",
+        groups.len(),
+        cfg.bindings.join(", "),
+        a.out.display()
+    );
+    let outcome = Coordinator::new(cfg, placement, exe, a.quiet).run()?;
+    drop(_guard);
+    let files = output::write_all(&outcome.records, &a.out, !a.no_plots)?;
+    println!();
+    print!("{}", output::table::render(&outcome.records));
+    println!(
+        "\n{} records; wrote {} files to {} (results.json, *.csv, summary.txt{})",
+        outcome.records.len(),
+        files.len(),
+        a.out.display(),
+        if a.no_plots { "" } else { ", *.svg, *.png" }
+    );
+    if !outcome.failures.is_empty() {
+        eprintln!("\n{} group(s) failed:", outcome.failures.len());
+        for f in &outcome.failures {
+            eprintln!("  {f}");
+        }
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> RunArgs {
+        let mut full = vec!["dxnet-bench"];
+        full.extend_from_slice(v);
+        Cli::try_parse_from(full).unwrap().run
+    }
+
+    #[test]
+    fn flags_override_config() {
+        let a = args(&[
+            "--bindings",
+            "raw-tcp",
+            "--operations",
+            "throughput,all-to-all",
+            "--sizes",
+            "64,4k",
+            "--count",
+            "500",
+            "--threads",
+            "1,2",
+            "--nodes",
+            "2,3,4",
+            "--dxnet",
+            "orb_size=4194304",
+            "--dxnet",
+            "cluster_secret=abc",
+        ]);
+        let c = effective_config(&a).unwrap();
+        assert_eq!(c.bindings, vec!["raw-tcp"]);
+        assert_eq!(c.benchmarks.len(), 2);
+        assert_eq!(c.benchmarks[1].operation, Operation::AllToAll);
+        assert_eq!(c.benchmarks[0].sizes.expand(), vec![64, 4096]);
+        assert_eq!(c.benchmarks[0].count, 500);
+        assert_eq!(c.benchmarks[0].nodes, Some(vec![2, 4]));
+        assert_eq!(c.benchmarks[1].nodes, Some(vec![2, 3, 4]));
+        assert_eq!(c.params.dxnet["orb_size"], 4194304);
+        assert_eq!(c.params.dxnet["cluster_secret"], "abc");
+    }
+
+    #[test]
+    fn default_suite_without_flags() {
+        let c = effective_config(&args(&[])).unwrap();
+        assert_eq!(c, BenchConfig::default_suite());
+    }
+
+    #[test]
+    fn bad_flags_fail() {
+        assert!(effective_config(&args(&["--operations", "nope"])).is_err());
+        assert!(effective_config(&args(&["--sizes", "abc"])).is_err());
+        assert!(effective_config(&args(&["--dxnet", "novalue"])).is_err());
+        assert!(Cli::try_parse_from(["dxnet-bench", "--node-id", "1"]).is_err());
+    }
+
+    #[test]
+    fn example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let text = std::fs::read_to_string(&p).unwrap();
+            let v: serde_json::Value = if p.extension().is_some_and(|x| x == "toml") {
+                let t: toml::Value = toml::from_str(&text).unwrap();
+                serde_json::to_value(t).unwrap()
+            } else {
+                serde_json::from_str(&text).unwrap()
+            };
+            BenchConfig::from_json(&v.to_string())
+                .unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            n += 1;
+        }
+        assert!(n >= 3);
+    }
+}

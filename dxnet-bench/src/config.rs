@@ -1,0 +1,665 @@
+//! Benchmark configuration (Observatory-style: operations × modes × sizes ×
+//! repetitions × warm-up, plus binding parameters) and its expansion into a
+//! flat run plan.
+//!
+//! A configuration is a JSON or TOML file; every option can also be set (or
+//! overridden) by command-line flags, see [`crate::cli`].
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The operations the tool measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Message throughput between node pairs (`uni` or `bi`).
+    Throughput,
+    /// One-way message latency, measured as half the round trip of a message
+    /// that the receiver's message handler echoes back (OSU style).
+    Latency,
+    /// Request/response round trip (full RTT).
+    Pingpong,
+    /// Every node sends to every other node round-robin and receives from all.
+    AllToAll,
+}
+
+impl Operation {
+    /// All operations, in report order.
+    pub const ALL: [Operation; 4] = [
+        Operation::Throughput,
+        Operation::Latency,
+        Operation::Pingpong,
+        Operation::AllToAll,
+    ];
+
+    /// Whether the operation reports a latency histogram.
+    pub fn is_latency(self) -> bool {
+        matches!(self, Operation::Latency | Operation::Pingpong)
+    }
+
+    /// The name used in results and file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Throughput => "throughput",
+            Operation::Latency => "latency",
+            Operation::Pingpong => "pingpong",
+            Operation::AllToAll => "all_to_all",
+        }
+    }
+
+    /// Parses a name as written in configs and flags (`all-to-all` accepted).
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.trim().replace('-', "_").as_str() {
+            "throughput" => Operation::Throughput,
+            "latency" => Operation::Latency,
+            "pingpong" | "ping_pong" => Operation::Pingpong,
+            "all_to_all" | "alltoall" => Operation::AllToAll,
+            other => {
+                bail!("unknown operation {other:?} (throughput, latency, pingpong, all_to_all)")
+            }
+        })
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Direction of traffic between the nodes of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Even node ids send, odd node ids receive.
+    Uni,
+    /// Both nodes of a pair send and receive at the same time.
+    Bi,
+}
+
+impl Mode {
+    /// The name used in results and file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Uni => "uni",
+            Mode::Bi => "bi",
+        }
+    }
+
+    /// Parses `uni` / `bi`.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "uni" => Mode::Uni,
+            "bi" => Mode::Bi,
+            other => bail!("unknown mode {other:?} (uni, bi)"),
+        })
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Message sizes: an explicit list or every power of two in a range.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Sizes {
+    /// Explicit payload sizes in bytes.
+    List(Vec<usize>),
+    /// Powers of two from `min` to `max` (inclusive, both rounded to powers of two).
+    Range {
+        /// Smallest size in bytes.
+        min: usize,
+        /// Largest size in bytes.
+        max: usize,
+    },
+}
+
+impl Default for Sizes {
+    /// 1 B … 1 MiB, as in the papers.
+    fn default() -> Self {
+        Sizes::Range {
+            min: 1,
+            max: 1 << 20,
+        }
+    }
+}
+
+impl Sizes {
+    /// The sizes in ascending order, deduplicated.
+    pub fn expand(&self) -> Vec<usize> {
+        let set: BTreeSet<usize> = match self {
+            Sizes::List(v) => v.iter().copied().collect(),
+            Sizes::Range { min, max } => {
+                let mut s = min.max(&1).next_power_of_two();
+                let mut out = BTreeSet::new();
+                while s <= *max {
+                    out.insert(s);
+                    s *= 2;
+                }
+                out
+            }
+        };
+        set.into_iter().collect()
+    }
+}
+
+/// One benchmark entry: an operation over modes, sizes, thread counts, handler
+/// counts and node counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchEntry {
+    /// The operation.
+    pub operation: Operation,
+    /// Modes (only throughput distinguishes them; latency and pingpong always
+    /// run `uni`, all-to-all always `bi`). Default `["uni"]`.
+    #[serde(default = "default_modes")]
+    pub modes: Vec<Mode>,
+    /// Payload sizes. Default 1 B … 1 MiB in powers of two.
+    #[serde(default)]
+    pub sizes: Sizes,
+    /// Messages (or round trips) per sending node for sizes up to
+    /// `params.halve_count_from`; halved per doubling above it.
+    pub count: u64,
+    /// Warm-up messages per sending node, scaled like `count`. Default count/10.
+    #[serde(default)]
+    pub warmup: Option<u64>,
+    /// Measured repetitions per size. Default 3.
+    #[serde(default = "default_reps")]
+    pub repetitions: u32,
+    /// Sender threads per node. Default `[1]`.
+    #[serde(default = "default_one")]
+    pub threads: Vec<usize>,
+    /// Message-handler threads per node (dxnet bindings only). Default `[2]`.
+    #[serde(default = "default_handlers")]
+    pub handlers: Vec<usize>,
+    /// Node counts. Default `[2]`; all-to-all default `[4]`.
+    #[serde(default)]
+    pub nodes: Option<Vec<usize>>,
+}
+
+fn default_modes() -> Vec<Mode> {
+    vec![Mode::Uni]
+}
+fn default_reps() -> u32 {
+    3
+}
+fn default_one() -> Vec<usize> {
+    vec![1]
+}
+fn default_handlers() -> Vec<usize> {
+    vec![2]
+}
+
+impl BenchEntry {
+    /// An entry with the defaults for `op`.
+    pub fn new(op: Operation, count: u64) -> Self {
+        BenchEntry {
+            operation: op,
+            modes: default_modes(),
+            sizes: Sizes::default(),
+            count,
+            warmup: None,
+            repetitions: default_reps(),
+            threads: default_one(),
+            handlers: default_handlers(),
+            nodes: None,
+        }
+    }
+
+    /// The node counts this entry runs with.
+    pub fn node_counts(&self) -> Vec<usize> {
+        match &self.nodes {
+            Some(n) => n.clone(),
+            None if self.operation == Operation::AllToAll => vec![4],
+            None => vec![2],
+        }
+    }
+}
+
+/// Parameters that apply to every run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Params {
+    /// First data port; node `i` of a run listens on a port derived from it.
+    pub base_port: u16,
+    /// Counts are halved for every doubling of the size above this (bytes).
+    pub halve_count_from: usize,
+    /// Counts never drop below this.
+    pub min_count: u64,
+    /// A phase that takes longer than this fails (seconds).
+    pub timeout_s: u64,
+    /// Receive buffer of the raw TCP baseline in bytes.
+    pub raw_tcp_recv_buffer: usize,
+    /// Extra dxnet `Config` fields (any subset, e.g. `{"orb_size": 4194304}`),
+    /// laid over the defaults of every dxnet node.
+    pub dxnet: serde_json::Map<String, serde_json::Value>,
+    /// Interface whose counters give the wire bytes of TCP runs; empty picks
+    /// the interface that carries the node's address.
+    pub wire_iface: String,
+    /// How long a latency waiter spins before it parks (microseconds).
+    pub spin_us: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            base_port: 24100,
+            halve_count_from: 4096,
+            min_count: 16,
+            timeout_s: 60,
+            raw_tcp_recv_buffer: 4 << 20,
+            dxnet: serde_json::Map::new(),
+            wire_iface: String::new(),
+            spin_us: 20,
+        }
+    }
+}
+
+/// A whole benchmark configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchConfig {
+    /// Bindings to run every entry with, e.g. `["raw-tcp", "dxnet-tcp"]`.
+    pub bindings: Vec<String>,
+    /// The benchmark entries.
+    pub benchmarks: Vec<BenchEntry>,
+    /// Parameters for all runs.
+    #[serde(default)]
+    pub params: Params,
+}
+
+impl BenchConfig {
+    /// The short suite the tool runs with no arguments: small counts so that it
+    /// finishes well within two minutes on a two-core machine.
+    pub fn default_suite() -> Self {
+        let bindings = vec!["raw-tcp".to_string(), "dxnet-tcp".to_string()];
+        let mut tp = BenchEntry::new(Operation::Throughput, 200_000);
+        tp.sizes = Sizes::List(vec![64, 4096, 65536]);
+        tp.warmup = Some(20_000);
+        // Round trips are bounded by the slower binding's latency: keep the
+        // count small so the suite stays short on a loaded two-core machine.
+        let mut pp = BenchEntry::new(Operation::Pingpong, 10_000);
+        pp.sizes = Sizes::List(vec![64]);
+        pp.warmup = Some(1_000);
+        BenchConfig {
+            bindings,
+            benchmarks: vec![tp, pp],
+            params: Params::default(),
+        }
+    }
+
+    /// Reads a `.json` or `.toml` file (by extension; anything else is tried
+    /// as JSON, then TOML).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let is_toml = path.extension().is_some_and(|e| e == "toml");
+        let cfg = if is_toml {
+            Self::from_toml(&text)
+        } else {
+            Self::from_json(&text).or_else(|e| Self::from_toml(&text).map_err(|_| e))
+        };
+        cfg.with_context(|| format!("invalid config {}", path.display()))
+    }
+
+    /// Parses and validates JSON text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let c: Self = serde_json::from_str(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let c: Self = toml::from_str(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks values that serde cannot.
+    pub fn validate(&self) -> Result<()> {
+        if self.bindings.is_empty() {
+            bail!("bindings: at least one binding is needed");
+        }
+        for b in &self.bindings {
+            crate::binding::BindingKind::parse(b)?;
+        }
+        for e in &self.benchmarks {
+            let op = e.operation;
+            if e.count == 0 {
+                bail!("{op}: count must be > 0");
+            }
+            if e.repetitions == 0 {
+                bail!("{op}: repetitions must be > 0");
+            }
+            let sizes = e.sizes.expand();
+            if sizes.is_empty() {
+                bail!("{op}: no message sizes");
+            }
+            if sizes.iter().any(|&s| s == 0 || s > 1 << 30) {
+                bail!("{op}: sizes must be within 1 B ..= 1 GiB");
+            }
+            if e.threads.is_empty() || e.threads.iter().any(|&t| t == 0 || t > 255) {
+                bail!("{op}: threads must be within 1..=255");
+            }
+            if e.handlers.is_empty() || e.handlers.contains(&0) {
+                bail!("{op}: handlers must be >= 1");
+            }
+            if e.modes.is_empty() {
+                bail!("{op}: at least one mode is needed");
+            }
+            for n in e.node_counts() {
+                if !(2..=64).contains(&n) {
+                    bail!("{op}: nodes must be within 2..=64");
+                }
+                if op != Operation::AllToAll && n % 2 != 0 {
+                    bail!("{op}: pairwise operations need an even node count, got {n}");
+                }
+            }
+        }
+        if self.params.min_count == 0 {
+            bail!("params.min_count must be > 0");
+        }
+        Ok(())
+    }
+
+    /// Messages per sending node for `size`: `count` up to
+    /// `halve_count_from`, halved for every doubling above it, never below
+    /// `min_count` (nor above `count`).
+    pub fn scaled_count(&self, count: u64, size: usize) -> u64 {
+        scaled_count(
+            count,
+            size,
+            self.params.halve_count_from,
+            self.params.min_count,
+        )
+    }
+
+    /// Expands the configuration into process groups, each a list of runs
+    /// that share the same processes and binding instances.
+    pub fn plan(&self) -> Result<Vec<Group>> {
+        let mut groups: Vec<Group> = Vec::new();
+        for b in &self.bindings {
+            let kind = crate::binding::BindingKind::parse(b)?;
+            for e in &self.benchmarks {
+                // Latency and pingpong are one initiator per pair; all-to-all is
+                // inherently bidirectional.
+                let modes: Vec<Mode> = if e.operation.is_latency() {
+                    vec![Mode::Uni]
+                } else if e.operation == Operation::AllToAll {
+                    vec![Mode::Bi]
+                } else {
+                    dedup(e.modes.clone())
+                };
+                // Handler threads mean nothing to the raw baselines: run them once.
+                let handlers: Vec<usize> = if kind.has_handlers() {
+                    dedup(e.handlers.clone())
+                } else {
+                    vec![0]
+                };
+                for &nodes in &dedup(e.node_counts()) {
+                    for &threads in &dedup(e.threads.clone()) {
+                        for &h in &handlers {
+                            let key = GroupKey {
+                                binding: kind.name().to_string(),
+                                nodes,
+                                threads,
+                                handlers: h,
+                            };
+                            let gi = match groups.iter().position(|g| g.key == key) {
+                                Some(i) => i,
+                                None => {
+                                    groups.push(Group {
+                                        key: key.clone(),
+                                        runs: Vec::new(),
+                                    });
+                                    groups.len() - 1
+                                }
+                            };
+                            for &mode in &modes {
+                                for size in e.sizes.expand() {
+                                    let count = self.scaled_count(e.count, size);
+                                    let warm = e.warmup.unwrap_or(e.count / 10);
+                                    let warmup = if warm == 0 {
+                                        0
+                                    } else {
+                                        self.scaled_count(warm, size).min(count)
+                                    };
+                                    let run = RunSpec {
+                                        operation: e.operation,
+                                        mode,
+                                        size,
+                                        count,
+                                        warmup,
+                                        repetitions: e.repetitions,
+                                    };
+                                    if !groups[gi].runs.contains(&run) {
+                                        groups[gi].runs.push(run);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(groups)
+    }
+}
+
+/// See [`BenchConfig::scaled_count`].
+pub fn scaled_count(count: u64, size: usize, halve_from: usize, min_count: u64) -> u64 {
+    let mut c = count;
+    if halve_from > 0 {
+        let mut s = halve_from;
+        while s < size {
+            c /= 2;
+            s = s.saturating_mul(2);
+        }
+    }
+    c.max(min_count.min(count))
+}
+
+fn dedup<T: Ord + Clone>(v: Vec<T>) -> Vec<T> {
+    let mut seen = BTreeSet::new();
+    v.into_iter().filter(|x| seen.insert(x.clone())).collect()
+}
+
+/// What makes two runs share processes and binding instances.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GroupKey {
+    /// Binding name.
+    pub binding: String,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Sender threads per node.
+    pub threads: usize,
+    /// Message-handler threads per node (0 for raw bindings).
+    pub handlers: usize,
+}
+
+/// Runs that share one set of node processes (initialize and connect once,
+/// then prepare / warm up / measure per run, clean up at the end).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// The shared parameters.
+    pub key: GroupKey,
+    /// The runs, in order.
+    pub runs: Vec<RunSpec>,
+}
+
+/// One (operation, mode, size) with its counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The operation.
+    pub operation: Operation,
+    /// The mode.
+    pub mode: Mode,
+    /// Payload bytes per message.
+    pub size: usize,
+    /// Messages or round trips per sending node in a measured repetition.
+    pub count: u64,
+    /// Messages or round trips per sending node in the warm-up.
+    pub warmup: u64,
+    /// Measured repetitions.
+    pub repetitions: u32,
+}
+
+/// Parses a size with an optional binary suffix: `64`, `4k`, `4KiB`, `1M`.
+pub fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mul) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num
+        .trim()
+        .parse()
+        .with_context(|| format!("bad size {s:?}"))?;
+    Ok(n * mul)
+}
+
+/// Formats a byte size the way the plots and tables label it (`64 B`, `4 KiB`).
+pub fn fmt_size(s: usize) -> String {
+    if s >= 1 << 30 && s & ((1 << 30) - 1) == 0 {
+        format!("{} GiB", s >> 30)
+    } else if s >= 1 << 20 && s & ((1 << 20) - 1) == 0 {
+        format!("{} MiB", s >> 20)
+    } else if s >= 1 << 10 && s & ((1 << 10) - 1) == 0 {
+        format!("{} KiB", s >> 10)
+    } else {
+        format!("{s} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_expand_powers_of_two() {
+        let s = Sizes::default().expand();
+        assert_eq!(s.len(), 21);
+        assert_eq!(s[0], 1);
+        assert_eq!(*s.last().unwrap(), 1 << 20);
+        assert_eq!(
+            Sizes::Range { min: 3, max: 40 }.expand(),
+            vec![4, 8, 16, 32]
+        );
+        assert_eq!(Sizes::List(vec![64, 8, 64]).expand(), vec![8, 64]);
+    }
+
+    #[test]
+    fn count_halves_from_4k() {
+        assert_eq!(scaled_count(1000, 1, 4096, 16), 1000);
+        assert_eq!(scaled_count(1000, 4096, 4096, 16), 1000);
+        assert_eq!(scaled_count(1000, 8192, 4096, 16), 500);
+        assert_eq!(scaled_count(1000, 16384, 4096, 16), 250);
+        assert_eq!(scaled_count(1000, 1 << 20, 4096, 16), 16);
+        assert_eq!(scaled_count(8, 1 << 20, 4096, 16), 8);
+        assert_eq!(scaled_count(1000, 5000, 4096, 1), 500);
+    }
+
+    #[test]
+    fn parses_json_with_defaults() {
+        let c = BenchConfig::from_json(
+            r#"{"bindings":["raw-tcp"],
+                "benchmarks":[{"operation":"throughput","modes":["uni","bi"],"sizes":[64,4096],"count":1000},
+                              {"operation":"all_to_all","sizes":{"min":1,"max":4},"count":10,"nodes":[3]}],
+                "params":{"base_port":30000,"dxnet":{"orb_size":4194304}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.benchmarks[0].repetitions, 3);
+        assert_eq!(c.benchmarks[0].threads, vec![1]);
+        assert_eq!(c.benchmarks[1].sizes.expand(), vec![1, 2, 4]);
+        assert_eq!(c.params.base_port, 30000);
+        assert_eq!(c.params.min_count, Params::default().min_count);
+        assert_eq!(c.params.dxnet["orb_size"], 4194304);
+        let groups = c.plan().unwrap();
+        // throughput n=2 and all-to-all n=3 need different processes.
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].key.handlers, 0, "raw bindings ignore handlers");
+        assert_eq!(groups[0].runs.len(), 4);
+        assert_eq!(groups[0].runs[0].warmup, 100);
+        assert_eq!(groups[1].runs.len(), 3);
+    }
+
+    #[test]
+    fn parses_toml() {
+        let c = BenchConfig::from_toml(
+            r#"
+bindings = ["raw-tcp"]
+[[benchmarks]]
+operation = "pingpong"
+sizes = [1, 2]
+count = 50
+warmup = 5
+threads = [1, 2]
+[params]
+timeout_s = 5
+"#,
+        )
+        .unwrap();
+        let g = c.plan().unwrap();
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[1].key.threads, 2);
+        assert_eq!(g[0].runs[0].warmup, 5);
+        assert_eq!(g[0].runs[0].mode, Mode::Uni);
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        let bad = [
+            r#"{"bindings":[],"benchmarks":[]}"#,
+            r#"{"bindings":["nope"],"benchmarks":[]}"#,
+            r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"throughput","count":0}]}"#,
+            r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"throughput","count":1,"nodes":[3]}]}"#,
+            r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"throughput","count":1,"threads":[0]}]}"#,
+            r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"throughput","count":1,"bogus":1}]}"#,
+            r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"flood","count":1}]}"#,
+        ];
+        for b in bad {
+            assert!(BenchConfig::from_json(b).is_err(), "accepted {b}");
+        }
+    }
+
+    #[test]
+    fn size_parsing_and_formatting() {
+        assert_eq!(parse_size("64").unwrap(), 64);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        assert_eq!(parse_size("16B").unwrap(), 16);
+        assert!(parse_size("x").is_err());
+        assert_eq!(fmt_size(64), "64 B");
+        assert_eq!(fmt_size(4096), "4 KiB");
+        assert_eq!(fmt_size(1 << 20), "1 MiB");
+        assert_eq!(fmt_size(1000), "1000 B");
+    }
+
+    #[test]
+    fn default_json_is_the_builtin_suite() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/default.json");
+        assert_eq!(
+            BenchConfig::from_file(&p).unwrap(),
+            BenchConfig::default_suite()
+        );
+    }
+
+    #[test]
+    fn default_suite_is_valid() {
+        let c = BenchConfig::default_suite();
+        c.validate().unwrap();
+        assert!(!c.plan().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,25 @@
+//! dxnet-bench: the benchmark tool of dxnet-rs, in the spirit of the
+//! Observatory framework and the OSU micro-benchmarks used in the DXNet
+//! papers.
+//!
+//! Layout:
+//! - [`config`]: the benchmark configuration and its expansion into runs;
+//! - [`binding`]: the single lean interface and its implementations
+//!   (`raw-tcp`, `dxnet-tcp`, `dxnet-loopback`);
+//! - [`ops`]: the operations, written once against the binding interface;
+//! - [`coordinator`], [`node`], [`proto`]: the coordinator process, the node
+//!   processes it drives, and the control channel between them;
+//! - [`metrics`]: histograms, CPU time, wire counters, aggregation;
+//! - [`output`]: CSV, results.json, plots, summary table;
+//! - [`netns`]: N nodes in network namespaces on one machine.
+
+pub mod binding;
+pub mod cli;
+pub mod config;
+pub mod coordinator;
+pub mod metrics;
+pub mod netns;
+pub mod node;
+pub mod ops;
+pub mod output;
+pub mod proto;

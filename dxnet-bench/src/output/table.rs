@@ -1,0 +1,359 @@
+//! The terminal summary: a side-by-side comparison (one column per binding,
+//! medians over the repetitions, and the ratio of each binding to its raw
+//! baseline), then a detail table with min/median/max, CPU time and wire
+//! overhead per binding.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::binding::baseline_of;
+use crate::config::{fmt_size, Mode, Operation};
+use crate::metrics::{summarize, Record, Summary};
+
+/// Formats a rate with k/M/G prefixes.
+pub fn fmt_rate(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1} k", v / 1e3)
+    } else {
+        format!("{v:.0} ")
+    }
+}
+
+/// Formats bytes/s in decimal units (MB/s, GB/s) as the papers' plots do.
+pub fn fmt_bw(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2} GB/s", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.1} MB/s", v / 1e6)
+    } else {
+        format!("{:.1} kB/s", v / 1e3)
+    }
+}
+
+/// Formats microseconds.
+pub fn fmt_us(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.2} ms", v / 1000.0)
+    } else {
+        format!("{v:.1} µs")
+    }
+}
+
+/// Lays out rows in aligned columns (first row is the header).
+pub fn layout(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+    let width = |c: usize| {
+        rows.iter()
+            .map(|r| r.get(c).map(|s| s.chars().count()).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..cols).map(width).collect();
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, s)| format!("{s:<w$}", w = widths[c]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+        if i == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * cols.saturating_sub(1);
+            out.push_str(&"-".repeat(total));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A comparable case: everything but the binding (and the handler count of
+/// raw baselines, which have none).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Case {
+    op: Operation,
+    mode: Mode,
+    nodes: usize,
+    threads: usize,
+    size: usize,
+    handlers: usize,
+}
+
+struct Cell {
+    rate: Summary,
+    bw: Summary,
+    p50: Option<Summary>,
+    p99: Option<Summary>,
+    cpu: Option<Summary>,
+    wire: Option<Summary>,
+}
+
+fn cell(rs: &[&Record]) -> Option<Cell> {
+    let m = |f: &dyn Fn(&Record) -> Option<f64>| {
+        summarize(&rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+    };
+    Some(Cell {
+        rate: m(&|r| Some(r.msgs_per_sec))?,
+        bw: m(&|r| Some(r.bytes_per_sec))?,
+        p50: m(&|r| r.lat_us.map(|l| l.p50)),
+        p99: m(&|r| r.lat_us.map(|l| l.p99)),
+        cpu: m(&|r| Some(r.cpu_s)),
+        wire: m(&|r| r.wire_overhead),
+    })
+}
+
+fn primary(op: Operation, c: &Cell) -> String {
+    if op.is_latency() {
+        match (c.p50, c.p99) {
+            (Some(a), Some(b)) => format!("{} p50 / {} p99", fmt_us(a.median), fmt_us(b.median)),
+            _ => "-".into(),
+        }
+    } else {
+        format!("{}msg/s  {}", fmt_rate(c.rate.median), fmt_bw(c.bw.median))
+    }
+}
+
+/// Renders both tables.
+pub fn render(records: &[Record]) -> String {
+    // Bindings in order of appearance.
+    let mut bindings: Vec<String> = Vec::new();
+    for r in records {
+        if !bindings.contains(&r.binding) {
+            bindings.push(r.binding.clone());
+        }
+    }
+    let mut cells: BTreeMap<(Case, String), Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        let case = Case {
+            op: r.operation,
+            mode: r.mode,
+            nodes: r.nodes,
+            threads: r.threads,
+            size: r.size,
+            handlers: r.handlers,
+        };
+        cells.entry((case, r.binding.clone())).or_default().push(r);
+    }
+    // Rows: the cases of the non-raw bindings; raw-only cases stand alone.
+    let mut cases: Vec<Case> = Vec::new();
+    for (case, b) in cells.keys() {
+        let raw = case.handlers == 0;
+        let covered = raw
+            && cells.keys().any(|(c, b2)| {
+                b2 != b
+                    && c.handlers > 0
+                    && Case {
+                        handlers: 0,
+                        ..c.clone()
+                    } == *case
+            });
+        if !covered && !cases.contains(case) {
+            cases.push(case.clone());
+        }
+    }
+    cases.sort();
+    let lookup = |case: &Case, b: &str| -> Option<Cell> {
+        let rs = cells.get(&(case.clone(), b.to_string())).or_else(|| {
+            cells.get(&(
+                Case {
+                    handlers: 0,
+                    ..case.clone()
+                },
+                b.to_string(),
+            ))
+        })?;
+        cell(rs)
+    };
+    let ratio_pairs: Vec<(String, String)> = bindings
+        .iter()
+        .filter_map(|b| {
+            let base = baseline_of(b)?;
+            bindings
+                .iter()
+                .any(|x| x == base)
+                .then(|| (b.clone(), base.to_string()))
+        })
+        .collect();
+
+    let mut out = String::new();
+    let mut rows = vec![{
+        let mut h: Vec<String> = ["operation", "size", "nodes", "thr", "hnd"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        h.extend(bindings.iter().cloned());
+        h.extend(ratio_pairs.iter().map(|(b, base)| format!("{b} / {base}")));
+        h
+    }];
+    for case in &cases {
+        let name = if case.op.is_latency() {
+            case.op.to_string()
+        } else {
+            format!("{} {}", case.op, case.mode)
+        };
+        let mut row = vec![
+            name,
+            fmt_size(case.size),
+            case.nodes.to_string(),
+            case.threads.to_string(),
+            if case.handlers > 0 {
+                case.handlers.to_string()
+            } else {
+                "-".into()
+            },
+        ];
+        for b in &bindings {
+            row.push(
+                lookup(case, b)
+                    .map(|c| primary(case.op, &c))
+                    .unwrap_or_else(|| "-".into()),
+            );
+        }
+        for (b, base) in &ratio_pairs {
+            let r = match (lookup(case, b), lookup(case, base)) {
+                (Some(x), Some(y)) if case.op.is_latency() => match (x.p50, y.p50) {
+                    (Some(a), Some(c)) if c.median > 0.0 => {
+                        format!("{:.2}x latency", a.median / c.median)
+                    }
+                    _ => "-".into(),
+                },
+                (Some(x), Some(y)) if y.rate.median > 0.0 => {
+                    format!("{:.2}x msg/s", x.rate.median / y.rate.median)
+                }
+                _ => "-".into(),
+            };
+            row.push(r);
+        }
+        rows.push(row);
+    }
+    let _ = writeln!(out, "Summary (medians over repetitions)\n");
+    out.push_str(&layout(&rows));
+
+    // Detail table.
+    let mut rows = vec![[
+        "operation",
+        "size",
+        "binding",
+        "n",
+        "t",
+        "h",
+        "msg/s min/med/max",
+        "payload",
+        "p50",
+        "p99",
+        "cpu s",
+        "wire x",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect::<Vec<_>>()];
+    for ((case, b), rs) in &cells {
+        let Some(c) = cell(rs) else { continue };
+        let name = if case.op.is_latency() {
+            case.op.to_string()
+        } else {
+            format!("{} {}", case.op, case.mode)
+        };
+        rows.push(vec![
+            name,
+            fmt_size(case.size),
+            b.clone(),
+            case.nodes.to_string(),
+            case.threads.to_string(),
+            case.handlers.to_string(),
+            format!(
+                "{}/ {}/ {}",
+                fmt_rate(c.rate.min),
+                fmt_rate(c.rate.median),
+                fmt_rate(c.rate.max)
+            ),
+            fmt_bw(c.bw.median),
+            c.p50
+                .map(|s| fmt_us(s.median))
+                .unwrap_or_else(|| "-".into()),
+            c.p99
+                .map(|s| fmt_us(s.median))
+                .unwrap_or_else(|| "-".into()),
+            c.cpu
+                .map(|s| format!("{:.3}", s.median))
+                .unwrap_or_else(|| "-".into()),
+            c.wire
+                .map(|s| format!("{:.3}", s.median))
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    let _ = writeln!(out, "\nDetails (per binding; medians unless noted)\n");
+    out.push_str(&layout(&rows));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::LatencyStats;
+
+    fn rec(binding: &str, handlers: usize, op: Operation, rate: f64, rep: u32) -> Record {
+        Record {
+            operation: op,
+            mode: Mode::Uni,
+            binding: binding.into(),
+            size: 64,
+            threads: 1,
+            handlers,
+            nodes: 2,
+            repetition: rep,
+            count: 10,
+            messages: 10,
+            elapsed_s: 1.0,
+            msgs_per_sec: rate,
+            bytes_per_sec: rate * 64.0,
+            lat_us: op.is_latency().then_some(LatencyStats {
+                avg: 1e6 / rate,
+                min: 1.0,
+                max: 1.0,
+                p50: 1e6 / rate,
+                p95: 1.0,
+                p99: 1.0,
+                p999: 1.0,
+                p9999: 1.0,
+            }),
+            cpu_s: 0.5,
+            wire_bytes: None,
+            wire_overhead: None,
+        }
+    }
+
+    #[test]
+    fn side_by_side_with_ratio() {
+        let recs = vec![
+            rec("raw-tcp", 0, Operation::Throughput, 1e6, 0),
+            rec("raw-tcp", 0, Operation::Throughput, 3e6, 1),
+            rec("raw-tcp", 0, Operation::Throughput, 2e6, 2),
+            rec("dxnet-tcp", 2, Operation::Throughput, 4e6, 0),
+            rec("raw-tcp", 0, Operation::Pingpong, 50_000.0, 0),
+            rec("dxnet-tcp", 2, Operation::Pingpong, 25_000.0, 0),
+        ];
+        let t = render(&recs);
+        assert!(t.contains("dxnet-tcp / raw-tcp"), "{t}");
+        assert!(t.contains("2.00x msg/s"), "{t}");
+        assert!(t.contains("2.00x latency"), "{t}");
+        assert!(t.contains("1.00 M/ 2.00 M/ 3.00 M"), "{t}");
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(fmt_rate(1_234_567.0), "1.23 M");
+        assert_eq!(fmt_bw(2.5e9), "2.50 GB/s");
+        assert_eq!(fmt_us(12.34), "12.3 µs");
+        assert_eq!(fmt_us(1500.0), "1.50 ms");
+        let l = layout(&[
+            vec!["a".into(), "bb".into()],
+            vec!["ccc".into(), "d".into()],
+        ]);
+        assert_eq!(l, "a    bb\n-------\nccc  d\n");
+    }
+}

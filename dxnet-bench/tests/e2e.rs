@@ -1,0 +1,265 @@
+//! End-to-end: the real binary runs a tiny suite (all operations, every
+//! binding of this build) between local node processes and writes every
+//! output. Small counts, no timing assertions.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const EXE: &str = env!("CARGO_BIN_EXE_dxnet-bench");
+
+fn bindings() -> Vec<&'static str> {
+    vec!["raw-tcp", "dxnet-tcp", "dxnet-loopback"]
+}
+
+fn write_config(dir: &Path, base_port: u16, all_to_all_nodes: usize) -> std::path::PathBuf {
+    let cfg = serde_json::json!({
+        "bindings": bindings(),
+        "benchmarks": [
+            {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [1, 8192], "count": 300, "warmup": 30, "repetitions": 2},
+            {"operation": "latency", "sizes": [64], "count": 50, "warmup": 5, "repetitions": 2},
+            {"operation": "pingpong", "sizes": [64], "count": 50, "warmup": 5, "repetitions": 2, "threads": [2]},
+            {"operation": "all_to_all", "sizes": [256], "count": 120, "warmup": 0, "repetitions": 1, "nodes": [all_to_all_nodes]}
+        ],
+        "params": {"base_port": base_port, "timeout_s": 60, "min_count": 4}
+    });
+    let path = dir.join("tiny.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    path
+}
+
+fn check_results(out: &Path, nodes_a2a: usize) -> Vec<Value> {
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    let recs: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let nb = bindings().len();
+    // throughput: 2 modes x 2 sizes x 2 reps; latency 2; pingpong 2; all-to-all 1.
+    assert_eq!(recs.len(), nb * (8 + 2 + 2 + 1), "{text}");
+    for r in &recs {
+        for k in [
+            "operation",
+            "mode",
+            "binding",
+            "size",
+            "threads",
+            "handlers",
+            "nodes",
+            "repetition",
+            "msgs_per_sec",
+            "bytes_per_sec",
+            "lat_us",
+            "cpu_s",
+            "wire_overhead",
+        ] {
+            assert!(r.get(k).is_some(), "missing {k} in {r}");
+        }
+        let op = r["operation"].as_str().unwrap();
+        assert!(r["msgs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["cpu_s"].as_f64().unwrap() >= 0.0);
+        match op {
+            "throughput" | "all_to_all" => assert!(r["lat_us"].is_null()),
+            "latency" | "pingpong" => {
+                let l = &r["lat_us"];
+                for k in ["avg", "min", "max", "p50", "p95", "p99", "p999", "p9999"] {
+                    assert!(l[k].as_f64().unwrap() > 0.0, "{k} in {r}");
+                }
+                assert!(l["p50"].as_f64() <= l["p9999"].as_f64());
+            }
+            other => panic!("unexpected operation {other}"),
+        }
+        if op == "all_to_all" {
+            assert_eq!(r["nodes"], nodes_a2a);
+            // Every node sends `count` and receives what the others sent.
+            assert_eq!(r["messages"].as_u64().unwrap(), 120 * nodes_a2a as u64);
+        }
+        if op == "throughput" {
+            // Halved above 4 KiB; bi: both nodes of the pair send.
+            let count = if r["size"] == 8192 { 150 } else { 300 };
+            assert_eq!(r["count"], count);
+            let senders = if r["mode"] == "uni" { 1 } else { 2 };
+            assert_eq!(r["messages"], count * senders, "{r}");
+        }
+        if r["binding"] == "dxnet-loopback" {
+            assert!(r["wire_overhead"].is_null());
+        }
+    }
+    recs
+}
+
+#[test]
+fn tiny_suite_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), 41000, 3);
+    let out = dir.path().join("out");
+    let o = Command::new(EXE)
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("Summary"), "{stdout}");
+    for b in bindings() {
+        assert!(stdout.contains(b), "{b} missing from table:\n{stdout}");
+    }
+    check_results(&out, 3);
+    for f in [
+        "throughput.csv",
+        "latency.csv",
+        "pingpong.csv",
+        "all_to_all.csv",
+        "summary.txt",
+        "throughput_uni_n2_throughput.svg",
+        "throughput_uni_n2_throughput.png",
+        "throughput_bi_n2_msgrate.png",
+        "latency_n2_latency.svg",
+        "pingpong_n2_latency.png",
+        "all_to_all_bi_n3_throughput.png",
+    ] {
+        let p = out.join(f);
+        assert!(
+            p.metadata().map(|m| m.len() > 0).unwrap_or(false),
+            "missing {f}"
+        );
+    }
+    let csv = std::fs::read_to_string(out.join("throughput.csv")).unwrap();
+    assert!(csv.starts_with("Benchmark,Iteration,Size,"), "{csv}");
+    assert_eq!(csv.lines().count(), 1 + 8 * bindings().len());
+    let png = std::fs::read(out.join("pingpong_n2_latency.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+
+    // The plot subcommand redraws from results.json alone.
+    let replot = dir.path().join("replot");
+    let o = Command::new(EXE)
+        .args([
+            "plot",
+            out.join("results.json").to_str().unwrap(),
+            "--out",
+            replot.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(replot.join("latency_n2_latency.png").exists());
+}
+
+#[test]
+fn bad_config_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.json");
+    std::fs::write(
+        &p,
+        r#"{"bindings":["raw-tcp"],"benchmarks":[{"operation":"throughput","count":0}]}"#,
+    )
+    .unwrap();
+    let o = Command::new(EXE)
+        .args(["--config", p.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("count"));
+}
+
+/// One node per host, with both "hosts" on 127.0.0.1: node 1 waits for the
+/// coordinator, node 0 runs the plan and skips the in-process binding.
+#[test]
+fn node_file_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.txt");
+    std::fs::write(&nodes, "# id host\n0 127.0.0.1\n1 127.0.0.1\n").unwrap();
+    let common = |id: &str| {
+        let mut c = Command::new(EXE);
+        c.args([
+            "--node-file",
+            nodes.to_str().unwrap(),
+            "--node-id",
+            id,
+            "--control-port",
+            "43099",
+        ]);
+        c
+    };
+    let mut worker = common("1").spawn().unwrap();
+    let out = dir.path().join("out");
+    let o = common("0")
+        .args([
+            "--bindings",
+            "raw-tcp,dxnet-tcp,dxnet-loopback",
+            "--operations",
+            "throughput,pingpong",
+            "--sizes",
+            "64",
+            "--count",
+            "200",
+            "--warmup",
+            "20",
+            "--repetitions",
+            "1",
+            "--base-port",
+            "43100",
+            "--no-plots",
+            "-q",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        let _ = worker.kill();
+    }
+    let status = worker.wait().unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("skipping dxnet-loopback"));
+    let recs: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(recs.len(), 4);
+}
+
+/// All-to-all among 4 nodes in network namespaces (needs root and iproute2):
+/// `cargo test -p dxnet-bench --test e2e -- --ignored`.
+#[test]
+#[ignore]
+fn all_to_all_in_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), 42000, 4);
+    let out = dir.path().join("out");
+    let prefix = format!("dxt{}-", std::process::id() % 1000);
+    let o = Command::new(EXE)
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--netns",
+            "--netns-prefix",
+            &prefix,
+            "--no-plots",
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let recs = check_results(&out, 4);
+    // veth counters are private to the namespaces: the overhead is known.
+    assert!(recs
+        .iter()
+        .filter(|r| r["binding"] == "raw-tcp")
+        .all(|r| r["wire_overhead"].as_f64().unwrap() >= 1.0));
+}
