@@ -57,6 +57,10 @@ pub struct ParkConfig {
     /// Longest single park in milliseconds (a safety net; wakes are explicit).
     /// Default 100.
     pub max_park_ms: u64,
+    /// How many threads of the process may busy-poll at once; the others park
+    /// at once. Default (`None`): a quarter of the cores, i.e. none on a
+    /// two-core machine, where spinning threads starve the working ones.
+    pub max_spinning: Option<usize>,
 }
 
 impl Default for ParkConfig {
@@ -65,6 +69,7 @@ impl Default for ParkConfig {
             spin_us: 50,
             yield_us: 1000,
             max_park_ms: 100,
+            max_spinning: None,
         }
     }
 }

@@ -482,7 +482,14 @@ impl Core {
                 FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
                 FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
             })?;
-        let notify = || self.on_write_interest(dest);
+        let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
+        let notify = || {
+            if urgent {
+                self.on_urgent_write_interest(dest)
+            } else {
+                self.on_write_interest(dest)
+            }
+        };
         let res = conn.orb.write_message(total, deadline, &notify, |w| {
             w.write_all(&hb)?;
             fill(w)
@@ -762,13 +769,83 @@ impl Core {
         }
     }
 
+    /// Like [`Core::on_write_interest`] for requests and responses, whose
+    /// latency matters more than aggregation: if the send thread is parked,
+    /// the engine may write the data on this thread rather than wake it.
+    /// (Plain messages keep the wake: the time it takes is what lets
+    /// concurrent and back-to-back sends aggregate into one write.)
+    fn on_urgent_write_interest(&self, peer: NodeId) {
+        match self.transport() {
+            Some(t) if t.try_flush(peer) => {}
+            _ => self.on_write_interest(peer),
+        }
+    }
+
     /// A transport received `buf` (segments set) on `conn`.
     pub fn deliver(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
         if buf.data_len() == 0 {
             self.pool.put(buf);
             return;
         }
-        self.incoming.push(conn, Incoming::Pooled(buf));
+        if let Err(buf) = self.complete_responses_inline(conn, buf) {
+            self.incoming.push(conn, Incoming::Pooled(buf));
+        }
+    }
+
+    /// A buffer of whole response messages on an otherwise idle connection
+    /// completes its requests right here on the receiving thread: no user
+    /// code runs, and the waiting requester is woken one thread hop earlier.
+    /// Anything else goes to the handler threads.
+    fn complete_responses_inline(&self, conn: &Arc<Connection>, buf: RecvBuffer) -> std::result::Result<(), RecvBuffer> {
+        let only_responses = {
+            let mut segs = buf.segments();
+            match (segs.next(), segs.next()) {
+                (Some(seg), None) => {
+                    let mut pos = 0;
+                    let mut ok = true;
+                    while ok && pos < seg.len() {
+                        ok = seg.len() - pos >= HEADER_LEN
+                            && match MessageHeader::decode(
+                                seg[pos..pos + HEADER_LEN].try_into().expect("header length"),
+                                self.config.max_message_size,
+                            ) {
+                                Ok(h) if h.flags & FLAG_RESPONSE != 0 => {
+                                    pos += HEADER_LEN + h.payload_len as usize;
+                                    pos <= seg.len()
+                                }
+                                _ => false,
+                            };
+                    }
+                    ok
+                }
+                _ => false,
+            }
+        };
+        if !only_responses {
+            return Err(buf);
+        }
+        {
+            // Take the connection like a handler thread would.
+            let mut inbox = conn.inbox.lock();
+            if inbox.scheduled || !inbox.items.is_empty() || !conn.decoder.lock().is_idle() {
+                return Err(buf);
+            }
+            inbox.scheduled = true;
+        }
+        self.process_item(conn, Incoming::Pooled(buf));
+        let more = {
+            let mut inbox = conn.inbox.lock();
+            if inbox.items.is_empty() {
+                inbox.scheduled = false;
+                false
+            } else {
+                true
+            }
+        };
+        if more {
+            self.incoming.reschedule(conn.clone());
+        }
+        Ok(())
     }
 
     /// Transports call this when a receive resource frees up (for local

@@ -626,13 +626,18 @@ impl TcpEngine {
     /// Writes chunks of `tc`'s ring buffer until it is empty, the socket is
     /// full, or the round budget is used up.
     fn write_some(&self, core: &Core, tc: &TcpConn) {
-        let conn = &tc.conn;
-        if conn.state() != ConnState::Open {
-            return;
-        }
         let mut st = tc.send.lock();
-        if st.blocked {
-            return;
+        if self.write_locked(core, tc, &mut st) {
+            core.wim.push(tc.conn.peer.0);
+        }
+    }
+
+    /// [`TcpEngine::write_some`] with the send state held; returns true if
+    /// data is left that the socket would take (round budget used up).
+    fn write_locked(&self, core: &Core, tc: &TcpConn, st: &mut SendState) -> bool {
+        let conn = &tc.conn;
+        if conn.state() != ConnState::Open || st.blocked {
+            return false;
         }
         for _ in 0..SEND_ROUNDS {
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
@@ -640,7 +645,7 @@ impl TcpEngine {
                 let avail = conn.orb.unposted_len().min(MAX_CHUNK);
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
                 if avail == 0 && units == 0 && !poke {
-                    return;
+                    return false;
                 }
                 st.header = encode_chunk_header(avail as u32, units);
                 st.header_off = 0;
@@ -664,24 +669,20 @@ impl TcpEngine {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     st.blocked = true;
-                    return;
+                    return false;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    drop(st);
                     core.close_connection(conn, &format!("send failed: {e}"), true);
-                    return;
+                    return false;
                 }
             }
         }
         // Budget used: come back after the other connections.
-        if st.data_left > 0
+        st.data_left > 0
             || st.header_off < CHUNK_HEADER_LEN
             || conn.orb.unposted_len() > 0
             || conn.flow.pending_units() > 0
-        {
-            core.wim.push(conn.peer.0);
-        }
     }
 }
 
@@ -778,6 +779,28 @@ impl Transport for TcpEngine {
             let _ = tc.stream.shutdown(std::net::Shutdown::Both);
             let _ = tc.token;
         }
+    }
+
+    fn try_flush(&self, peer: NodeId) -> bool {
+        if !self.send_sleeping.load(Ordering::Acquire) {
+            return false; // the send thread is awake and aggregates
+        }
+        let Some(core) = self.core.upgrade() else {
+            return false;
+        };
+        let Some(tc) = self.by_peer.lock().get(&peer.0).cloned() else {
+            return false;
+        };
+        let Some(mut st) = tc.send.try_lock() else {
+            return false;
+        };
+        if self.write_locked(&core, &tc, &mut st) {
+            drop(st);
+            if core.wim.push(peer.0) {
+                self.wake_sender();
+            }
+        }
+        true
     }
 
     fn wake_sender(&self) {
