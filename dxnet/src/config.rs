@@ -61,6 +61,10 @@ pub struct ParkConfig {
     /// at once. Default (`None`): a quarter of the cores, i.e. none on a
     /// two-core machine, where spinning threads starve the working ones.
     pub max_spinning: Option<usize>,
+    /// How long a blocking `request` busy-waits for its response before it
+    /// parks, in microseconds (the caller's own thread; outside the spinning
+    /// budget). Default 50.
+    pub request_spin_us: u64,
 }
 
 impl Default for ParkConfig {
@@ -70,6 +74,7 @@ impl Default for ParkConfig {
             yield_us: 1000,
             max_park_ms: 100,
             max_spinning: None,
+            request_spin_us: 50,
         }
     }
 }

@@ -252,6 +252,7 @@ mod tests {
             yield_us: 0,
             max_park_ms: 1,
             max_spinning: None,
+            request_spin_us: 0,
         });
         assert_eq!(idle.phase(), IdlePhase::Park);
         idle.reset();
@@ -260,6 +261,7 @@ mod tests {
             yield_us: 2_000_000,
             max_park_ms: 1,
             max_spinning: Some(max),
+            request_spin_us: 0,
         };
         let mut idle = Idle::new(&cfg(usize::MAX));
         assert_eq!(idle.phase(), IdlePhase::Spin);
@@ -279,6 +281,7 @@ mod tests {
             yield_us: 0,
             max_park_ms: 10_000,
             max_spinning: None,
+            request_spin_us: 0,
         };
         let t = std::thread::spawn(move || {
             s2.wait_until(&cfg, Instant::now() + Duration::from_secs(60), || {

@@ -39,6 +39,8 @@ struct Slot {
     peer: NodeId,
     deadline: Instant,
     state: Mutex<SlotState>,
+    /// Set once the outcome is known (lets a waiter spin without the lock).
+    done: AtomicBool,
 }
 
 impl Slot {
@@ -47,6 +49,7 @@ impl Slot {
         let mut st = self.state.lock();
         match std::mem::replace(&mut *st, SlotState::Done(outcome)) {
             SlotState::Waiting { waker, thread } => {
+                self.done.store(true, Ordering::Release);
                 drop(st);
                 if let Some(w) = waker {
                     w.wake();
@@ -111,6 +114,7 @@ impl RequestTable {
                 waker: None,
                 thread: None,
             }),
+            done: AtomicBool::new(false),
         });
         loop {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -275,6 +279,25 @@ impl PendingResponse {
         } else {
             None
         }
+    }
+
+    /// Blocks until the outcome is known or the deadline passes. Busy-waits
+    /// up to `spin` first: a response that comes back within it is taken
+    /// without a wake-up of this thread (a round trip is often shorter than
+    /// a wake-up on a small machine).
+    pub fn wait_spinning(self, spin: Duration) -> Outcome {
+        if !spin.is_zero() {
+            let end = Instant::now() + spin.min(self.slot.deadline.saturating_duration_since(Instant::now()));
+            let mut n = 0u32;
+            while !self.slot.done.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+                n = n.wrapping_add(1);
+                if n % 64 == 0 && Instant::now() >= end {
+                    break;
+                }
+            }
+        }
+        self.wait()
     }
 
     /// Blocks until the outcome is known or the deadline passes.
