@@ -57,6 +57,8 @@ impl Incoming {
 pub struct Inbox {
     /// Buffers in arrival order.
     pub items: VecDeque<Incoming>,
+    /// Message-stream bytes in `items`.
+    pub bytes: usize,
     /// True while queued in the ready queue or held by a handler.
     pub scheduled: bool,
 }

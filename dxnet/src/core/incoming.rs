@@ -57,6 +57,25 @@ impl IncomingQueue {
             && self.bytes.load(Ordering::SeqCst) < self.max_bytes
     }
 
+    /// True if `conn` holds a quarter of either limit: its receiver should
+    /// not read more of it until handlers drained some (they wake the
+    /// receiver then, as for [`IncomingQueue::has_room`]). So one connection
+    /// (e.g. a peer ignoring flow control whose requests are slow to answer)
+    /// cannot fill the queue and stop the reception of every other one.
+    pub fn over_share(&self, conn: &Connection) -> bool {
+        let over = || {
+            let inbox = conn.inbox.lock();
+            inbox.items.len() >= (self.max_buffers / 4).max(1)
+                || inbox.bytes >= (self.max_bytes / 4).max(1)
+        };
+        if !over() {
+            return false;
+        }
+        self.starved.store(true, Ordering::SeqCst);
+        // Handlers may have drained between the check and the flag.
+        over()
+    }
+
     /// Appends `item` to `conn`'s inbox and schedules the connection.
     pub fn push(&self, conn: &Arc<Connection>, item: Incoming) {
         let len = item.data_len();
@@ -65,6 +84,7 @@ impl IncomingQueue {
         let schedule = {
             let mut inbox = conn.inbox.lock();
             inbox.items.push_back(item);
+            inbox.bytes += len;
             !std::mem::replace(&mut inbox.scheduled, true)
         };
         if schedule {
@@ -98,8 +118,9 @@ impl IncomingQueue {
         let item = {
             let mut inbox = conn.inbox.lock();
             let item = inbox.items.pop_front();
-            if item.is_none() {
-                inbox.scheduled = false;
+            match &item {
+                Some(it) => inbox.bytes -= it.data_len(),
+                None => inbox.scheduled = false,
             }
             item
         };

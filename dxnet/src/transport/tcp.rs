@@ -340,6 +340,10 @@ impl TcpEngine {
             );
             return false;
         }
+        tracing::info!(
+            "{}: {peer} restarted (instance {instance:#x}); its stale connection failed the probe",
+            self.own
+        );
         true
     }
 
@@ -462,6 +466,8 @@ impl TcpEngine {
     fn recv_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
         let mut events = Events::with_capacity(256);
         let mut readable: VecDeque<Arc<TcpConn>> = VecDeque::new();
+        // Readable connections holding their share of the incoming queue.
+        let mut paused: Vec<Arc<TcpConn>> = Vec::new();
         let mut idle = Idle::new(core.park());
         let mut starved = false;
         while !self.stop.load(Ordering::Acquire) {
@@ -501,6 +507,15 @@ impl TcpEngine {
             if woke {
                 starved = false;
             }
+            if !paused.is_empty() {
+                paused.retain(|tc| {
+                    let keep = tc.conn.is_alive() && core.incoming.over_share(&tc.conn);
+                    if !keep {
+                        readable.push_back(tc.clone());
+                    }
+                    keep
+                });
+            }
             if readable.is_empty() {
                 if !events.is_empty() {
                     idle.reset();
@@ -521,6 +536,7 @@ impl TcpEngine {
                         readable.push_front(tc);
                         break;
                     }
+                    ReadOutcome::Paused => paused.push(tc),
                     ReadOutcome::Closed => tc.recv.lock().readable = false,
                 }
             }
@@ -538,9 +554,13 @@ impl TcpEngine {
         if !core.incoming.has_room() {
             return ReadOutcome::Starved;
         }
+        if core.incoming.over_share(&tc.conn) {
+            return ReadOutcome::Paused;
+        }
         let Some(mut buf) = core.pool.get() else {
             return ReadOutcome::Starved;
         };
+        let cap = buf.capacity();
         let n = match (&tc.stream).read(buf.space()) {
             Ok(0) => {
                 core.pool.put(buf);
@@ -569,7 +589,14 @@ impl TcpEngine {
                 .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
         }
         core.deliver(&tc.conn, buf);
-        ReadOutcome::More
+        if n < cap {
+            // A short read of a stream socket means its queue is empty now;
+            // with edge-triggered polling new data raises a new event, so
+            // the extra read that would only return EAGAIN is skipped.
+            ReadOutcome::Drained
+        } else {
+            ReadOutcome::More
+        }
     }
 
     // ----- send thread ---------------------------------------------------------
@@ -693,6 +720,9 @@ enum ReadOutcome {
     Drained,
     /// No receive buffer or queue room: stop until woken.
     Starved,
+    /// The connection holds its share of the incoming queue: read the others
+    /// until handlers drained it.
+    Paused,
     /// The connection closed.
     Closed,
 }
