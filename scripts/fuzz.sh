@@ -25,6 +25,9 @@ start=$(date +%s)
 echo "=== building fuzz targets"
 (cd fuzz && cargo fuzz build)
 targets=$(cd fuzz && cargo fuzz list)
+# Run the binaries just built (`cargo fuzz run` would rebuild each target).
+bin_dir="fuzz/target/$(rustc -vV | sed -n 's/^host: //p')/release"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0}"
 
 declare -A execs
 failed=()
@@ -37,9 +40,10 @@ for t in $targets; do
   log="fuzz/corpus-work/$t.log"
   # -malloc_limit_mb: any single allocation above 64 MiB is a bug (nothing
   # may be sized by an untrusted length); -timeout: a hang is a bug.
-  if (cd fuzz && cargo fuzz run "$t" "${work#fuzz/}" "${seeds#fuzz/}" -- \
+  mkdir -p "fuzz/artifacts/$t"
+  if "$bin_dir/$t" "$work" "$seeds" -artifact_prefix="fuzz/artifacts/$t/" \
       -max_total_time="$SECONDS_PER_TARGET" -timeout=10 \
-      -rss_limit_mb=2048 -malloc_limit_mb=64 -print_final_stats=1) >"$log" 2>&1; then
+      -rss_limit_mb=2048 -malloc_limit_mb=64 -print_final_stats=1 >"$log" 2>&1; then
     :
   else
     failed+=("$t")

@@ -535,8 +535,9 @@ impl IbEngine {
             let mut aw = self.awaiting.lock();
             match aw.get(&src) {
                 Some((ic, x))
-                    if endpoint
-                        .is_none_or(|e| Self::is_remote(ic, &Exchange { endpoint: *e, ..*x })) =>
+                    if endpoint.map_or(true, |e| {
+                        Self::is_remote(ic, &Exchange { endpoint: *e, ..*x })
+                    }) =>
                 {
                     aw.remove(&src)
                 }

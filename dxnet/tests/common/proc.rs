@@ -107,7 +107,11 @@ impl ChildProc {
     /// test harness's "test name ... " that may precede the first line),
     /// from `prefix` on.
     pub fn find_line(&self, prefix: &str) -> Option<String> {
-        self.lines.lock().unwrap().iter().find_map(|l| {
+        self.find_line_since(0, prefix)
+    }
+
+    fn find_line_since(&self, mark: usize, prefix: &str) -> Option<String> {
+        self.lines.lock().unwrap().iter().skip(mark).find_map(|l| {
             let l = match l.strip_prefix("test ") {
                 Some(rest) => rest.split_once(" ... ").map_or(l.as_str(), |x| x.1),
                 None => l,
@@ -116,17 +120,27 @@ impl ChildProc {
         })
     }
 
+    /// Number of lines printed so far (for [`ChildProc::wait_line_since`]).
+    pub fn mark(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
     /// Waits for a line starting with `prefix`; panics (with the child's
     /// output) after `secs` or if the child exits first.
     pub fn wait_line(&mut self, prefix: &str, secs: u64) -> String {
+        self.wait_line_since(0, prefix, secs)
+    }
+
+    /// Like [`ChildProc::wait_line`], among the lines printed after `mark`.
+    pub fn wait_line_since(&mut self, mark: usize, prefix: &str, secs: u64) -> String {
         let end = Instant::now() + Duration::from_secs(secs);
         loop {
-            if let Some(l) = self.find_line(prefix) {
+            if let Some(l) = self.find_line_since(mark, prefix) {
                 return l;
             }
             if let Some(st) = self.child.try_wait().unwrap() {
                 std::thread::sleep(Duration::from_millis(50)); // let the reader finish
-                if let Some(l) = self.find_line(prefix) {
+                if let Some(l) = self.find_line_since(mark, prefix) {
                     return l;
                 }
                 panic!(
@@ -158,6 +172,29 @@ impl ChildProc {
         // SAFETY: kill(2) on our own child's pid.
         let r = unsafe { libc::kill(self.pid(), sig) };
         assert_eq!(r, 0, "kill({}, {sig})", self.pid());
+    }
+
+    /// SIGSTOP, then waits until every thread of the child is stopped (the
+    /// signal takes effect asynchronously).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let end = Instant::now() + Duration::from_secs(10);
+        let task_dir = format!("/proc/{}/task", self.pid());
+        loop {
+            let all_stopped = std::fs::read_dir(&task_dir)
+                .unwrap()
+                .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+                .all(|stat| {
+                    // "pid (comm) S ...": the state follows the last ')'.
+                    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                    state.starts_with('T') || state.starts_with('t')
+                });
+            if all_stopped {
+                return;
+            }
+            assert!(Instant::now() < end, "{} did not stop", self.name);
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGKILL, then reaps the child.
@@ -225,6 +262,25 @@ pub fn read_command(what: &str) -> String {
             return line.trim_end().to_string();
         }
     }
+}
+
+/// In a child: logs dxnet's messages (info and above) to stderr if
+/// `DXNET_TEST_LOG` is set.
+pub fn init_child_log() {
+    if std::env::var("DXNET_TEST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+            .try_init();
+    }
+}
+
+/// In a child: the next command line from the parent.
+pub fn next_command() -> String {
+    let mut line = String::new();
+    let n = std::io::stdin().read_line(&mut line).unwrap();
+    assert!(n > 0, "parent closed stdin");
+    line.trim_end().to_string()
 }
 
 /// Calls `f` until it stops failing with "unreachable" or "timeout" (peers

@@ -1,0 +1,232 @@
+//! Writes the seed corpus under fuzz/corpus/<target>/: a few valid and a
+//! few broken inputs per target. Run from fuzz/: `cargo run --example gen_corpus`.
+
+use std::path::Path;
+
+use dxnet::core::codec::encode_into;
+use dxnet::core::wire::{
+    encode_chunk_header, Exchange, ExchangeKind, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
+};
+use dxnet::message::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
+use dxnet_fuzz::{make_split_input, sample, Item};
+
+fn header(t: u8, flags: u8, id: u32, len: u32) -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
+    MessageHeader {
+        msg_type: t,
+        subtype: 1,
+        flags,
+        request_id: id,
+        payload_len: len,
+    }
+    .encode(&mut b);
+    b
+}
+
+fn message(t: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = header(t, flags, id, payload.len() as u32).to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
+    let d = dir.join(target);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(name), bytes).unwrap();
+}
+
+fn main() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let max = (1u32 << 16).to_le_bytes();
+
+    // message_header: 12 header bytes + optional u32 limit.
+    for (name, h) in [
+        ("plain", header(10, 0, 0, 100)),
+        ("request", header(11, FLAG_REQUEST, 7, 3)),
+        ("response", header(11, FLAG_RESPONSE, 7, 0)),
+        (
+            "error_response",
+            header(11, FLAG_RESPONSE | FLAG_ERROR, 9, 3),
+        ),
+        ("len_4gib", header(10, 0, 0, u32::MAX)),
+    ] {
+        let mut v = h.to_vec();
+        v.extend_from_slice(&max);
+        write(&dir, "message_header", name, &v);
+    }
+    let mut bad = header(10, FLAG_REQUEST | FLAG_RESPONSE, 0, 1).to_vec();
+    bad[0] = 0;
+    write(&dir, "message_header", "bad_magic_flags", &bad);
+
+    // decoder: [max u24][cuts][stream].
+    let mut stream = Vec::new();
+    for i in 0..6u8 {
+        let p: Vec<u8> = (0..i as usize * 13).map(|x| x as u8 ^ i).collect();
+        stream.extend(message(
+            10 + i,
+            if i % 2 == 0 { 0 } else { FLAG_REQUEST },
+            i as u32,
+            &p,
+        ));
+    }
+    let with_max = |m: u32, cuts: &[u16], s: &[u8]| {
+        let mut v = m.to_le_bytes()[..3].to_vec();
+        v.extend(make_split_input(cuts, s));
+        v
+    };
+    write(&dir, "decoder", "six_uncut", &with_max(4096, &[], &stream));
+    write(
+        &dir,
+        "decoder",
+        "six_cut",
+        &with_max(4096, &[1, 5, 12, 13, 40, 41, 200], &stream),
+    );
+    let mut huge = stream[..30].to_vec();
+    huge.extend(header(10, 0, 0, u32::MAX));
+    huge.extend_from_slice(&[1, 2, 3]);
+    write(&dir, "decoder", "len_4gib", &with_max(4096, &[20], &huge));
+    let mut over = message(10, 0, 0, &[7; 64]);
+    over.extend(header(10, 0, 0, 5000));
+    write(
+        &dir,
+        "decoder",
+        "over_max",
+        &with_max(4096, &[3, 70], &over),
+    );
+    write(
+        &dir,
+        "decoder",
+        "garbage",
+        &with_max(100, &[2], b"not a dxnet stream at all"),
+    );
+
+    // handshake: 96 bytes (+ optional secret).
+    let hello = Hello {
+        node_id: 2,
+        target_id: 1,
+        instance: 0x1234_5678_9abc_def0,
+        fc_window: 4 << 20,
+        fc_unit: 2 << 20,
+        nonce: [3; 16],
+    };
+    write(
+        &dir,
+        "handshake",
+        "hello",
+        &HandshakeMsg::Hello(hello).encode(),
+    );
+    let mut reply = HandshakeMsg::Reply(hello, [9; 32]).encode().to_vec();
+    reply.extend_from_slice(b"cluster secret");
+    write(&dir, "handshake", "reply_with_secret", &reply);
+    write(
+        &dir,
+        "handshake",
+        "proof",
+        &HandshakeMsg::Proof([1; 32]).encode(),
+    );
+    write(
+        &dir,
+        "handshake",
+        "final_authfailed",
+        &HandshakeMsg::Final(Status::AuthFailed).encode(),
+    );
+    let mut v = HandshakeMsg::Final(Status::Accept).encode();
+    v[8] = 2;
+    write(&dir, "handshake", "wrong_version", &v);
+
+    // chunk_parser: [cuts][stream of chunks].
+    let mut chunks = Vec::new();
+    for (i, len) in [0usize, 5, 300, 1].into_iter().enumerate() {
+        chunks.extend_from_slice(&encode_chunk_header(len as u32, i as u32));
+        chunks.extend((0..len).map(|x| x as u8));
+    }
+    write(
+        &dir,
+        "chunk_parser",
+        "four_uncut",
+        &make_split_input(&[], &chunks),
+    );
+    write(
+        &dir,
+        "chunk_parser",
+        "four_cut",
+        &make_split_input(&[3, 8, 9, 100, 314], &chunks),
+    );
+    let mut big = encode_chunk_header(u32::MAX, u32::MAX).to_vec();
+    big.extend_from_slice(&[0xAB; 40]);
+    write(
+        &dir,
+        "chunk_parser",
+        "len_4gib",
+        &make_split_input(&[4, 20], &big),
+    );
+    write(
+        &dir,
+        "chunk_parser",
+        "partial_header",
+        &make_split_input(&[2], &[1, 0, 0]),
+    );
+
+    // payload_decode: bincode of the nested types.
+    let enc = |v: &dyn erased::Enc| v.bytes();
+    write(&dir, "payload_decode", "nested0", &enc(&sample(0)));
+    write(&dir, "payload_decode", "nested2", &enc(&sample(2)));
+    write(
+        &dir,
+        "payload_decode",
+        "items",
+        &enc(&vec![Item::Unit, Item::Small(1), Item::List(vec![5; 4])]),
+    );
+    write(
+        &dir,
+        "payload_decode",
+        "tuple",
+        &enc(&("key".to_string(), vec![1u64, 2, 3], Some('x'))),
+    );
+    let mut hostile = enc(&sample(0));
+    hostile[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    write(&dir, "payload_decode", "hostile_len", &hostile);
+    // ib_exchange: [secret length][secret][datagram].
+    let ex = Exchange {
+        kind: ExchangeKind::Request,
+        src: 1,
+        dst: 2,
+        instance: 0xfeed_beef,
+        fc_window: 1 << 20,
+        fc_unit: 1 << 19,
+        endpoint: [7; ENDPOINT_LEN],
+        nonce: [8; 16],
+    };
+    let mut v = vec![0u8];
+    v.extend_from_slice(&ex.encode(None));
+    write(&dir, "ib_exchange", "request_no_secret", &v);
+    let mut v = vec![6u8];
+    v.extend_from_slice(b"secret");
+    v.extend_from_slice(
+        &Exchange {
+            kind: ExchangeKind::Accept,
+            ..ex
+        }
+        .encode(Some(b"secret")),
+    );
+    write(&dir, "ib_exchange", "accept_with_secret", &v);
+    let mut v = vec![0u8];
+    v.extend_from_slice(&ex.encode(None)[..60]);
+    write(&dir, "ib_exchange", "truncated", &v);
+
+    println!("corpus written to {}", dir.display());
+}
+
+mod erased {
+    /// Object-safe "encode me".
+    pub trait Enc {
+        fn bytes(&self) -> Vec<u8>;
+    }
+    impl<T: serde::Serialize> Enc for T {
+        fn bytes(&self) -> Vec<u8> {
+            let mut v = Vec::new();
+            super::encode_into(&mut v, self).unwrap();
+            v
+        }
+    }
+}
