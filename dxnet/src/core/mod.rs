@@ -20,6 +20,7 @@
 pub mod codec;
 pub mod connection;
 pub mod decoder;
+pub mod depth;
 pub mod flow;
 pub mod incoming;
 pub mod orb;
