@@ -44,13 +44,19 @@ enum Sub {
         #[command(subcommand)]
         action: NetnsAction,
     },
-    /// Redraw plots, CSV and the summary table from a results.json.
+    /// Redraw plots, CSV and the summary table from a results.json; several
+    /// files (e.g. rounds of the same suite) are merged into one
+    /// results.json in the output directory, repetitions renumbered.
     Plot {
-        /// The results file.
-        results: PathBuf,
-        /// Output directory (default: the results file's directory).
+        /// The results file(s).
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        /// Output directory (default: the first results file's directory).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Skip the plots.
+        #[arg(long)]
+        no_plots: bool,
     },
 }
 
@@ -85,7 +91,8 @@ pub struct RunArgs {
     /// Output directory.
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
-    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-loopback).
+    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-loopback,
+    /// dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,
     /// Operations (throughput, latency, pingpong, all_to_all); replaces the
@@ -148,6 +155,16 @@ pub struct RunArgs {
     /// carries the node's address).
     #[arg(long)]
     wire_iface: Option<String>,
+    /// RDMA device of the verbs bindings (default: $RDMA_DEV, else the
+    /// first device).
+    #[arg(long)]
+    rdma_dev: Option<String>,
+    /// RDMA port (default: $RDMA_PORT, else 1).
+    #[arg(long)]
+    rdma_port: Option<u8>,
+    /// GID index for RoCE (default: $RDMA_GID_INDEX).
+    #[arg(long)]
+    rdma_gid_index: Option<u32>,
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
@@ -304,6 +321,15 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     if let Some(v) = &a.wire_iface {
         p.wire_iface = v.clone();
     }
+    if let Some(v) = &a.rdma_dev {
+        p.rdma.device = v.clone();
+    }
+    if let Some(v) = a.rdma_port {
+        p.rdma.port = v;
+    }
+    if let Some(v) = a.rdma_gid_index {
+        p.rdma.gid_index = Some(v);
+    }
     for kv in &a.dxnet {
         let (k, v) = kv
             .split_once('=')
@@ -344,18 +370,43 @@ pub fn main() -> Result<i32> {
             }
             Ok(0)
         }
-        Some(Sub::Plot { results, out }) => {
-            let records = output::json::read(&results)?;
+        Some(Sub::Plot {
+            results,
+            out,
+            no_plots,
+        }) => {
+            let mut sets = Vec::new();
+            for r in &results {
+                sets.push(output::json::read(r)?);
+            }
+            let merged = sets.len() > 1;
+            let records = output::json::merge(sets);
             let dir = out.unwrap_or_else(|| {
-                results
+                results[0]
                     .parent()
                     .map(Path::to_path_buf)
                     .unwrap_or_else(|| PathBuf::from("."))
             });
             std::fs::create_dir_all(&dir)?;
             output::csv::write_all(&records, &dir)?;
-            let files = output::plot::write_all(&records, &dir)?;
+            if merged {
+                output::json::write(&records, &dir.join("results.json"))?;
+                std::fs::write(dir.join("summary.txt"), output::table::render(&records))?;
+            }
+            let files = if no_plots {
+                Vec::new()
+            } else {
+                output::plot::write_all(&records, &dir)?
+            };
             print!("{}", output::table::render(&records));
+            if merged {
+                println!(
+                    "\nmerged {} results files into {} ({} records)",
+                    results.len(),
+                    dir.join("results.json").display(),
+                    records.len()
+                );
+            }
             println!("\nwrote {} plot files to {}", files.len(), dir.display());
             Ok(0)
         }
@@ -475,6 +526,26 @@ mod tests {
         assert_eq!(c.benchmarks[1].nodes, Some(vec![2, 3, 4]));
         assert_eq!(c.params.dxnet["orb_size"], 4194304);
         assert_eq!(c.params.dxnet["cluster_secret"], "abc");
+    }
+
+    #[test]
+    fn rdma_flags() {
+        let c = effective_config(&args(&[
+            "--bindings",
+            "dxnet-ib,raw-verbs,ib_send_bw,ib_send_lat",
+            "--rdma-dev",
+            "rxe0",
+            "--rdma-gid-index",
+            "1",
+        ]))
+        .unwrap();
+        assert_eq!(c.params.rdma.device, "rxe0");
+        assert_eq!(c.params.rdma.gid_index, Some(1));
+        let t = c.params.rdma.resolve_with(|_| Some("7".into()));
+        assert_eq!(
+            (t.device.as_deref(), t.port, t.gid_index),
+            (Some("rxe0"), 7, Some(1))
+        );
     }
 
     #[test]

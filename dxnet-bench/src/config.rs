@@ -245,6 +245,102 @@ pub struct Params {
     pub wire_iface: String,
     /// How long a latency waiter spins before it parks (microseconds).
     pub spin_us: u64,
+    /// RDMA device of the verbs bindings (`dxnet-ib`, `raw-verbs`,
+    /// `ib_send_bw`, `ib_send_lat`).
+    pub rdma: RdmaParams,
+    /// The `raw-verbs` baseline's queue sizes.
+    pub raw_verbs: RawVerbsParams,
+}
+
+/// Which RDMA device, port and GID the verbs bindings use. Unset values come
+/// from the node process's environment (`RDMA_DEV`, `RDMA_PORT`,
+/// `RDMA_GID_INDEX`, as set inside the Soft-RoCE VM), else the first device,
+/// port 1 and no GID index (InfiniBand; RoCE needs one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RdmaParams {
+    /// Device name, e.g. `mlx5_0` or `rxe0`; empty: `$RDMA_DEV`, else the
+    /// first device.
+    pub device: String,
+    /// Port number (1-based); 0: `$RDMA_PORT`, else 1.
+    pub port: u8,
+    /// GID index (RoCE v2: the IPv4 GID); unset: `$RDMA_GID_INDEX`.
+    pub gid_index: Option<u32>,
+}
+
+/// The resolved RDMA settings of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaTarget {
+    /// Device name; `None`: the first device.
+    pub device: Option<String>,
+    /// Port number.
+    pub port: u8,
+    /// GID index, if any.
+    pub gid_index: Option<u32>,
+}
+
+impl RdmaParams {
+    /// Fills unset values from this process's environment.
+    pub fn resolve(&self) -> RdmaTarget {
+        self.resolve_with(|k| std::env::var(k).ok())
+    }
+
+    /// [`resolve`](Self::resolve) with an explicit environment (tests).
+    pub fn resolve_with(&self, env: impl Fn(&str) -> Option<String>) -> RdmaTarget {
+        let device = if self.device.is_empty() {
+            env("RDMA_DEV").filter(|d| !d.trim().is_empty())
+        } else {
+            Some(self.device.clone())
+        };
+        let port = if self.port == 0 {
+            env("RDMA_PORT")
+                .and_then(|p| p.trim().parse().ok())
+                .unwrap_or(1)
+        } else {
+            self.port
+        };
+        let gid_index = self
+            .gid_index
+            .or_else(|| env("RDMA_GID_INDEX").and_then(|g| g.trim().parse().ok()));
+        RdmaTarget {
+            device,
+            port,
+            gid_index,
+        }
+    }
+}
+
+/// Queue sizes of the `raw-verbs` baseline (perftest's defaults where it has
+/// them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawVerbsParams {
+    /// Send-queue depth per queue pair (`ib_send_bw -t`, default 128).
+    pub tx_depth: u32,
+    /// Receive WRs pre-posted per incoming queue pair (`ib_send_bw -r`,
+    /// default 512).
+    pub rx_depth: u32,
+    /// Every n-th send is signaled (`ib_send_bw -Q`, default 100; at most
+    /// `tx_depth`).
+    pub signal_every: u32,
+    /// Bytes per receive WR. Larger messages are sent as several WRs of
+    /// this size (default 64 KiB).
+    pub recv_size: usize,
+    /// How long the receive thread busy-polls an idle CQ before it sleeps
+    /// on the completion channel (microseconds).
+    pub poll_spin_us: u64,
+}
+
+impl Default for RawVerbsParams {
+    fn default() -> Self {
+        RawVerbsParams {
+            tx_depth: 128,
+            rx_depth: 512,
+            signal_every: 100,
+            recv_size: 64 << 10,
+            poll_spin_us: 2000,
+        }
+    }
 }
 
 impl Default for Params {
@@ -258,6 +354,8 @@ impl Default for Params {
             dxnet: serde_json::Map::new(),
             wire_iface: String::new(),
             spin_us: 20,
+            rdma: RdmaParams::default(),
+            raw_verbs: RawVerbsParams::default(),
         }
     }
 }
@@ -367,6 +465,13 @@ impl BenchConfig {
         if self.params.min_count == 0 {
             bail!("params.min_count must be > 0");
         }
+        let rv = &self.params.raw_verbs;
+        if rv.tx_depth == 0 || rv.rx_depth == 0 || rv.signal_every == 0 || rv.recv_size == 0 {
+            bail!("params.raw_verbs: tx_depth, rx_depth, signal_every and recv_size must be > 0");
+        }
+        if rv.recv_size > 1 << 30 {
+            bail!("params.raw_verbs.recv_size must be at most 1 GiB");
+        }
         Ok(())
     }
 
@@ -407,6 +512,35 @@ impl BenchConfig {
                 for &nodes in &dedup(e.node_counts()) {
                     for &threads in &dedup(e.threads.clone()) {
                         for &h in &handlers {
+                            // Runs the binding cannot do (perftest: only
+                            // its own test, two nodes, one thread) are left out.
+                            let runs: Vec<RunSpec> = modes
+                                .iter()
+                                .filter(|&&m| kind.supports(e.operation, m, threads, nodes))
+                                .flat_map(|&mode| {
+                                    e.sizes.expand().into_iter().map(move |size| (mode, size))
+                                })
+                                .map(|(mode, size)| {
+                                    let count = self.scaled_count(e.count, size);
+                                    let warm = e.warmup.unwrap_or(e.count / 10);
+                                    let warmup = if warm == 0 {
+                                        0
+                                    } else {
+                                        self.scaled_count(warm, size).min(count)
+                                    };
+                                    RunSpec {
+                                        operation: e.operation,
+                                        mode,
+                                        size,
+                                        count,
+                                        warmup,
+                                        repetitions: e.repetitions,
+                                    }
+                                })
+                                .collect();
+                            if runs.is_empty() {
+                                continue;
+                            }
                             let key = GroupKey {
                                 binding: kind.name().to_string(),
                                 nodes,
@@ -423,26 +557,9 @@ impl BenchConfig {
                                     groups.len() - 1
                                 }
                             };
-                            for &mode in &modes {
-                                for size in e.sizes.expand() {
-                                    let count = self.scaled_count(e.count, size);
-                                    let warm = e.warmup.unwrap_or(e.count / 10);
-                                    let warmup = if warm == 0 {
-                                        0
-                                    } else {
-                                        self.scaled_count(warm, size).min(count)
-                                    };
-                                    let run = RunSpec {
-                                        operation: e.operation,
-                                        mode,
-                                        size,
-                                        count,
-                                        warmup,
-                                        repetitions: e.repetitions,
-                                    };
-                                    if !groups[gi].runs.contains(&run) {
-                                        groups[gi].runs.push(run);
-                                    }
+                            for run in runs {
+                                if !groups[gi].runs.contains(&run) {
+                                    groups[gi].runs.push(run);
                                 }
                             }
                         }
@@ -615,6 +732,47 @@ timeout_s = 5
         assert_eq!(g[1].key.threads, 2);
         assert_eq!(g[0].runs[0].warmup, 5);
         assert_eq!(g[0].runs[0].mode, Mode::Uni);
+    }
+
+    #[test]
+    fn perftest_runs_only_its_own_tests() {
+        let c = BenchConfig::from_json(
+            r#"{"bindings":["dxnet-ib","raw-verbs","ib_send_bw","ib_send_lat"],
+                "benchmarks":[{"operation":"throughput","modes":["uni","bi"],"sizes":[64,65536],"count":1000},
+                              {"operation":"pingpong","sizes":[64],"count":100,"threads":[1,2]}],
+                "params":{"rdma":{"device":"rxe0","gid_index":1},"raw_verbs":{"rx_depth":64}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.params.raw_verbs.rx_depth, 64);
+        assert_eq!(c.params.raw_verbs.tx_depth, 128);
+        let g = c.plan().unwrap();
+        let find = |b: &str, t: usize| g.iter().find(|g| g.key.binding == b && g.key.threads == t);
+        assert_eq!(find("dxnet-ib", 1).unwrap().runs.len(), 5);
+        assert_eq!(find("dxnet-ib", 1).unwrap().key.handlers, 2);
+        assert_eq!(find("raw-verbs", 2).unwrap().runs.len(), 1);
+        let bw = find("ib_send_bw", 1).unwrap();
+        assert_eq!(bw.runs.len(), 2, "uni throughput only");
+        assert!(bw.runs.iter().all(|r| r.mode == Mode::Uni));
+        let lat = find("ib_send_lat", 1).unwrap();
+        assert_eq!(lat.runs.len(), 1);
+        assert_eq!(lat.runs[0].operation, Operation::Pingpong);
+        assert!(find("ib_send_lat", 2).is_none(), "one thread only");
+        assert!(BenchConfig::from_json(
+            r#"{"bindings":["raw-verbs"],"benchmarks":[],"params":{"raw_verbs":{"recv_size":0}}}"#
+        )
+        .is_err());
+        let env = |k: &str| match k {
+            "RDMA_DEV" => Some("mlx5_0".to_string()),
+            "RDMA_GID_INDEX" => Some("3".to_string()),
+            _ => None,
+        };
+        let t = RdmaParams::default().resolve_with(env);
+        assert_eq!(
+            (t.device.as_deref(), t.port, t.gid_index),
+            (Some("mlx5_0"), 1, Some(3))
+        );
+        let t = c.params.rdma.resolve_with(env);
+        assert_eq!((t.device.as_deref(), t.gid_index), (Some("rxe0"), Some(1)));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -140,6 +141,9 @@ impl Coordinator {
 
     fn skip_reason(&self, g: &Group) -> Option<String> {
         let kind = BindingKind::parse(&g.key.binding).ok()?;
+        if kind.is_external() && !matches!(self.placement, Placement::Local) {
+            return Some("perftest runs only on the local host".into());
+        }
         match &self.placement {
             Placement::Hosts { hosts, .. } => {
                 if kind.in_process() {
@@ -179,6 +183,9 @@ impl Coordinator {
         records: &mut Vec<Record>,
     ) -> Result<()> {
         let kind = BindingKind::parse(&g.key.binding)?;
+        if kind.is_external() {
+            return self.run_external(g, pb, records);
+        }
         let n = g.key.nodes;
         let params = &self.cfg.params;
         let setup = BindingSetup {
@@ -256,7 +263,7 @@ impl Coordinator {
             broadcast(
                 &mut procs,
                 &Command::Init {
-                    setup: setup.clone(),
+                    setup: Box::new(setup.clone()),
                 },
                 phase_timeout,
             )
@@ -325,6 +332,37 @@ impl Coordinator {
             }
         }
         result
+    }
+}
+
+impl Coordinator {
+    /// A perftest group: every repetition runs the perftest pair itself (no
+    /// node processes, no warm-up of ours; perftest warms up by itself).
+    fn run_external(&self, g: &Group, pb: &ProgressBar, records: &mut Vec<Record>) -> Result<()> {
+        let params = &self.cfg.params;
+        for run in &g.runs {
+            let what = format!(
+                "{} {} {} {}",
+                g.key.binding,
+                run.operation,
+                run.mode,
+                fmt_size(run.size)
+            );
+            pb.inc(1);
+            for rep in 0..run.repetitions {
+                pb.set_message(format!("{what}: repetition {}", rep + 1));
+                // perftest's exchange ports lie above the data ports of the
+                // groups (base + 0..4000 + nodes), a fresh pair per run.
+                static NEXT: AtomicU32 = AtomicU32::new(0);
+                let k = NEXT.fetch_add(2, Ordering::Relaxed) % 1000;
+                let port = (u32::from(params.base_port) + 4100 + k) as u16;
+                let rec = crate::binding::perftest::measure(&g.key, run, rep, params, port)
+                    .with_context(|| format!("{what}: repetition {rep}"))?;
+                records.push(rec);
+                pb.inc(1);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -86,7 +86,7 @@ impl Worker {
                         }
                     }
                 }
-                self.setup = Some(setup);
+                self.setup = Some(*setup);
             }
             Command::Connect => {
                 let s = self.setup()?;

@@ -25,8 +25,8 @@ use crate::metrics::ProcResult;
 pub enum Command {
     /// Initialize phase: create the binding instances of the process's nodes.
     Init {
-        /// Binding and node map.
-        setup: BindingSetup,
+        /// Binding and node map (boxed: by far the largest command).
+        setup: Box<BindingSetup>,
     },
     /// Connect phase.
     Connect,

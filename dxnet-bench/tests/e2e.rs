@@ -263,3 +263,89 @@ fn all_to_all_in_namespaces() {
         .filter(|r| r["binding"] == "raw-tcp")
         .all(|r| r["wire_overhead"].as_f64().unwrap() >= 1.0));
 }
+
+/// The verbs bindings on a real RDMA device (skipped without `RDMA_DEV`;
+/// inside the Soft-RoCE VM of `scripts/rdma-vm/vm.sh` it runs): every
+/// operation for dxnet-ib and raw-verbs, raw-verbs with 4 KiB receive WRs so
+/// that 8 KiB messages go as two work requests, and perftest when it is
+/// installed. Then `plot` merges two result files.
+#[test]
+fn verbs_bindings_on_a_device() {
+    if std::env::var("RDMA_DEV").is_err() {
+        println!("skipped: no RDMA device (RDMA_DEV unset); run it in scripts/rdma-vm/vm.sh");
+        return;
+    }
+    let perftest = Command::new("ib_send_bw").arg("--help").output().is_ok();
+    let mut bindings = vec!["dxnet-ib", "raw-verbs"];
+    if perftest {
+        bindings.extend(["ib_send_bw", "ib_send_lat"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": bindings,
+        "benchmarks": [
+            {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [1, 8192], "count": 300, "warmup": 30, "repetitions": 1},
+            {"operation": "latency", "sizes": [64], "count": 50, "warmup": 5, "repetitions": 1},
+            {"operation": "pingpong", "sizes": [64, 8192], "count": 50, "warmup": 5, "repetitions": 1, "threads": [1, 2]},
+            {"operation": "all_to_all", "sizes": [256], "count": 120, "warmup": 0, "repetitions": 1, "nodes": [3]}
+        ],
+        "params": {"base_port": 44000, "timeout_s": 60, "min_count": 4,
+                   "raw_verbs": {"recv_size": 4096, "rx_depth": 64}}
+    });
+    let path = dir.path().join("ib.json");
+    std::fs::write(&path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(EXE)
+        .args(["--config", path.to_str().unwrap(), "--out"])
+        .arg(&out)
+        .args(["--no-plots", "-q"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let recs: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    // per library binding: throughput 2 modes x 2 sizes, latency 1,
+    // pingpong 2 sizes x 2 thread counts, all-to-all 1 = 10;
+    // ib_send_bw: 2 (uni), ib_send_lat: latency 1 + pingpong 2 (1 thread)
+    let n = |b: &str| recs.iter().filter(|r| r["binding"] == b).count();
+    assert_eq!(n("dxnet-ib"), 10, "{stdout}");
+    assert_eq!(n("raw-verbs"), 10, "{stdout}");
+    if perftest {
+        assert_eq!(n("ib_send_bw"), 2, "{stdout}");
+        assert_eq!(n("ib_send_lat"), 3, "{stdout}");
+        assert!(stdout.contains("dxnet-ib / perftest"), "{stdout}");
+    }
+    assert!(stdout.contains("dxnet-ib / raw-verbs"), "{stdout}");
+    for r in &recs {
+        assert!(r["msgs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        if r["operation"] == "throughput" && r["binding"] != "ib_send_bw" {
+            let senders = if r["mode"] == "uni" { 1 } else { 2 };
+            assert_eq!(r["messages"], r["count"].as_u64().unwrap() * senders, "{r}");
+        }
+        if r["operation"] == "pingpong" || r["operation"] == "latency" {
+            assert!(r["lat_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+    // Two result files merge into one, repetitions renumbered.
+    let merged = dir.path().join("merged");
+    let o = Command::new(EXE)
+        .arg("plot")
+        .arg(out.join("results.json"))
+        .arg(out.join("results.json"))
+        .arg("--out")
+        .arg(&merged)
+        .arg("--no-plots")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(merged.join("results.json")).unwrap())
+            .unwrap();
+    assert_eq!(m.len(), 2 * recs.len());
+    assert!(m.iter().any(|r| r["repetition"] == 1));
+}

@@ -23,6 +23,8 @@
 #   --mem MB         guest memory [DXNET_VM_MEM, 1536]
 #   --smp N          guest CPUs [DXNET_VM_SMP, min(host CPUs, 4), at least 2]
 #   --accel A        kvm | tcg | auto [DXNET_VM_ACCEL, auto]
+#   --append ARGS    extra guest kernel command line, e.g. tsc=reliable
+#                    [DXNET_VM_KERNEL_ARGS]
 #   --env NAME=VAL   environment for the command (repeatable); the host's
 #                    environment is not passed in
 #   --verbose        copy the guest console to stderr [DXNET_VM_VERBOSE=1]
@@ -57,6 +59,7 @@ NCPU=$(nproc 2>/dev/null || echo 2)
 SMP=${DXNET_VM_SMP:-$(( NCPU > 4 ? 4 : (NCPU < 2 ? 2 : NCPU) ))}
 ACCEL=${DXNET_VM_ACCEL:-auto}
 VERBOSE=${DXNET_VM_VERBOSE:-0}
+KERNEL_ARGS=${DXNET_VM_KERNEL_ARGS:-}
 VM_IP=10.211.0.1
 ACTION=run
 REBUILD=0
@@ -86,6 +89,7 @@ while [ $# -gt 0 ]; do
         --mem) MEM=$2; shift 2 ;;
         --smp) SMP=$2; shift 2 ;;
         --accel) ACCEL=$2; shift 2 ;;
+        --append) KERNEL_ARGS=$2; shift 2 ;;
         --env) ENVS+=("$2"); shift 2 ;;
         --verbose) VERBOSE=1; shift ;;
         --rebuild) REBUILD=1; shift ;;
@@ -350,7 +354,7 @@ start_qemu() {
         -accel "$accel" -cpu "$cpu" -smp "$SMP" -m "$MEM" -M pc
         -nodefaults -no-user-config -display none -no-reboot
         -kernel "$CACHE/kernel" -initrd "$CACHE/initrd.cpio"
-        -append "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off 8250.nr_uarts=4"
+        -append "console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off 8250.nr_uarts=4${KERNEL_ARGS:+ $KERNEL_ARGS}"
         -serial "file:$RUN/console.log"
         -chardev stdio,id=cmdout,signal=off -serial chardev:cmdout
         -serial "file:$RUN/status.log"

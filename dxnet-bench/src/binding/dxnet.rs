@@ -1,4 +1,4 @@
-//! `dxnet-tcp` and `dxnet-loopback`: the library under test.
+//! `dxnet-tcp`, `dxnet-ib` and `dxnet-loopback`: the library under test.
 //!
 //! One-way messages use `send_raw` / `register_raw` (no serde on either
 //! side: the payload is copied straight into the ring buffer, which is the
@@ -6,16 +6,22 @@
 //! API (`request` with a `serde_bytes` payload) because that is what an
 //! application would call; the handler moves the request's bytes into the
 //! same-size response. Loopback nodes are `Node` instances in one process.
+//!
+//! `dxnet-ib` uses the InfiniBand/RoCE transport; the node-map addresses
+//! (`127.0.0.1:port` on one host) are the nodes' UDP connection-exchange
+//! addresses, and device, port and GID index come from `params.rdma` or the
+//! environment (`RDMA_DEV`, `RDMA_PORT`, `RDMA_GID_INDEX`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use dxnet::config::NodeEntry;
+use dxnet::config::{IbConfig, NodeEntry};
 use dxnet::{Config, Node, NodeId, TransportKind};
 use serde::{Deserialize, Serialize};
 
 use super::{Binding, BindingKind, BindingSetup, Sink};
+use crate::config::RdmaTarget;
 
 /// Message type of all benchmark traffic (type 0 is dxnet's own).
 const BENCH_TYPE: u8 = 200;
@@ -46,12 +52,17 @@ pub struct DxnetBinding {
 }
 
 /// The dxnet configuration of node `me`: the binding's node map and
-/// transport, then the user's `params.dxnet` fields, then the handler count.
+/// transport (and RDMA device), then the user's `params.dxnet` fields
+/// (objects such as `ib` are merged key by key), then the handler count.
 pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
+    node_config_with(setup, me, setup.params.rdma.resolve())
+}
+
+fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<Config> {
     let kind = BindingKind::parse(&setup.binding)?;
     let base = match kind {
         BindingKind::DxnetLoopback => Config::loopback(me, setup.nodes.len() as u16, &setup.fabric),
-        BindingKind::DxnetTcp => Config {
+        BindingKind::DxnetTcp | BindingKind::DxnetIb => Config {
             node_id: me,
             nodes: setup
                 .nodes
@@ -61,7 +72,20 @@ pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
                     address: a.clone(),
                 })
                 .collect(),
-            transport: TransportKind::Tcp,
+            transport: if kind == BindingKind::DxnetIb {
+                TransportKind::Ib
+            } else {
+                TransportKind::Tcp
+            },
+            ib: IbConfig {
+                device: rdma.device.unwrap_or_default(),
+                port: rdma.port,
+                gid_index: match rdma.gid_index {
+                    Some(g) => u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255"))?,
+                    None => 0,
+                },
+                ..IbConfig::default()
+            },
             ..Config::default()
         },
         other => bail!("{} is not a dxnet binding", other.name()),
@@ -75,7 +99,7 @@ pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
         ) {
             bail!("params.dxnet.{k} is set by the benchmark itself");
         }
-        obj.insert(k.clone(), val.clone());
+        merge(obj.entry(k.clone()).or_insert(serde_json::Value::Null), val);
     }
     if setup.handlers > 0 {
         obj.insert("handler_threads".into(), setup.handlers.into());
@@ -83,6 +107,19 @@ pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
     let cfg: Config = serde_json::from_value(v).context("invalid params.dxnet")?;
     cfg.validate().map_err(|e| anyhow!("dxnet config: {e}"))?;
     Ok(cfg)
+}
+
+/// Lays `src` over `dst`: objects key by key (recursively), anything else
+/// replaces.
+fn merge(dst: &mut serde_json::Value, src: &serde_json::Value) {
+    match (dst, src) {
+        (serde_json::Value::Object(d), serde_json::Value::Object(s)) => {
+            for (k, v) in s {
+                merge(d.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (d, s) => *d = s.clone(),
+    }
 }
 
 impl DxnetBinding {
@@ -204,5 +241,32 @@ mod tests {
         let mut bad = setup("dxnet-tcp");
         bad.params.dxnet.insert("no_such_field".into(), 1.into());
         assert!(node_config(&bad, 0).is_err());
+    }
+
+    #[test]
+    fn ib_config_takes_device_and_merges_ib_fields() {
+        let mut s = setup("dxnet-ib");
+        s.params
+            .dxnet
+            .insert("ib".into(), serde_json::json!({"sq_size": 64}));
+        let rdma = RdmaTarget {
+            device: Some("rxe0".into()),
+            port: 1,
+            gid_index: Some(1),
+        };
+        let c = node_config_with(&s, 1, rdma.clone()).unwrap();
+        assert_eq!(c.transport, TransportKind::Ib);
+        assert_eq!(c.ib.device, "rxe0");
+        assert_eq!(c.ib.gid_index, 1);
+        assert_eq!(c.ib.sq_size, 64, "user field merged into ib");
+        assert_eq!(c.nodes[1].address, "127.0.0.1:2", "UDP exchange address");
+        s.params
+            .dxnet
+            .insert("ib".into(), serde_json::json!({"device": "mlx5_0"}));
+        assert_eq!(
+            node_config_with(&s, 1, rdma).unwrap().ib.device,
+            "mlx5_0",
+            "params.dxnet wins"
+        );
     }
 }

@@ -4,13 +4,19 @@
 //! [`Sink`]. The operations in [`crate::ops`] are written once against it, so
 //! dxnet and the raw baselines are measured by exactly the same code.
 //!
-//! Adding a binding (e.g. `raw-verbs`, one send WR per message): add a
-//! [`BindingKind`] variant, a module implementing [`Binding`], and a line in
-//! [`create`] and [`BindingKind::wire`].
+//! Adding a binding: add a [`BindingKind`] variant, a module implementing
+//! [`Binding`], and a line in [`create`] and [`BindingKind::wire`].
+//!
+//! `ib_send_bw` / `ib_send_lat` ([`perftest`]) are external bindings: the
+//! coordinator runs perftest's programs for them instead of node processes,
+//! and records their results in the same form.
 
 pub mod raw_tcp;
 
 pub mod dxnet;
+
+pub mod perftest;
+pub mod raw_verbs;
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Params;
+use crate::config::{Mode, Operation, Params};
 
 /// The bindings this build knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,16 +39,47 @@ pub enum BindingKind {
     /// dxnet over its in-process loopback transport: all nodes of a run are
     /// `Node` instances inside one process.
     DxnetLoopback,
+    /// dxnet over its InfiniBand/RoCE verbs transport (msgrc), one node per
+    /// process.
+    DxnetIb,
+    /// RC SEND/RECV through dxnet-verbs, one send WR per message and a
+    /// pre-posted receive queue: the verbs analogue of `raw-tcp`.
+    RawVerbs,
+    /// perftest's `ib_send_bw` (throughput uni only), run as two processes.
+    IbSendBw,
+    /// perftest's `ib_send_lat` (latency and pingpong), run as two processes.
+    IbSendLat,
 }
 
 /// The raw baseline a binding is compared with (by name, so that results of
 /// other builds can be tabulated too): the same medium without the library.
 pub fn baseline_of(binding: &str) -> Option<&'static str> {
+    baselines_of(binding).first().copied()
+}
+
+/// Every baseline a binding is compared with, the raw one first.
+/// `"perftest"` stands for `ib_send_bw` in throughput rows and
+/// `ib_send_lat` in latency rows (see [`perftest_for`]).
+pub fn baselines_of(binding: &str) -> &'static [&'static str] {
     match binding {
-        "dxnet-tcp" | "dxnet-loopback" => Some("raw-tcp"),
-        "dxnet-ib" => Some("raw-verbs"),
-        _ => None,
+        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp"],
+        "dxnet-ib" => &["raw-verbs", "perftest"],
+        _ => &[],
     }
+}
+
+/// The perftest binding that measures `op`.
+pub fn perftest_for(op: Operation) -> &'static str {
+    if op.is_latency() {
+        "ib_send_lat"
+    } else {
+        "ib_send_bw"
+    }
+}
+
+/// Whether a binding is a baseline (no library): `raw-*` and perftest.
+pub fn is_baseline(binding: &str) -> bool {
+    binding.starts_with("raw-") || binding.starts_with("ib_send_")
 }
 
 /// Where a node's wire bytes are counted.
@@ -66,11 +103,15 @@ impl BindingKind {
             "raw-tcp" => BindingKind::RawTcp,
             "dxnet-tcp" => BindingKind::DxnetTcp,
             "dxnet-loopback" => BindingKind::DxnetLoopback,
-            "dxnet-ib" | "raw-verbs" => {
-                bail!("binding {s:?} is not implemented in this build yet")
-            }
+            "dxnet-ib" => BindingKind::DxnetIb,
+            "raw-verbs" => BindingKind::RawVerbs,
+            "ib_send_bw" => BindingKind::IbSendBw,
+            "ib_send_lat" => BindingKind::IbSendLat,
             other => {
-                bail!("unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-loopback)")
+                bail!(
+                    "unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-loopback, \
+                     dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
+                )
             }
         };
         Ok(k)
@@ -82,12 +123,49 @@ impl BindingKind {
             BindingKind::RawTcp => "raw-tcp",
             BindingKind::DxnetTcp => "dxnet-tcp",
             BindingKind::DxnetLoopback => "dxnet-loopback",
+            BindingKind::DxnetIb => "dxnet-ib",
+            BindingKind::RawVerbs => "raw-verbs",
+            BindingKind::IbSendBw => "ib_send_bw",
+            BindingKind::IbSendLat => "ib_send_lat",
         }
     }
 
     /// Whether the binding has message-handler threads to configure.
     pub fn has_handlers(self) -> bool {
-        matches!(self, BindingKind::DxnetTcp | BindingKind::DxnetLoopback)
+        matches!(
+            self,
+            BindingKind::DxnetTcp | BindingKind::DxnetLoopback | BindingKind::DxnetIb
+        )
+    }
+
+    /// Whether the binding talks RDMA verbs (needs a device).
+    pub fn uses_rdma(self) -> bool {
+        matches!(
+            self,
+            BindingKind::DxnetIb
+                | BindingKind::RawVerbs
+                | BindingKind::IbSendBw
+                | BindingKind::IbSendLat
+        )
+    }
+
+    /// Whether the coordinator runs an external program (perftest) instead
+    /// of node processes.
+    pub fn is_external(self) -> bool {
+        matches!(self, BindingKind::IbSendBw | BindingKind::IbSendLat)
+    }
+
+    /// Whether the binding can run `op`/`mode` with `threads` sender threads
+    /// on `nodes` nodes. perftest measures one pair with one thread:
+    /// `ib_send_bw` uni-directional throughput, `ib_send_lat` round trips.
+    pub fn supports(self, op: Operation, mode: Mode, threads: usize, nodes: usize) -> bool {
+        match self {
+            BindingKind::IbSendBw => {
+                op == Operation::Throughput && mode == Mode::Uni && threads == 1 && nodes == 2
+            }
+            BindingKind::IbSendLat => op.is_latency() && threads == 1 && nodes == 2,
+            _ => true,
+        }
     }
 
     /// Whether all nodes of a run live in one process.
@@ -105,6 +183,13 @@ impl BindingKind {
     pub fn wire(self, addr: &str, params: &Params) -> Option<WireSource> {
         if !self.uses_network() {
             return None;
+        }
+        if self.uses_rdma() {
+            let t = params.rdma.resolve();
+            return Some(WireSource::IbPort {
+                device: t.device?,
+                port: t.port,
+            });
         }
         if !params.wire_iface.is_empty() {
             return Some(WireSource::NetIface(params.wire_iface.clone()));
@@ -164,8 +249,15 @@ pub trait Binding: Send + Sync {
 pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn Binding>> {
     let b: Arc<dyn Binding> = match BindingKind::parse(&setup.binding)? {
         BindingKind::RawTcp => Arc::new(raw_tcp::RawTcp::start(setup, me, sink.clone())?),
-        BindingKind::DxnetTcp | BindingKind::DxnetLoopback => {
+        BindingKind::DxnetTcp | BindingKind::DxnetLoopback | BindingKind::DxnetIb => {
             Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?)
+        }
+        BindingKind::RawVerbs => Arc::new(raw_verbs::RawVerbs::start(setup, me, sink.clone())?),
+        k @ (BindingKind::IbSendBw | BindingKind::IbSendLat) => {
+            bail!(
+                "{} is run by the coordinator, not in a node process",
+                k.name()
+            )
         }
     };
     sink.set_binding(Arc::downgrade(&b));
@@ -407,8 +499,31 @@ mod tests {
     #[test]
     fn binding_names() {
         assert_eq!(BindingKind::parse("raw-tcp").unwrap(), BindingKind::RawTcp);
-        assert!(BindingKind::parse("raw-verbs").is_err());
+        for k in [
+            BindingKind::RawTcp,
+            BindingKind::DxnetTcp,
+            BindingKind::DxnetLoopback,
+            BindingKind::DxnetIb,
+            BindingKind::RawVerbs,
+            BindingKind::IbSendBw,
+            BindingKind::IbSendLat,
+        ] {
+            assert_eq!(BindingKind::parse(k.name()).unwrap(), k);
+        }
         assert!(BindingKind::parse("bogus").is_err());
+        assert!(BindingKind::DxnetIb.has_handlers() && BindingKind::DxnetIb.uses_rdma());
+        assert!(!BindingKind::RawVerbs.has_handlers());
+        assert!(BindingKind::IbSendLat.is_external());
+        assert!(BindingKind::IbSendBw.supports(Operation::Throughput, Mode::Uni, 1, 2));
+        assert!(!BindingKind::IbSendBw.supports(Operation::Throughput, Mode::Bi, 1, 2));
+        assert!(!BindingKind::IbSendBw.supports(Operation::Pingpong, Mode::Uni, 1, 2));
+        assert!(!BindingKind::IbSendLat.supports(Operation::Pingpong, Mode::Uni, 2, 2));
+        assert!(BindingKind::IbSendLat.supports(Operation::Latency, Mode::Uni, 1, 2));
+        assert!(BindingKind::RawVerbs.supports(Operation::AllToAll, Mode::Bi, 4, 6));
+        assert_eq!(baselines_of("dxnet-ib"), ["raw-verbs", "perftest"]);
+        assert_eq!(baseline_of("dxnet-ib"), Some("raw-verbs"));
+        assert_eq!(perftest_for(Operation::Pingpong), "ib_send_lat");
+        assert!(is_baseline("ib_send_bw") && is_baseline("raw-verbs") && !is_baseline("dxnet-ib"));
         assert_eq!(
             BindingKind::parse("dxnet-loopback").unwrap(),
             BindingKind::DxnetLoopback

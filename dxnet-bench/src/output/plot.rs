@@ -57,7 +57,7 @@ pub fn series_label(r: &Record) -> String {
 }
 
 fn is_raw(r: &Record) -> bool {
-    r.binding.starts_with("raw-")
+    crate::binding::is_baseline(&r.binding)
 }
 
 type ChartKey = (Operation, Mode, usize);

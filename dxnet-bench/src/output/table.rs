@@ -1,12 +1,18 @@
 //! The terminal summary: a side-by-side comparison (one column per binding,
-//! medians over the repetitions, and the ratio of each binding to its raw
-//! baseline), then a detail table with min/median/max, CPU time and wire
-//! overhead per binding.
+//! medians over the repetitions, and the ratio of each binding to its
+//! baselines), a "versus" table per library binding (message rate,
+//! bandwidth, p50/p99/p99.9 against each baseline), then a detail table with
+//! min/median/max, CPU time and wire overhead per binding.
+//!
+//! Baselines come from [`baselines_of`]: `raw-tcp` for the dxnet TCP and
+//! loopback bindings, `raw-verbs` and `perftest` for `dxnet-ib`, where
+//! `perftest` is `ib_send_bw` in throughput rows and `ib_send_lat` in
+//! round-trip rows.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::binding::baseline_of;
+use crate::binding::{baselines_of, perftest_for};
 use crate::config::{fmt_size, Mode, Operation};
 use crate::metrics::{summarize, Record, Summary};
 
@@ -88,6 +94,7 @@ struct Cell {
     bw: Summary,
     p50: Option<Summary>,
     p99: Option<Summary>,
+    p999: Option<Summary>,
     cpu: Option<Summary>,
     wire: Option<Summary>,
 }
@@ -101,6 +108,7 @@ fn cell(rs: &[&Record]) -> Option<Cell> {
         bw: m(&|r| Some(r.bytes_per_sec))?,
         p50: m(&|r| r.lat_us.map(|l| l.p50)),
         p99: m(&|r| r.lat_us.map(|l| l.p99)),
+        p999: m(&|r| r.lat_us.map(|l| l.p999)),
         cpu: m(&|r| Some(r.cpu_s)),
         wire: m(&|r| r.wire_overhead),
     })
@@ -157,6 +165,11 @@ pub fn render(records: &[Record]) -> String {
     }
     cases.sort();
     let lookup = |case: &Case, b: &str| -> Option<Cell> {
+        let b = if b == "perftest" {
+            perftest_for(case.op)
+        } else {
+            b
+        };
         let rs = cells.get(&(case.clone(), b.to_string())).or_else(|| {
             cells.get(&(
                 Case {
@@ -168,14 +181,18 @@ pub fn render(records: &[Record]) -> String {
         })?;
         cell(rs)
     };
+    let present = |base: &str| {
+        bindings
+            .iter()
+            .any(|x| x == base || (base == "perftest" && (x == "ib_send_bw" || x == "ib_send_lat")))
+    };
     let ratio_pairs: Vec<(String, String)> = bindings
         .iter()
-        .filter_map(|b| {
-            let base = baseline_of(b)?;
-            bindings
+        .flat_map(|b| {
+            baselines_of(b)
                 .iter()
-                .any(|x| x == base)
-                .then(|| (b.clone(), base.to_string()))
+                .filter(|base| present(base))
+                .map(|base| (b.clone(), base.to_string()))
         })
         .collect();
 
@@ -232,6 +249,97 @@ pub fn render(records: &[Record]) -> String {
     }
     let _ = writeln!(out, "Summary (medians over repetitions)\n");
     out.push_str(&layout(&rows));
+
+    // Versus tables: one per library binding that has baselines here.
+    let mut libs: Vec<&String> = ratio_pairs.iter().map(|(b, _)| b).collect();
+    libs.dedup();
+    for lib in libs {
+        let bases: Vec<&String> = ratio_pairs
+            .iter()
+            .filter(|(b, _)| b == lib)
+            .map(|(_, base)| base)
+            .collect();
+        let mut rows = vec![{
+            let mut h: Vec<String> = vec!["case".into(), "metric".into(), lib.clone()];
+            h.extend(bases.iter().map(|b| b.to_string()));
+            h.extend(bases.iter().map(|b| format!("{lib} / {b}")));
+            h
+        }];
+        for case in &cases {
+            let Some(mine) = lookup(case, lib) else {
+                continue;
+            };
+            let theirs: Vec<Option<Cell>> = bases.iter().map(|b| lookup(case, b)).collect();
+            let name = if case.op.is_latency() {
+                format!("{} {}", case.op, fmt_size(case.size))
+            } else {
+                format!("{} {} {}", case.op, case.mode, fmt_size(case.size))
+            };
+            let name = if case.nodes != 2 || case.threads != 1 {
+                format!("{name} n{} t{}", case.nodes, case.threads)
+            } else {
+                name
+            };
+            type Metric = (&'static str, fn(&Cell) -> Option<f64>, fn(f64) -> String);
+            let metrics: Vec<Metric> = if case.op == Operation::Pingpong {
+                vec![
+                    ("RTT p50", |c| c.p50.map(|s| s.median), fmt_us),
+                    ("RTT p99", |c| c.p99.map(|s| s.median), fmt_us),
+                    ("RTT p99.9", |c| c.p999.map(|s| s.median), fmt_us),
+                ]
+            } else if case.op.is_latency() {
+                vec![
+                    ("one-way p50", |c| c.p50.map(|s| s.median), fmt_us),
+                    ("one-way p99", |c| c.p99.map(|s| s.median), fmt_us),
+                    ("one-way p99.9", |c| c.p999.map(|s| s.median), fmt_us),
+                ]
+            } else {
+                vec![
+                    (
+                        "msg/s",
+                        |c| Some(c.rate.median),
+                        |v| format!("{}msg/s", fmt_rate(v)),
+                    ),
+                    ("payload", |c| Some(c.bw.median), fmt_bw),
+                ]
+            };
+            for (metric, get, fmt) in metrics {
+                let a = get(&mine);
+                let mut row = vec![
+                    name.clone(),
+                    metric.to_string(),
+                    a.map(fmt).unwrap_or_else(|| "-".into()),
+                ];
+                for t in &theirs {
+                    row.push(
+                        t.as_ref()
+                            .and_then(get)
+                            .map(fmt)
+                            .unwrap_or_else(|| "-".into()),
+                    );
+                }
+                for t in &theirs {
+                    row.push(match (a, t.as_ref().and_then(get)) {
+                        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                        _ => "-".into(),
+                    });
+                }
+                rows.push(row);
+            }
+        }
+        if rows.len() > 1 {
+            let _ = writeln!(
+                out,
+                "\n{lib} versus {} (medians; latency ratios > 1 mean {lib} is slower)\n",
+                bases
+                    .iter()
+                    .map(|b| b.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            out.push_str(&layout(&rows));
+        }
+    }
 
     // Detail table.
     let mut rows = vec![[
@@ -342,6 +450,36 @@ mod tests {
         assert!(t.contains("2.00x msg/s"), "{t}");
         assert!(t.contains("2.00x latency"), "{t}");
         assert!(t.contains("1.00 M/ 2.00 M/ 3.00 M"), "{t}");
+    }
+
+    #[test]
+    fn ib_versus_raw_verbs_and_perftest() {
+        let mut recs = vec![
+            rec("raw-verbs", 0, Operation::Throughput, 10_000.0, 0),
+            rec("ib_send_bw", 0, Operation::Throughput, 20_000.0, 0),
+            rec("dxnet-ib", 2, Operation::Throughput, 50_000.0, 0),
+            rec("raw-verbs", 0, Operation::Pingpong, 40_000.0, 0),
+            rec("ib_send_lat", 0, Operation::Pingpong, 50_000.0, 0),
+            rec("dxnet-ib", 2, Operation::Pingpong, 25_000.0, 0),
+        ];
+        recs[5].lat_us.as_mut().unwrap().p999 = 4.0;
+        let t = render(&recs);
+        assert!(t.contains("dxnet-ib / raw-verbs"), "{t}");
+        assert!(t.contains("dxnet-ib / perftest"), "{t}");
+        assert!(
+            t.contains("5.00x msg/s") && t.contains("2.50x msg/s"),
+            "{t}"
+        );
+        // p50 40 µs vs 25 (raw-verbs) and 20 (ib_send_lat)
+        assert!(
+            t.contains("1.60x latency") && t.contains("2.00x latency"),
+            "{t}"
+        );
+        assert!(t.contains("dxnet-ib versus raw-verbs, perftest"), "{t}");
+        let versus = t.split("versus").nth(1).unwrap();
+        assert!(versus.contains("RTT p99.9"), "{t}");
+        assert!(versus.contains("4.00x"), "p99.9 4 µs vs 1 µs: {t}");
+        assert!(!t.contains("dxnet-ib / raw-tcp"));
     }
 
     #[test]
