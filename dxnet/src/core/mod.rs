@@ -797,7 +797,11 @@ impl Core {
     /// completes its requests right here on the receiving thread: no user
     /// code runs, and the waiting requester is woken one thread hop earlier.
     /// Anything else goes to the handler threads.
-    fn complete_responses_inline(&self, conn: &Arc<Connection>, buf: RecvBuffer) -> std::result::Result<(), RecvBuffer> {
+    fn complete_responses_inline(
+        &self,
+        conn: &Arc<Connection>,
+        buf: RecvBuffer,
+    ) -> std::result::Result<(), RecvBuffer> {
         let only_responses = {
             let mut segs = buf.segments();
             match (segs.next(), segs.next()) {
@@ -807,7 +811,9 @@ impl Core {
                     while ok && pos < seg.len() {
                         ok = seg.len() - pos >= HEADER_LEN
                             && match MessageHeader::decode(
-                                seg[pos..pos + HEADER_LEN].try_into().expect("header length"),
+                                seg[pos..pos + HEADER_LEN]
+                                    .try_into()
+                                    .expect("header length"),
                                 self.config.max_message_size,
                             ) {
                                 Ok(h) if h.flags & FLAG_RESPONSE != 0 => {

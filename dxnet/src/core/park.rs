@@ -40,9 +40,7 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 fn spin_budget(cfg: &ParkConfig) -> usize {
     static AUTO: OnceLock<usize> = OnceLock::new();
     cfg.max_spinning.unwrap_or_else(|| {
-        *AUTO.get_or_init(|| {
-            std::thread::available_parallelism().map_or(1, |n| n.get()) / 4
-        })
+        *AUTO.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 4)
     })
 }
 
@@ -97,7 +95,8 @@ impl Idle {
         }
         let mut cur = SPINNING.load(Ordering::Relaxed);
         while cur < self.budget {
-            match SPINNING.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+            match SPINNING.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     self.spinning = true;
                     return true;

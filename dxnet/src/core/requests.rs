@@ -287,7 +287,8 @@ impl PendingResponse {
     /// a wake-up on a small machine).
     pub fn wait_spinning(self, spin: Duration) -> Outcome {
         if !spin.is_zero() {
-            let end = Instant::now() + spin.min(self.slot.deadline.saturating_duration_since(Instant::now()));
+            let end = Instant::now()
+                + spin.min(self.slot.deadline.saturating_duration_since(Instant::now()));
             let mut n = 0u32;
             while !self.slot.done.load(Ordering::Acquire) {
                 std::hint::spin_loop();

@@ -88,6 +88,12 @@ pub struct IbEngine {
     pd: ibv::ProtectionDomain,
     send_cq: ibv::CompletionQueue,
     recv_cq: ibv::CompletionQueue,
+    /// The receive thread blocks on this when idle (an event per armed
+    /// completion), so an arriving message wakes it at once.
+    recv_channel: ibv::CompletionChannel,
+    /// The send thread is parked (requests and responses may then be
+    /// posted by the calling thread, see `try_flush`).
+    send_parked: AtomicBool,
     srq: ibv::SharedReceiveQueue,
     pool_mr: ibv::MemoryRegion,
     attr: ibv::ConnectAttr,
@@ -137,7 +143,10 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     attr.local_psn = rand::random::<u32>() & 0xff_ffff;
     let pd = ctx.alloc_pd().map_err(verbs_err)?;
     let send_cq = ctx.create_cq(ib.send_cq_size, None).map_err(verbs_err)?;
-    let recv_cq = ctx.create_cq(ib.recv_cq_size, None).map_err(verbs_err)?;
+    let recv_channel = ctx.create_comp_channel().map_err(verbs_err)?;
+    let recv_cq = ctx
+        .create_cq(ib.recv_cq_size, Some(&recv_channel))
+        .map_err(verbs_err)?;
     let sges = ib.sges_per_recv as usize;
     // Keep half the pool for buffers waiting in the incoming queue.
     let recv_wrs = (ib.srq_size as usize)
@@ -169,6 +178,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         pd,
         send_cq,
         recv_cq,
+        recv_channel,
+        send_parked: AtomicBool::new(false),
         srq,
         pool_mr,
         attr,
@@ -584,10 +595,12 @@ impl IbEngine {
                 } else {
                     idle.max_park
                 };
+                self.send_parked.store(true, Ordering::SeqCst);
                 self.send_signal.park_unless(
                     || !core.wim.is_empty() || self.stop.load(Ordering::Acquire),
                     max,
                 );
+                self.send_parked.store(false, Ordering::SeqCst);
             }
         }
     }
@@ -776,6 +789,7 @@ impl IbEngine {
         let mut empty_slots: Vec<usize> = (0..self.recv_wrs).collect();
         let mut chain =
             ibv::RecvChain::with_capacity(self.recv_wrs, self.recv_wrs * self.sges_per_recv);
+        let mut armed = false;
         while !self.stop.load(Ordering::Acquire) {
             self.refill(&core, &mut posted, &mut empty_slots, &mut chain);
             let n = match self.recv_cq.poll(&mut wcs) {
@@ -840,14 +854,40 @@ impl IbEngine {
                 idle.reset();
                 continue;
             }
+            if armed {
+                // Sleep until the next completion (or max_park).
+                if let Err(e) = self.recv_channel.wait_timeout(Some(idle.max_park)) {
+                    tracing::error!("{}: waiting for receive completions failed: {e}", self.own);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                armed = false;
+                continue;
+            }
             if idle.step() {
-                let max = if empty_slots.len() == self.recv_wrs {
-                    idle.max_park
+                if !empty_slots.is_empty() && core.pool.available() < self.sges_per_recv {
+                    // Receive queue not full and no buffers: wait for
+                    // handlers to return some (`wake_receiver`).
+                    self.recv_signal.park_unless(
+                        || {
+                            self.stop.load(Ordering::Acquire)
+                                || core.pool.available() >= self.sges_per_recv
+                        },
+                        Duration::from_millis(1),
+                    );
+                } else if let Err(e) = self.recv_cq.req_notify(false) {
+                    tracing::error!(
+                        "{}: arming the receive completion queue failed: {e}",
+                        self.own
+                    );
+                    self.recv_signal.park_unless(
+                        || self.stop.load(Ordering::Acquire),
+                        Duration::from_micros(200),
+                    );
                 } else {
-                    Duration::from_micros(200)
-                };
-                self.recv_signal
-                    .park_unless(|| self.stop.load(Ordering::Acquire), max);
+                    // Poll once more before sleeping: a completion may have
+                    // arrived before the queue was armed.
+                    armed = true;
+                }
             }
         }
         for bufs in posted {
@@ -977,6 +1017,20 @@ impl Transport for IbEngine {
 
     fn wake_sender(&self) {
         self.send_signal.notify_one();
+    }
+
+    fn try_flush(&self, peer: NodeId) -> bool {
+        if !self.send_parked.load(Ordering::SeqCst) {
+            return false; // the send thread is awake and aggregates
+        }
+        let Some(core) = self.core.upgrade() else {
+            return false;
+        };
+        let Some(ic) = self.by_peer.lock().get(&peer.0).cloned() else {
+            return false;
+        };
+        self.post(&core, &ic);
+        true
     }
 
     fn wake_receiver(&self) {
