@@ -701,7 +701,11 @@ impl IbEngine {
         if total == 0 && units == 0 {
             return;
         }
-        tracing::trace!("{}: posting {total} bytes, {units} units to {} (free {free})", self.own, conn.peer);
+        tracing::trace!(
+            "{}: posting {total} bytes, {units} units to {} (free {free})",
+            self.own,
+            conn.peer
+        );
         let base = ic.orb_mr.addr() as usize;
         let imm_first = wire::encode_imm(self.own.0, units);
         let imm_rest = wire::encode_imm(self.own.0, 0);
@@ -839,7 +843,11 @@ impl IbEngine {
                     );
                 }
                 if units > 0 {
-                    tracing::trace!("{}: {units} flow-control units from {}", self.own, ic.conn.peer);
+                    tracing::trace!(
+                        "{}: {units} flow-control units from {}",
+                        self.own,
+                        ic.conn.peer
+                    );
                 }
                 ic.conn.flow.on_confirm(units as u32);
                 let mut left = wc.byte_len() as usize;
