@@ -712,7 +712,6 @@ impl IbEngine {
         let mut st_chain = std::mem::take(&mut st.chain);
         st_chain.clear();
         let mut wrs = 0u32;
-        let mut sges: [Option<ibv::Sge>; 2] = [None, None];
         let result: std::result::Result<(), String> = (|| {
             if total == 0 {
                 st_chain.push(
@@ -724,42 +723,32 @@ impl IbEngine {
                 wrs = 1;
                 return Ok(());
             }
-            // Walk the (up to two) slices in max_recv_size work requests.
-            let mut pieces = [a, b].into_iter().filter(|s| !s.is_empty()).peekable();
-            let mut cur: &[u8] = pieces.next().unwrap_or(&[]);
-            let mut left = total;
-            while left > 0 {
-                let mut want = left.min(self.max_recv_size);
-                let mut n_sge = 0;
-                let mut wr_bytes = 0;
-                while want > 0 {
-                    if cur.is_empty() {
-                        cur = pieces.next().ok_or("ring slices shorter than claimed")?;
-                    }
-                    let take = want.min(cur.len());
-                    let off = cur.as_ptr() as usize - base;
-                    sges[n_sge] = Some(ic.orb_mr.sge(off, take as u32).map_err(|e| e.to_string())?);
-                    n_sge += 1;
-                    cur = &cur[take..];
-                    want -= take;
-                    wr_bytes += take;
+            // Work requests of at most max_recv_size bytes over the (up to
+            // two) ring slices.
+            let slices = [a, b];
+            let planned = plan_send_wrs([a.len(), b.len()], self.max_recv_size, |pieces, last| {
+                let mut s: [Option<ibv::Sge>; 2] = [None, None];
+                for (slot, &(which, off, len)) in s.iter_mut().zip(pieces) {
+                    let piece = &slices[which][off..off + len];
+                    let at = piece.as_ptr() as usize - base;
+                    *slot = Some(ic.orb_mr.sge(at, len as u32).map_err(|e| e.to_string())?);
                 }
-                left -= wr_bytes;
-                let s = [sges[0].take(), sges[1].take()];
                 let sl: &[ibv::Sge] = match (&s[0], &s[1]) {
                     (Some(x), Some(y)) => &[*x, *y],
                     (Some(x), None) => std::slice::from_ref(x),
                     _ => &[],
                 };
                 let imm = if wrs == 0 { imm_first } else { imm_rest };
-                let flags = if left == 0 {
+                let flags = if last {
                     ibv::SendFlags::SIGNALED
                 } else {
                     ibv::SendFlags::NONE
                 };
                 st_chain.push(conn.id, ibv::SendOp::SendWithImm(imm), sl, flags);
                 wrs += 1;
-            }
+                Ok(())
+            })?;
+            debug_assert_eq!(planned, wrs);
             Ok(())
         })();
         let posted = result.and_then(|_| ic.qp.post_send(&mut st_chain).map_err(|e| e.to_string()));
@@ -1059,5 +1048,116 @@ impl Transport for IbEngine {
                 let _ = t.join();
             }
         }
+    }
+}
+
+/// Plans the send work requests for ring-buffer data given as the lengths of
+/// its (up to) two slices, before and after the ring's end: every request
+/// carries at most `max` bytes, as one piece, or two where it crosses from
+/// the first slice into the second. `emit` gets each request's pieces as
+/// (slice index, offset in that slice, length) and whether it is the last
+/// one. Returns the number of requests.
+fn plan_send_wrs(
+    lens: [usize; 2],
+    max: usize,
+    mut emit: impl FnMut(&[(usize, usize, usize)], bool) -> std::result::Result<(), String>,
+) -> std::result::Result<u32, String> {
+    assert!(max > 0, "receive size must be positive");
+    let total = lens[0] + lens[1];
+    let (mut which, mut off) = (0usize, 0usize);
+    let mut left = total;
+    let mut wrs = 0u32;
+    let mut pieces = [(0usize, 0usize, 0usize); 2];
+    while left > 0 {
+        let mut want = left.min(max);
+        let mut n = 0;
+        while want > 0 {
+            if off == lens[which] {
+                which += 1;
+                off = 0;
+            }
+            let take = want.min(lens[which] - off);
+            pieces[n] = (which, off, take);
+            n += 1;
+            off += take;
+            want -= take;
+            left -= take;
+        }
+        emit(&pieces[..n], left == 0)?;
+        wrs += 1;
+    }
+    Ok(wrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte of both slices is covered once, in order; requests are
+    /// at most `max` bytes with one piece, or two only across the wrap.
+    fn check(lens: [usize; 2], max: usize) {
+        let mut covered = Vec::new();
+        let mut seen_last = 0;
+        let n = plan_send_wrs(lens, max, |pieces, last| {
+            assert!(!pieces.is_empty() && pieces.len() <= 2, "{pieces:?}");
+            let bytes: usize = pieces.iter().map(|p| p.2).sum();
+            assert!(bytes > 0 && bytes <= max);
+            if pieces.len() == 2 {
+                assert_eq!(
+                    (pieces[0].0, pieces[1].0),
+                    (0, 1),
+                    "two pieces only across the wrap"
+                );
+                assert_eq!(
+                    pieces[0].1 + pieces[0].2,
+                    lens[0],
+                    "first piece ends at the ring's end"
+                );
+                assert_eq!(pieces[1].1, 0, "second piece starts at the ring's start");
+            }
+            for &(w, off, len) in pieces {
+                assert!(len > 0 && off + len <= lens[w]);
+                covered.extend((off..off + len).map(|i| (w, i)));
+            }
+            if last {
+                seen_last += 1;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<_> = (0..lens[0])
+            .map(|i| (0, i))
+            .chain((0..lens[1]).map(|i| (1, i)))
+            .collect();
+        assert_eq!(covered, want, "lens {lens:?} max {max}");
+        let total = lens[0] + lens[1];
+        assert_eq!(n as usize, total.div_ceil(max));
+        assert_eq!(seen_last, usize::from(total > 0));
+    }
+
+    #[test]
+    fn slicing_sges_and_wrap_around() {
+        for max in [1, 3, 7, 64, 65536] {
+            for a in [0, 1, 2, 5, 63, 64, 65, 200, 65536, 65537] {
+                for b in [0, 1, 6, 64, 100, 131072] {
+                    check([a, b], max);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slicing_stops_at_the_first_error() {
+        let mut calls = 0;
+        let r = plan_send_wrs([100, 0], 10, |_, _| {
+            calls += 1;
+            if calls == 3 {
+                Err("post failed".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r, Err("post failed".to_string()));
+        assert_eq!(calls, 3);
     }
 }
