@@ -28,7 +28,7 @@
 //!   rediscovers the node.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -43,7 +43,7 @@ use crate::core::park::{Idle, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
 use crate::core::Core;
-use crate::transport::Transport;
+use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
 
 /// Completions taken per poll call.
@@ -120,12 +120,6 @@ pub struct IbEngine {
 
 fn verbs_err(e: ibv::Error) -> Error {
     Error::Transport(format!("InfiniBand: {e}"))
-}
-
-fn resolve(addr: &str) -> std::io::Result<SocketAddr> {
-    addr.to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
 }
 
 /// Starts the engine: opens the device, creates the shared queues,

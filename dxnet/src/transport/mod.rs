@@ -44,6 +44,14 @@ pub trait Transport: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
+/// The first socket address a node-map address (`host:port`) resolves to.
+pub(crate) fn resolve(addr: &str) -> std::io::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
+}
+
 /// Starts the engine the configuration names.
 pub(crate) fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     match core.config().transport {

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -32,7 +32,7 @@ use crate::core::wire::{
     CHUNK_HEADER_LEN, HANDSHAKE_LEN,
 };
 use crate::core::Core;
-use crate::transport::Transport;
+use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
 
 const WAKER: Token = Token(usize::MAX);
@@ -97,12 +97,6 @@ pub struct TcpEngine {
 
 fn io_err(e: std::io::Error) -> Error {
     Error::Transport(e.to_string())
-}
-
-fn resolve(addr: &str) -> std::io::Result<SocketAddr> {
-    addr.to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{addr} resolves to no address")))
 }
 
 /// Starts the TCP engine: binds the listener on the own node-map address and
