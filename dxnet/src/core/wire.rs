@@ -265,6 +265,27 @@ impl HandshakeMsg {
     }
 }
 
+/// The HMAC over the fields a proof binds: role, the prover's nonce, the
+/// verifier's nonce, both ids and the prover's instance id.
+fn proof_mac(
+    secret: &[u8],
+    role: &[u8],
+    prover_nonce: &[u8; 16],
+    verifier_nonce: &[u8; 16],
+    prover_id: u16,
+    verifier_id: u16,
+    prover_instance: u64,
+) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(role);
+    mac.update(prover_nonce);
+    mac.update(verifier_nonce);
+    mac.update(&prover_id.to_le_bytes());
+    mac.update(&verifier_id.to_le_bytes());
+    mac.update(&prover_instance.to_le_bytes());
+    mac
+}
+
 /// Proof that a side knows the cluster secret: HMAC-SHA256 over the role,
 /// both challenges and both identities, so a proof cannot be replayed for
 /// another connection, another direction or another claimed node id.
@@ -281,14 +302,18 @@ pub fn proof(
     let Some(secret) = secret else {
         return [0; 32];
     };
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
-    mac.update(role);
-    mac.update(my_nonce);
-    mac.update(peer_nonce);
-    mac.update(&my_id.to_le_bytes());
-    mac.update(&peer_id.to_le_bytes());
-    mac.update(&my_instance.to_le_bytes());
-    mac.finalize().into_bytes().into()
+    proof_mac(
+        secret,
+        role,
+        my_nonce,
+        peer_nonce,
+        my_id,
+        peer_id,
+        my_instance,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
 }
 
 /// Constant-time check of a peer's proof.
@@ -306,14 +331,17 @@ pub fn verify_proof(
     let Some(secret) = secret else {
         return true;
     };
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
-    mac.update(role);
-    mac.update(peer_nonce);
-    mac.update(my_nonce);
-    mac.update(&peer_id.to_le_bytes());
-    mac.update(&my_id.to_le_bytes());
-    mac.update(&peer_instance.to_le_bytes());
-    mac.verify_slice(got).is_ok()
+    proof_mac(
+        secret,
+        role,
+        peer_nonce,
+        my_nonce,
+        peer_id,
+        my_id,
+        peer_instance,
+    )
+    .verify_slice(got)
+    .is_ok()
 }
 
 /// Magic of the InfiniBand connection-exchange datagrams.
@@ -399,12 +427,11 @@ impl Exchange {
             k => return Err(HandshakeError::Kind(k)),
         };
         if let Some(secret) = secret {
-            let mut mac =
-                <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
-            mac.update(b"ib-exchange");
-            mac.update(&b[..88]);
             // Constant-time comparison.
-            if mac.verify_slice(&b[88..120]).is_err() {
+            if exchange_hmac(secret, &b[..88])
+                .verify_slice(&b[88..120])
+                .is_err()
+            {
                 return Err(HandshakeError::Auth);
             }
         }
@@ -421,14 +448,18 @@ impl Exchange {
     }
 }
 
-fn exchange_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
-    let Some(secret) = secret else {
-        return [0; 32];
-    };
+fn exchange_hmac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
     mac.update(b"ib-exchange");
     mac.update(body);
-    mac.finalize().into_bytes().into()
+    mac
+}
+
+fn exchange_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
+    match secret {
+        Some(secret) => exchange_hmac(secret, body).finalize().into_bytes().into(),
+        None => [0; 32],
+    }
 }
 
 /// Immediate data of an RDMA send: source node id (16 bits) and

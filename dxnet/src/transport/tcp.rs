@@ -69,7 +69,6 @@ struct RecvState {
 struct TcpConn {
     conn: Arc<Connection>,
     stream: TcpStream,
-    token: Token,
     send: Mutex<SendState>,
     recv: Mutex<RecvState>,
     /// Send an empty chunk even if there is nothing to send (liveness probe).
@@ -355,7 +354,6 @@ impl TcpEngine {
         let tc = Arc::new(TcpConn {
             conn: conn.clone(),
             stream: s,
-            token,
             send: Mutex::new(SendState {
                 header: [0; CHUNK_HEADER_LEN],
                 header_off: CHUNK_HEADER_LEN,
@@ -801,7 +799,6 @@ impl Transport for TcpEngine {
             let _ = self.recv_registry.deregister(&mut SourceFd(&fd));
             let _ = self.send_registry.deregister(&mut SourceFd(&fd));
             let _ = tc.stream.shutdown(std::net::Shutdown::Both);
-            let _ = tc.token;
         }
     }
 
