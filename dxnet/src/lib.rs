@@ -27,7 +27,7 @@ pub mod message;
 mod node;
 pub mod transport;
 
-pub use config::{Config, TransportKind};
+pub use config::{Config, TlsConfig, TransportKind};
 pub use error::{Error, Result};
 pub use message::{Message, Request};
 pub use node::{Node, NodeStats, ResponseHandle};

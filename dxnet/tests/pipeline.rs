@@ -116,3 +116,8 @@ fn send_to_self_is_delivered_locally() {
         "no transport connection to self"
     );
 }
+
+#[test]
+fn tls_three_nodes_four_threads_small_ring() {
+    all_to_all(Kind::TcpTls, 3, 4, 200, 16 << 10);
+}

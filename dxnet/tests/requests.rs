@@ -118,6 +118,11 @@ fn thousands_outstanding_tcp() {
 }
 
 #[test]
+fn thousands_outstanding_tls() {
+    thousands_outstanding(Kind::TcpTls);
+}
+
+#[test]
 fn timeouts_fire_and_late_responses_are_dropped() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| c.handler_threads = 2));
     serve(&cluster[1]);
@@ -167,7 +172,16 @@ fn unknown_request_type_is_a_typed_error() {
 
 #[test]
 fn dead_node_is_unreachable_then_reconnects_after_restart() {
-    let cfgs = cluster_configs(Kind::Tcp, 2, |c| c.connect_timeout_ms = 500);
+    dead_node_then_restart(Kind::Tcp);
+}
+
+#[test]
+fn tls_dead_node_is_unreachable_then_reconnects_after_restart() {
+    dead_node_then_restart(Kind::TcpTls);
+}
+
+fn dead_node_then_restart(kind: Kind) {
+    let cfgs = cluster_configs(kind, 2, |c| c.connect_timeout_ms = 500);
     let a = Node::start(cfgs[0].clone()).unwrap();
     // Node 1 not running: fails fast with a typed error, within the timeout.
     let t0 = Instant::now();

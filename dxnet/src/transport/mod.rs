@@ -19,6 +19,7 @@ use crate::{NodeId, Result};
 pub mod ib;
 pub mod loopback;
 pub mod tcp;
+pub mod tls;
 
 /// What the core needs from a transport engine.
 pub trait Transport: Send + Sync + 'static {

@@ -11,6 +11,11 @@
 //! receive thread reads into pooled buffers and marks which byte ranges are
 //! message data, so nothing is copied again before the handler threads
 //! decode in place.
+//!
+//! With `[tls]` configured the same chunks travel inside TLS 1.3 records
+//! (rustls): the send thread copies them from the ring buffer into rustls,
+//! which encrypts into its own bounded buffer, and the receive thread
+//! decrypts into the pooled buffers (see [`super::tls`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
@@ -27,11 +32,13 @@ use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::park::Idle;
+use crate::core::pool::RecvBuffer;
 use crate::core::wire::{
     self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
     CHUNK_HEADER_LEN, HANDSHAKE_LEN,
 };
 use crate::core::Core;
+use crate::transport::tls::{self, TlsContext, TlsStream};
 use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
 
@@ -73,6 +80,9 @@ struct TcpConn {
     recv: Mutex<RecvState>,
     /// Send an empty chunk even if there is nothing to send (liveness probe).
     poke: AtomicBool,
+    /// TLS state when the node uses TLS; locked by the send path (after
+    /// `send`) and by the receive thread.
+    tls: Option<Mutex<rustls::Connection>>,
 }
 
 /// The TCP engine of one node.
@@ -80,6 +90,10 @@ pub struct TcpEngine {
     core: Weak<Core>,
     own: NodeId,
     secret: Option<Vec<u8>>,
+    tls: Option<TlsContext>,
+    /// Connections the receive thread must read without a readiness event
+    /// (TLS may hold data it already took off the socket in the handshake).
+    kick: Mutex<Vec<Arc<TcpConn>>>,
     by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
     by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
     recv_registry: mio::Registry,
@@ -120,6 +134,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         core: Arc::downgrade(core),
         own,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
+        kick: Mutex::new(Vec::new()),
         by_peer: Mutex::new(HashMap::new()),
         by_token: Mutex::new(HashMap::new()),
         recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
@@ -179,10 +195,10 @@ impl TcpEngine {
     // ----- connection set-up ---------------------------------------------
 
     /// Dialer side of the handshake; returns the acceptor's hello.
-    fn dial_handshake(
+    fn dial_handshake<S: Read + Write>(
         &self,
         core: &Core,
-        s: &mut TcpStream,
+        s: &mut S,
         peer: NodeId,
     ) -> std::result::Result<Hello, String> {
         let mine = self.hello(core, peer.0);
@@ -229,8 +245,8 @@ impl TcpEngine {
         }
     }
 
-    /// Acceptor side: authenticates the dialer, asks the core whether to
-    /// accept, attaches the connection.
+    /// Acceptor side: authenticates the dialer (TLS first when configured),
+    /// asks the core whether to accept, attaches the connection.
     fn accept_handshake(
         &self,
         core: &Arc<Core>,
@@ -241,21 +257,54 @@ impl TcpEngine {
             .map_err(|e| e.to_string())?;
         s.set_write_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
-        let theirs = match read_msg(&mut s)? {
+        let mut tls_conn = match &self.tls {
+            Some(t) => Some(t.accept(&mut s)?),
+            None => None,
+        };
+        let (conn, theirs) = match tls_conn.as_mut() {
+            Some(c) => {
+                let cert = tls::peer_cert(c);
+                let check = |id: NodeId| tls::check_cert_names(cert.as_ref(), id);
+                let mut ts = TlsStream {
+                    conn: c,
+                    sock: &mut s,
+                };
+                self.accept_exchange(core, &mut ts, timeout, &check)?
+            }
+            None => self.accept_exchange(core, &mut s, timeout, &|_| Ok(()))?,
+        };
+        self.attach(core, &conn, s, tls_conn, &theirs)
+            .inspect_err(|e| core.close_connection(&conn, e, true))
+    }
+
+    /// The handshake messages of the acceptor; `identity` checks the
+    /// claimed node id against the TLS certificate (when TLS is on).
+    fn accept_exchange<S: Read + Write>(
+        &self,
+        core: &Arc<Core>,
+        s: &mut S,
+        timeout: Duration,
+        identity: &dyn Fn(NodeId) -> std::result::Result<(), String>,
+    ) -> std::result::Result<(Arc<Connection>, Hello), String> {
+        let theirs = match read_msg(s)? {
             HandshakeMsg::Hello(h) => h,
             other => return Err(format!("expected hello, got {other:?}")),
         };
-        let reject = |s: &mut TcpStream, st: Status| {
+        let reject = |s: &mut S, st: Status| {
             let _ = write_msg(s, &HandshakeMsg::Final(st));
             Err(format!("rejected node {}: {st}", theirs.node_id))
         };
         if theirs.target_id != self.own.0 {
-            return reject(&mut s, Status::WrongTarget);
+            return reject(s, Status::WrongTarget);
         }
         if core.config().address_of(NodeId(theirs.node_id)).is_none()
             || theirs.node_id == self.own.0
         {
-            return reject(&mut s, Status::UnknownNode);
+            return reject(s, Status::UnknownNode);
+        }
+        if let Err(e) = identity(NodeId(theirs.node_id)) {
+            let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
+            return Err(format!("rejected node {}: {e}", theirs.node_id));
         }
         let mine = self.hello(core, 0);
         let mac = wire::proof(
@@ -267,8 +316,8 @@ impl TcpEngine {
             theirs.node_id,
             core.instance,
         );
-        write_msg(&mut s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
-        match read_msg(&mut s)? {
+        write_msg(s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
+        match read_msg(s)? {
             HandshakeMsg::Proof(p) => {
                 if !wire::verify_proof(
                     self.secret(),
@@ -280,22 +329,21 @@ impl TcpEngine {
                     theirs.instance,
                     &p,
                 ) {
-                    return reject(&mut s, Status::AuthFailed);
+                    return reject(s, Status::AuthFailed);
                 }
             }
             other => return Err(format!("expected proof, got {other:?}")),
         }
         let peer = NodeId(theirs.node_id);
         if !self.old_connection_gone(core, peer, theirs.instance, timeout / 2) {
-            return reject(&mut s, Status::Duplicate);
+            return reject(s, Status::Duplicate);
         }
         let conn = match core.accept_incoming(peer, theirs.instance) {
             Ok(c) => c,
-            Err(st) => return reject(&mut s, st),
+            Err(st) => return reject(s, st),
         };
-        write_msg(&mut s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
-        self.attach(core, &conn, s, &theirs)
-            .inspect_err(|e| core.close_connection(&conn, e, true))
+        write_msg(s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
+        Ok((conn, theirs))
     }
 
     /// A dialer claims to be `peer` with another instance id than our open
@@ -346,6 +394,7 @@ impl TcpEngine {
         core: &Core,
         conn: &Arc<Connection>,
         s: TcpStream,
+        tls_conn: Option<rustls::Connection>,
         theirs: &Hello,
     ) -> std::result::Result<(), String> {
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -362,6 +411,7 @@ impl TcpEngine {
             }),
             recv: Mutex::new(RecvState::default()),
             poke: AtomicBool::new(false),
+            tls: tls_conn.map(Mutex::new),
         });
         {
             let mut by_peer = self.by_peer.lock();
@@ -389,6 +439,10 @@ impl TcpEngine {
             return Err("connection closed during set-up".into());
         }
         core.on_write_interest(conn.peer);
+        if tc.tls.is_some() {
+            self.kick.lock().push(tc);
+            self.wake_receiver();
+        }
         Ok(())
     }
 
@@ -498,6 +552,14 @@ impl TcpEngine {
             }
             if woke {
                 starved = false;
+                for tc in std::mem::take(&mut *self.kick.lock()) {
+                    let mut rs = tc.recv.lock();
+                    if !rs.readable {
+                        rs.readable = true;
+                        drop(rs);
+                        readable.push_back(tc);
+                    }
+                }
             }
             if !paused.is_empty() {
                 paused.retain(|tc| {
@@ -552,6 +614,9 @@ impl TcpEngine {
         let Some(mut buf) = core.pool.get() else {
             return ReadOutcome::Starved;
         };
+        if let Some(tls) = &tc.tls {
+            return self.read_tls(core, tc, tls, buf);
+        }
         let cap = buf.capacity();
         let n = match (&tc.stream).read(buf.space()) {
             Ok(0) => {
@@ -574,13 +639,7 @@ impl TcpEngine {
                 return ReadOutcome::Closed;
             }
         };
-        {
-            let mut rs = tc.recv.lock();
-            let (data, mut segs) = buf.space_and_segments();
-            rs.parser
-                .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
-        }
-        core.deliver(&tc.conn, buf);
+        self.parse_and_deliver(core, tc, buf, n);
         if n < cap {
             // A short read of a stream socket means its queue is empty now;
             // with edge-triggered polling new data raises a new event, so
@@ -588,6 +647,74 @@ impl TcpEngine {
             ReadOutcome::Drained
         } else {
             ReadOutcome::More
+        }
+    }
+
+    /// Marks the message data among the first `n` bytes of `buf` and hands
+    /// the buffer to the incoming queue.
+    fn parse_and_deliver(&self, core: &Arc<Core>, tc: &TcpConn, mut buf: RecvBuffer, n: usize) {
+        {
+            let mut rs = tc.recv.lock();
+            let (data, mut segs) = buf.space_and_segments();
+            rs.parser
+                .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
+        }
+        core.deliver(&tc.conn, buf);
+    }
+
+    /// [`TcpEngine::read_once`] of a TLS connection: decrypted data first,
+    /// then more records from the socket until it would block.
+    fn read_tls(
+        &self,
+        core: &Arc<Core>,
+        tc: &TcpConn,
+        tls: &Mutex<rustls::Connection>,
+        mut buf: RecvBuffer,
+    ) -> ReadOutcome {
+        let mut t = tls.lock();
+        let fail = |t: &mut rustls::Connection, buf: RecvBuffer, why: String| {
+            core.pool.put(buf);
+            // Best effort: tell the peer why (a TLS alert).
+            let _ = t.write_tls(&mut &tc.stream);
+            core.close_connection(&tc.conn, &why, true);
+            ReadOutcome::Closed
+        };
+        loop {
+            match t.reader().read(buf.space()) {
+                Ok(0) => {
+                    return fail(&mut t, buf, "peer closed the connection (TLS)".into());
+                }
+                Ok(n) => {
+                    let wants_write = t.wants_write();
+                    drop(t);
+                    if wants_write {
+                        core.on_write_interest(tc.conn.peer);
+                    }
+                    self.parse_and_deliver(core, tc, buf, n);
+                    return ReadOutcome::More;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return fail(&mut t, buf, format!("TLS receive failed: {e}")),
+            }
+            match t.read_tls(&mut &tc.stream) {
+                Ok(0) => return fail(&mut t, buf, "peer closed the connection".into()),
+                Ok(_) => {
+                    if let Err(e) = t.process_new_packets() {
+                        return fail(&mut t, buf, format!("TLS error: {e}"));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let wants_write = t.wants_write();
+                    drop(t);
+                    core.pool.put(buf);
+                    if wants_write {
+                        core.on_write_interest(tc.conn.peer);
+                    }
+                    return ReadOutcome::Drained;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return fail(&mut t, buf, format!("receive failed: {e}")),
+            }
         }
     }
 
@@ -658,6 +785,9 @@ impl TcpEngine {
         if conn.state() != ConnState::Open || st.blocked {
             return false;
         }
+        if let Some(tls) = &tc.tls {
+            return self.write_tls(core, tc, st, &mut tls.lock());
+        }
         for _ in 0..SEND_ROUNDS {
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
                 let units = conn.flow.take_units(u32::MAX);
@@ -703,6 +833,83 @@ impl TcpEngine {
             || conn.orb.unposted_len() > 0
             || conn.flow.pending_units() > 0
     }
+
+    /// [`TcpEngine::write_locked`] of a TLS connection: chunks are copied
+    /// from the ring buffer into rustls (bounded by its buffer limit, so a
+    /// chunk counts as sent once rustls holds it) and the records written
+    /// out; pending records go out before new data is taken.
+    fn write_tls(
+        &self,
+        core: &Core,
+        tc: &TcpConn,
+        st: &mut SendState,
+        t: &mut rustls::Connection,
+    ) -> bool {
+        let conn = &tc.conn;
+        // Writes pending records; false if the socket is full or failed.
+        let flush = |t: &mut rustls::Connection, st: &mut SendState| -> bool {
+            while t.wants_write() {
+                match t.write_tls(&mut &tc.stream) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        st.blocked = true;
+                        return false;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        core.close_connection(conn, &format!("send failed: {e}"), true);
+                        return false;
+                    }
+                }
+            }
+            true
+        };
+        for _ in 0..SEND_ROUNDS {
+            if !flush(t, st) {
+                return false;
+            }
+            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
+                let units = conn.flow.take_units(u32::MAX);
+                let avail = conn.orb.unposted_len().min(MAX_CHUNK);
+                let poke = tc.poke.swap(false, Ordering::AcqRel);
+                if avail == 0 && units == 0 && !poke {
+                    return false;
+                }
+                st.header = encode_chunk_header(avail as u32, units);
+                st.header_off = 0;
+                st.data_left = avail;
+            }
+            // SAFETY: the send thread (or a caller holding the send state)
+            // is the ring's only consumer; rustls copies the slices before
+            // `mark_completed` frees them.
+            let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
+            let hdr = &st.header[st.header_off..];
+            let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
+            match t.writer().write_vectored(&iov) {
+                Ok(n) => {
+                    let h = n.min(hdr.len());
+                    st.header_off += h;
+                    let d = n - h;
+                    if d > 0 {
+                        conn.orb.mark_posted(d);
+                        conn.orb.mark_completed(d);
+                        st.data_left -= d;
+                    }
+                }
+                Err(e) => {
+                    core.close_connection(conn, &format!("TLS send failed: {e}"), true);
+                    return false;
+                }
+            }
+        }
+        if !flush(t, st) {
+            return false;
+        }
+        st.data_left > 0
+            || st.header_off < CHUNK_HEADER_LEN
+            || conn.orb.unposted_len() > 0
+            || conn.flow.pending_units() > 0
+    }
 }
 
 enum ReadOutcome {
@@ -719,11 +926,12 @@ enum ReadOutcome {
     Closed,
 }
 
-fn write_msg(s: &mut TcpStream, m: &HandshakeMsg) -> std::io::Result<()> {
-    s.write_all(&m.encode())
+fn write_msg(s: &mut impl Write, m: &HandshakeMsg) -> std::io::Result<()> {
+    s.write_all(&m.encode())?;
+    s.flush()
 }
 
-fn read_msg(s: &mut TcpStream) -> std::result::Result<HandshakeMsg, String> {
+fn read_msg(s: &mut impl Read) -> std::result::Result<HandshakeMsg, String> {
     let mut b = [0u8; HANDSHAKE_LEN];
     s.read_exact(&mut b)
         .map_err(|e| format!("handshake read: {e}"))?;
@@ -754,7 +962,24 @@ impl Transport for TcpEngine {
                 .max(Duration::from_millis(1));
             let _ = s.set_read_timeout(Some(left));
             let _ = s.set_write_timeout(Some(left));
-            match self.dial_handshake(&core, &mut s, peer) {
+            let mut tls_conn = match &self.tls {
+                Some(t) => Some(
+                    t.dial(&mut s, peer)
+                        .map_err(|e| Error::Unreachable(peer, e))?,
+                ),
+                None => None,
+            };
+            let res = match tls_conn.as_mut() {
+                Some(c) => {
+                    let mut ts = TlsStream {
+                        conn: c,
+                        sock: &mut s,
+                    };
+                    self.dial_handshake(&core, &mut ts, peer)
+                }
+                None => self.dial_handshake(&core, &mut s, peer),
+            };
+            match res {
                 Ok(theirs) => {
                     if conn.state() == ConnState::Open {
                         // Opened meanwhile from the other side: keep that one.
@@ -764,7 +989,7 @@ impl Transport for TcpEngine {
                         return Err(Error::Unreachable(peer, "peer sent instance id 0".into()));
                     }
                     return self
-                        .attach(&core, conn, s, &theirs)
+                        .attach(&core, conn, s, tls_conn, &theirs)
                         .map_err(|e| Error::Unreachable(peer, e));
                 }
                 Err(e) if e.contains(&Status::Duplicate.to_string()) => {

@@ -143,6 +143,19 @@ pub fn base_port(n: u16) -> u16 {
 pub enum Kind {
     Loopback,
     Tcp,
+    /// TCP with TLS: a fresh CA and node certificates per cluster.
+    TcpTls,
+}
+
+/// A fresh directory for `n` nodes' certificates (removed with the process'
+/// other temporary files by the OS; unique per cluster).
+pub fn pki_dir() -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "dxnet-test-pki-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ))
 }
 
 static FABRIC: AtomicU64 = AtomicU64::new(0);
@@ -150,12 +163,28 @@ static FABRIC: AtomicU64 = AtomicU64::new(0);
 /// Configs for an `n`-node cluster of `kind`, adjusted by `tweak`.
 pub fn cluster_configs(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<Config> {
     let fabric = format!("test-{}", FABRIC.fetch_add(1, Ordering::SeqCst));
-    let base = if kind == Kind::Tcp { base_port(n) } else { 0 };
+    let base = if kind == Kind::Loopback {
+        0
+    } else {
+        base_port(n)
+    };
+    let ids: Vec<NodeId> = (0..n).map(NodeId).collect();
+    let mut tls = if kind == Kind::TcpTls {
+        dxnet::transport::tls::generate_cluster_pki(&pki_dir(), &ids).unwrap()
+    } else {
+        Vec::new()
+    }
+    .into_iter();
     (0..n)
         .map(|i| {
             let mut c = match kind {
                 Kind::Loopback => Config::loopback(i, n, &fabric),
                 Kind::Tcp => Config::tcp_localhost(i, n, base),
+                Kind::TcpTls => {
+                    let mut c = Config::tcp_localhost(i, n, base);
+                    c.tls = tls.next();
+                    c
+                }
             };
             c.park.spin_us = 20; // 2-core machine: do not let idle threads hog it
             c.park.yield_us = 200;
