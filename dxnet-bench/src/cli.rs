@@ -91,7 +91,7 @@ pub struct RunArgs {
     /// Output directory.
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
-    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-loopback,
+    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-tcp-tls, dxnet-loopback,
     /// dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,

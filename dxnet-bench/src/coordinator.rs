@@ -206,6 +206,11 @@ impl Coordinator {
             params: params.clone(),
             fabric: format!("dxnet-bench-{}-{gi}", std::process::id()),
         };
+        let _pki = if kind == BindingKind::DxnetTcpTls {
+            Some(Pki::write(&setup)?)
+        } else {
+            None
+        };
         let phase_timeout = Duration::from_secs(params.timeout_s * 2 + 30);
         pb.set_message(format!("{}: starting", describe(g)));
 
@@ -502,6 +507,25 @@ pub fn parse_node_file(text: &str) -> Result<Vec<String>> {
         bail!("node file: at least two nodes are needed");
     }
     Ok(entries.into_iter().map(|(_, h)| h).collect())
+}
+
+/// The certificates of a `dxnet-tcp-tls` group, removed when dropped.
+struct Pki(std::path::PathBuf);
+
+impl Pki {
+    fn write(setup: &BindingSetup) -> Result<Self> {
+        let dir = setup.pki_dir();
+        let ids: Vec<dxnet::NodeId> = setup.nodes.iter().map(|(i, _)| dxnet::NodeId(*i)).collect();
+        dxnet::transport::tls::generate_cluster_pki(&dir, &ids)
+            .map_err(|e| anyhow::anyhow!("writing TLS certificates to {}: {e}", dir.display()))?;
+        Ok(Pki(dir))
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]

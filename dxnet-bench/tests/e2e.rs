@@ -10,7 +10,7 @@ use serde_json::Value;
 const EXE: &str = env!("CARGO_BIN_EXE_dxnet-bench");
 
 fn bindings() -> Vec<&'static str> {
-    vec!["raw-tcp", "dxnet-tcp", "dxnet-loopback"]
+    vec!["raw-tcp", "dxnet-tcp", "dxnet-tcp-tls", "dxnet-loopback"]
 }
 
 fn write_config(dir: &Path, base_port: u16, all_to_all_nodes: usize) -> std::path::PathBuf {

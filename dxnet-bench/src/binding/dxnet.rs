@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use dxnet::config::{IbConfig, NodeEntry};
-use dxnet::{Config, Node, NodeId, TransportKind};
+use dxnet::{Config, Node, NodeId, TlsConfig, TransportKind};
 use serde::{Deserialize, Serialize};
 
 use super::{Binding, BindingKind, BindingSetup, Sink};
@@ -62,7 +62,7 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
     let kind = BindingKind::parse(&setup.binding)?;
     let base = match kind {
         BindingKind::DxnetLoopback => Config::loopback(me, setup.nodes.len() as u16, &setup.fabric),
-        BindingKind::DxnetTcp | BindingKind::DxnetIb => Config {
+        BindingKind::DxnetTcp | BindingKind::DxnetTcpTls | BindingKind::DxnetIb => Config {
             node_id: me,
             nodes: setup
                 .nodes
@@ -86,6 +86,15 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
                 },
                 ..IbConfig::default()
             },
+            tls: (kind == BindingKind::DxnetTcpTls).then(|| {
+                let dir = setup.pki_dir();
+                let file = |ext: &str| dir.join(format!("node-{me}.{ext}")).display().to_string();
+                TlsConfig {
+                    cert: file("pem"),
+                    key: file("key"),
+                    ca: dir.join("ca.pem").display().to_string(),
+                }
+            }),
             ..Config::default()
         },
         other => bail!("{} is not a dxnet binding", other.name()),

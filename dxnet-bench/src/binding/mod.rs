@@ -36,6 +36,10 @@ pub enum BindingKind {
     RawTcp,
     /// dxnet over its TCP transport, one node per process.
     DxnetTcp,
+    /// `dxnet-tcp` with TLS 1.3 (rustls) on every connection: the
+    /// coordinator writes a fresh CA and node certificates for the run
+    /// (see [`pki_dir`]). Compared with `dxnet-tcp` to show TLS's cost.
+    DxnetTcpTls,
     /// dxnet over its in-process loopback transport: all nodes of a run are
     /// `Node` instances inside one process.
     DxnetLoopback,
@@ -63,6 +67,7 @@ pub fn baseline_of(binding: &str) -> Option<&'static str> {
 pub fn baselines_of(binding: &str) -> &'static [&'static str] {
     match binding {
         "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp"],
+        "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp"],
         "dxnet-ib" => &["raw-verbs", "perftest"],
         _ => &[],
     }
@@ -102,6 +107,7 @@ impl BindingKind {
         let k = match s.trim() {
             "raw-tcp" => BindingKind::RawTcp,
             "dxnet-tcp" => BindingKind::DxnetTcp,
+            "dxnet-tcp-tls" => BindingKind::DxnetTcpTls,
             "dxnet-loopback" => BindingKind::DxnetLoopback,
             "dxnet-ib" => BindingKind::DxnetIb,
             "raw-verbs" => BindingKind::RawVerbs,
@@ -109,8 +115,8 @@ impl BindingKind {
             "ib_send_lat" => BindingKind::IbSendLat,
             other => {
                 bail!(
-                    "unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-loopback, \
-                     dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
+                    "unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-tcp-tls, \
+                     dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
                 )
             }
         };
@@ -122,6 +128,7 @@ impl BindingKind {
         match self {
             BindingKind::RawTcp => "raw-tcp",
             BindingKind::DxnetTcp => "dxnet-tcp",
+            BindingKind::DxnetTcpTls => "dxnet-tcp-tls",
             BindingKind::DxnetLoopback => "dxnet-loopback",
             BindingKind::DxnetIb => "dxnet-ib",
             BindingKind::RawVerbs => "raw-verbs",
@@ -134,7 +141,10 @@ impl BindingKind {
     pub fn has_handlers(self) -> bool {
         matches!(
             self,
-            BindingKind::DxnetTcp | BindingKind::DxnetLoopback | BindingKind::DxnetIb
+            BindingKind::DxnetTcp
+                | BindingKind::DxnetTcpTls
+                | BindingKind::DxnetLoopback
+                | BindingKind::DxnetIb
         )
     }
 
@@ -219,6 +229,13 @@ pub struct BindingSetup {
 }
 
 impl BindingSetup {
+    /// Where the certificates of a `dxnet-tcp-tls` run live: a directory
+    /// unique to the run's group, written by the coordinator before the node
+    /// processes start (so nodes on other hosts need a shared file system).
+    pub fn pki_dir(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("{}-pki", self.fabric))
+    }
+
     /// The data address of node `id`.
     pub fn address(&self, id: u16) -> Option<&str> {
         self.nodes
@@ -249,9 +266,10 @@ pub trait Binding: Send + Sync {
 pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn Binding>> {
     let b: Arc<dyn Binding> = match BindingKind::parse(&setup.binding)? {
         BindingKind::RawTcp => Arc::new(raw_tcp::RawTcp::start(setup, me, sink.clone())?),
-        BindingKind::DxnetTcp | BindingKind::DxnetLoopback | BindingKind::DxnetIb => {
-            Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?)
-        }
+        BindingKind::DxnetTcp
+        | BindingKind::DxnetTcpTls
+        | BindingKind::DxnetLoopback
+        | BindingKind::DxnetIb => Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?),
         BindingKind::RawVerbs => Arc::new(raw_verbs::RawVerbs::start(setup, me, sink.clone())?),
         k @ (BindingKind::IbSendBw | BindingKind::IbSendLat) => {
             bail!(
@@ -502,6 +520,7 @@ mod tests {
         for k in [
             BindingKind::RawTcp,
             BindingKind::DxnetTcp,
+            BindingKind::DxnetTcpTls,
             BindingKind::DxnetLoopback,
             BindingKind::DxnetIb,
             BindingKind::RawVerbs,

@@ -147,11 +147,11 @@ pub enum Kind {
     TcpTls,
 }
 
-/// A fresh directory for `n` nodes' certificates (removed with the process'
-/// other temporary files by the OS; unique per cluster).
+/// A fresh directory for a cluster's certificates, under cargo's
+/// `target/tmp` (not the system's temp directory).
 pub fn pki_dir() -> std::path::PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
-    std::env::temp_dir().join(format!(
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "dxnet-test-pki-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::SeqCst)
