@@ -130,3 +130,35 @@ fn bad_tls_files_are_config_errors_naming_the_field() {
     let n = Node::start(cfg).unwrap();
     drop(n);
 }
+
+#[test]
+fn garbage_to_a_tls_node_is_closed() {
+    use std::io::{Read, Write};
+    let (cfgs, a, c) = cluster();
+    let addr = cfgs[0].address_of(NodeId(0)).unwrap().to_string();
+    let mut noise = vec![0u8; 4096];
+    for (i, b) in noise.iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+    }
+    // Random bytes, then a TLS-looking record header announcing 4 GiB-ish.
+    for bytes in [noise.clone(), vec![0x16, 0x03, 0x01, 0xff, 0xff, 1, 2, 3]] {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&bytes);
+        let mut buf = [0u8; 256];
+        // The node answers with at most a TLS alert, then closes.
+        let mut total = 0;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("connection not closed: {e}"),
+            }
+            assert!(total < 256, "unexpected reply of {total} bytes");
+        }
+    }
+    // Everyone else is still served.
+    assert_eq!(a.request(NodeId(2), &Ping(1), T).unwrap(), Pong(2));
+    assert_eq!(c.request(NodeId(0), &Ping(3), T).unwrap(), Pong(4));
+}
