@@ -622,6 +622,21 @@ fn unknown_message_types_are_counted_and_the_connection_kept() {
     assert_eq!((h.msg_type, h.subtype, h.flags), (21, 2, FLAG_RESPONSE));
     assert_eq!(p, &encode(&Pong(42)));
     assert_eq!(c.nodes[0].stats().unknown_messages, 4);
+
+    // A flood of one unknown type: all counted, logged at warn level once.
+    let flood: Vec<u8> = (0..500).flat_map(|_| msg(202, 7, 0, 0, &[9; 5])).collect();
+    s.write_all(&chunk(&flood)).unwrap();
+    wait_for(3, "flood counted", || {
+        c.nodes[0].stats().unknown_messages == 504
+    });
+    wait_log(&["unknown type (202, 7)"], 3);
+    let warned = LOGS
+        .lock()
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("unknown type (202, 7)"))
+        .count();
+    assert_eq!(warned, 1, "one warning for 500 unknown messages");
     c.check_legit();
 }
 
@@ -895,8 +910,10 @@ fn thousands_of_half_open_connections() {
 
     // A sustained attack: partial hellos opened faster than the handshake
     // timeout frees the 64 handshake slots. Connections already open keep
-    // working (the child's probe); new ones are measured, not asserted:
-    // they get a slot only by luck (a known limitation, see FAULTS.md).
+    // working (the child's probe), and new nodes still get in: a new
+    // connection evicts the oldest handshake in progress, and a legit
+    // handshake completes long before 64 newer attackers arrive (allowing
+    // two retries per node for a loaded machine).
     let stop = AtomicBool::new(false);
     let (mut ok, mut failed) = (0, Vec::new());
     std::thread::scope(|sc| {
@@ -916,9 +933,15 @@ fn thousands_of_half_open_connections() {
         std::thread::sleep(Duration::from_millis(500));
         for id in 3..MAP {
             let n = Node::start(test_config(id, base)).unwrap();
-            match n.request(NodeId(0), &Ping(1), Duration::from_secs(3)) {
-                Ok(_) => ok += 1,
-                Err(e) => failed.push(e.to_string()),
+            for attempt in 0..3 {
+                match n.request(NodeId(0), &Ping(1), Duration::from_secs(3)) {
+                    Ok(_) => {
+                        ok += 1;
+                        break;
+                    }
+                    Err(e) if attempt == 2 => failed.push(e.to_string()),
+                    Err(_) => {}
+                }
             }
         }
         stop.store(true, Ordering::SeqCst);
@@ -928,6 +951,7 @@ fn thousands_of_half_open_connections() {
         MAP - 3,
         failed.first()
     );
+    assert_eq!(ok, MAP - 3, "new nodes locked out by the flood: {failed:?}");
 
     let t = Instant::now();
     let after = until_reachable("new legit connection after the attack", || {
@@ -946,7 +970,9 @@ fn thousands_of_half_open_connections() {
     let growth = field::<u64>(line, "peak_rss_kib=") - field::<u64>(line, "rss0_kib=");
     let threads = field::<u64>(line, "peak_threads=") - field::<u64>(line, "threads0=");
     assert!(growth < 32 << 10, "node RSS grew by {growth} KiB");
-    assert!(threads <= 70, "node started {threads} extra threads");
+    // 2 × 64 handshake threads at most (evicted ones exit at once), plus a
+    // few connection threads of the legit newcomers.
+    assert!(threads <= 136, "node started {threads} extra threads");
     assert!(field::<u64>(line, "worst_ms=") < 5000);
 }
 

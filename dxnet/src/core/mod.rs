@@ -34,7 +34,7 @@ pub mod write_interest;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -113,6 +113,10 @@ pub struct Core {
     pub requests: Arc<RequestTable>,
     /// Counters.
     pub stats: Stats,
+    /// One bit per (type, subtype): an unknown type was already logged at
+    /// warn level (later ones only at debug, so a flood cannot flood the
+    /// log; `stats().unknown_messages` counts them all).
+    unknown_logged: Box<[AtomicU64]>,
     handlers: Box<[OnceLock<HandlerEntry>]>,
     transport: OnceLock<Arc<dyn Transport>>,
     shutdown: AtomicBool,
@@ -171,6 +175,7 @@ impl Core {
             incoming: IncomingQueue::new(config.incoming_max_buffers, config.incoming_max_bytes),
             requests: RequestTable::new(),
             stats: Stats::default(),
+            unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
             transport: OnceLock::new(),
             shutdown: AtomicBool::new(false),
@@ -956,12 +961,23 @@ impl Core {
         }
         let Some(entry) = self.handlers[h.type_key() as usize].get() else {
             self.stats.unknown_messages.add(1);
-            tracing::warn!(
-                "{}: message of unknown type ({}, {}) from {src} dropped",
-                self.own,
-                h.msg_type,
-                h.subtype
-            );
+            let key = h.type_key() as usize;
+            let bit = 1u64 << (key % 64);
+            if self.unknown_logged[key / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                tracing::warn!(
+                    "{}: message of unknown type ({}, {}) from {src} dropped (further ones of this type are logged at debug level)",
+                    self.own,
+                    h.msg_type,
+                    h.subtype
+                );
+            } else {
+                tracing::debug!(
+                    "{}: message of unknown type ({}, {}) from {src} dropped",
+                    self.own,
+                    h.msg_type,
+                    h.subtype
+                );
+            }
             if h.flags & FLAG_REQUEST != 0 {
                 self.send_error_response(
                     src,

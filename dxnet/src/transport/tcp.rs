@@ -48,9 +48,50 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_CHUNK: usize = 1 << 20;
 /// Chunks the send thread writes for one connection before serving the next.
 const SEND_ROUNDS: usize = 4;
-/// Incoming handshakes in progress at once; more are refused (so thousands of
-/// half-open connections cannot exhaust threads or memory).
+/// Incoming handshakes in progress at once. A new connection beyond it
+/// evicts the oldest handshake still in progress (a legit dialer finishes in
+/// a few round trips, a half-open flood holds its slots for the whole
+/// connect timeout, so eviction keeps a slot for newcomers), so thousands of
+/// half-open connections cannot exhaust threads or memory nor lock new
+/// nodes out.
 const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Accept backlog of the listening socket (capped by the kernel's
+/// `net.core.somaxconn`).
+const LISTEN_BACKLOG: i32 = 4096;
+/// Handshake threads alive at once (evicted ones may take a moment to exit);
+/// connections beyond it are refused.
+const MAX_HANDSHAKE_THREADS: usize = 2 * MAX_PENDING_HANDSHAKES;
+
+/// Incoming handshakes in progress, oldest first: a clone of each socket so
+/// that the listener can cut off the oldest.
+#[derive(Default)]
+struct HandshakeSlots {
+    next: u64,
+    pending: VecDeque<(u64, TcpStream)>,
+}
+
+/// One incoming handshake's place in [`HandshakeSlots`]; leaves it on drop.
+struct HandshakeSlot<'a> {
+    slots: &'a Mutex<HandshakeSlots>,
+    id: u64,
+}
+
+impl HandshakeSlot<'_> {
+    /// Leaves the slots before the socket becomes a connection; false if
+    /// the handshake was evicted (its socket is shut down).
+    fn finish(&self) -> bool {
+        let mut sl = self.slots.lock();
+        let before = sl.pending.len();
+        sl.pending.retain(|(i, _)| *i != self.id);
+        sl.pending.len() < before
+    }
+}
+
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
 
 /// Send-side state of a connection's stream (send thread only).
 #[derive(Debug)]
@@ -103,7 +144,9 @@ pub struct TcpEngine {
     send_waker: Waker,
     send_sleeping: AtomicBool,
     listen_waker: Waker,
+    /// Handshake threads alive.
     pending_handshakes: AtomicUsize,
+    handshakes: Mutex<HandshakeSlots>,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -121,7 +164,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         .address_of(own)
         .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
     let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
-    let mut listener = mio::net::TcpListener::bind(addr)
+    let mut listener = bind_listener(addr)
         .map_err(|e| Error::Transport(format!("cannot listen on {addr}: {e}")))?;
     let recv_poll = Poll::new().map_err(io_err)?;
     let send_poll = Poll::new().map_err(io_err)?;
@@ -146,6 +189,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         send_sleeping: AtomicBool::new(false),
         listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
         pending_handshakes: AtomicUsize::new(0),
+        handshakes: Mutex::new(HandshakeSlots::default()),
         stop: AtomicBool::new(false),
         threads: Mutex::new(Vec::new()),
     });
@@ -174,6 +218,20 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     *engine.threads.lock() = threads;
     tracing::debug!("{own}: listening on {addr}");
     Ok(engine)
+}
+
+/// Binds the listening socket with a deep accept backlog (mio's `bind` uses
+/// 128, which a burst of connecting nodes overflows: the kernel then drops
+/// SYNs and dialers wait a second for the retransmit). The kernel caps it
+/// at `net.core.somaxconn`.
+fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<mio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(LISTEN_BACKLOG)?;
+    Ok(mio::net::TcpListener::from_std(sock.into()))
 }
 
 impl TcpEngine {
@@ -251,6 +309,7 @@ impl TcpEngine {
         &self,
         core: &Arc<Core>,
         mut s: TcpStream,
+        slot: HandshakeSlot<'_>,
     ) -> std::result::Result<(), String> {
         let timeout = Duration::from_millis(core.config().connect_timeout_ms);
         s.set_read_timeout(Some(timeout))
@@ -273,6 +332,11 @@ impl TcpEngine {
             }
             None => self.accept_exchange(core, &mut s, timeout, &|_| Ok(()))?,
         };
+        if !slot.finish() {
+            let why = "handshake evicted by newer connections (handshake slots full)";
+            core.close_connection(&conn, why, true);
+            return Err(why.into());
+        }
         self.attach(core, &conn, s, tls_conn, &theirs)
             .inspect_err(|e| core.close_connection(&conn, e, true))
     }
@@ -465,8 +529,7 @@ impl TcpEngine {
                         break;
                     }
                 };
-                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_HANDSHAKES
-                {
+                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKE_THREADS {
                     self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(
                         "{}: too many handshakes in progress; refusing {from}",
@@ -474,7 +537,7 @@ impl TcpEngine {
                     );
                     continue;
                 }
-                // SAFETY-free conversion: mio's stream owns the fd; hand it to std.
+                // mio's stream owns the fd; hand it to std.
                 let std_stream: TcpStream = {
                     use std::os::fd::{FromRawFd, IntoRawFd};
                     let fd = s.into_raw_fd();
@@ -482,25 +545,53 @@ impl TcpEngine {
                     // std stream is its only owner.
                     unsafe { TcpStream::from_raw_fd(fd) }
                 };
+                let Ok(clone) = std_stream.try_clone() else {
+                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                };
+                let id = {
+                    let mut sl = self.handshakes.lock();
+                    if sl.pending.len() >= MAX_PENDING_HANDSHAKES {
+                        if let Some((_, oldest)) = sl.pending.pop_front() {
+                            let peer = oldest.peer_addr().ok();
+                            let _ = oldest.shutdown(std::net::Shutdown::Both);
+                            tracing::warn!(
+                                "{}: {MAX_PENDING_HANDSHAKES} handshakes in progress; cut off the oldest (from {peer:?}) for {from}",
+                                self.own
+                            );
+                        }
+                    }
+                    sl.next += 1;
+                    let id = sl.next;
+                    sl.pending.push_back((id, clone));
+                    id
+                };
                 let e = self.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("dxnet-tcp-hs-{}", self.own.0))
                     .spawn(move || {
+                        let slot = HandshakeSlot {
+                            slots: &e.handshakes,
+                            id,
+                        };
                         if let Some(core) = e.core.upgrade() {
                             if let Err(err) = std_stream
                                 .set_nonblocking(false)
                                 .map_err(|x| x.to_string())
-                                .and_then(|_| e.accept_handshake(&core, std_stream))
+                                .and_then(|_| e.accept_handshake(&core, std_stream, slot))
                             {
                                 tracing::info!(
                                     "{}: incoming connection from {from} failed: {err}",
                                     e.own
                                 );
                             }
+                        } else {
+                            drop(slot);
                         }
                         e.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                     });
                 if spawned.is_err() {
+                    self.handshakes.lock().pending.retain(|(i, _)| *i != id);
                     self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                 }
             }
