@@ -182,6 +182,13 @@ pub struct Config {
     /// Largest message payload accepted from the network, in bytes. Default
     /// 64 MiB. Anything larger is treated as hostile and closes the connection.
     pub max_message_size: usize,
+    /// Received buffers of at most this many bytes are handled (receivers
+    /// run) on the TCP receive thread itself when every handler thread is
+    /// parked, saving a thread wake-up per message in request/response
+    /// traffic; the receive thread hands its role to a standby while it
+    /// does (see `dxnet::core::inline`). 0 hands everything to the handler
+    /// threads. Default 4096.
+    pub inline_receive_bytes: usize,
     /// Parking of idle internal threads.
     pub park: ParkConfig,
     /// Shared cluster secret for authenticating connections (HMAC-SHA256
@@ -214,6 +221,7 @@ impl Default for Config {
             connect_timeout_ms: 2000,
             max_connections: 100,
             max_message_size: 64 << 20,
+            inline_receive_bytes: 4096,
             park: ParkConfig::default(),
             cluster_secret: None,
             tls: None,

@@ -32,6 +32,9 @@ pub struct NodeStats {
     pub connections_closed: u64,
     /// Messages dropped because no receiver was registered for their type.
     pub unknown_messages: u64,
+    /// Received buffers handled on the receive thread itself because every
+    /// handler thread was parked (`inline_receive_bytes`).
+    pub inline_buffers: u64,
 }
 
 /// A response that has not arrived yet. Wait for it with

@@ -840,6 +840,15 @@ fn thousands_of_half_open_connections() {
     let mut child = ChildProc::spawn("child_half_open_target", &[("BASE", base.to_string())]);
     child.wait_line("READY", 60);
 
+    // The legit newcomers bind their ports before the attack's 2000 client
+    // sockets take ephemeral ports (which could be theirs).
+    let mut cfg = test_config(2, base);
+    cfg.connect_timeout_ms = 2000;
+    let n2 = Node::start(cfg).unwrap();
+    let newcomers: Vec<Node> = (3..MAP)
+        .map(|id| Node::start(test_config(id, base)).unwrap())
+        .collect();
+
     // 2000 connections in 4 threads: half send nothing, half a partial hello.
     let t = Instant::now();
     let socks: Vec<TcpStream> = std::thread::scope(|sc| {
@@ -874,9 +883,6 @@ fn thousands_of_half_open_connections() {
     assert!(socks.len() >= 2000, "only {} connections", socks.len());
 
     // A new legit node joins while they are held open.
-    let mut cfg = test_config(2, base);
-    cfg.connect_timeout_ms = 2000;
-    let n2 = Node::start(cfg).unwrap();
     let t = Instant::now();
     let during = n2.request(NodeId(0), &Ping(1), Duration::from_secs(3));
     println!(
@@ -931,8 +937,7 @@ fn thousands_of_half_open_connections() {
             }
         });
         std::thread::sleep(Duration::from_millis(500));
-        for id in 3..MAP {
-            let n = Node::start(test_config(id, base)).unwrap();
+        for n in &newcomers {
             for attempt in 0..3 {
                 match n.request(NodeId(0), &Ping(1), Duration::from_secs(3)) {
                     Ok(_) => {

@@ -23,6 +23,7 @@ pub mod decoder;
 pub mod depth;
 pub mod flow;
 pub mod incoming;
+pub mod inline;
 pub mod orb;
 pub mod park;
 pub mod pool;
@@ -89,6 +90,15 @@ struct ExclusiveItem {
     src: NodeId,
     key: u16,
     payload: Vec<u8>,
+}
+
+/// A received buffer a receive thread handles itself (see
+/// [`Core::deliver_or_inline`]); its connection is taken until
+/// [`Core::run_inline`] returns.
+#[derive(Debug)]
+pub struct InlineWork {
+    conn: Arc<Connection>,
+    buf: RecvBuffer,
 }
 
 /// The shared state of one node.
@@ -567,6 +577,7 @@ impl Core {
                 match c.state() {
                     ConnState::Open => return Ok(c),
                     ConnState::Connecting => {
+                        inline::before_blocking();
                         c.state_changed
                             .wait_until(&self.config.park, connect_deadline, || {
                                 c.state() != ConnState::Connecting
@@ -598,6 +609,7 @@ impl Core {
             let Some(conn) = self.create_connection(dest, None)? else {
                 continue; // somebody else created it meanwhile
             };
+            inline::before_blocking(); // connecting blocks on the network
             let Some(t) = self.transport() else {
                 return Err(Error::Shutdown);
             };
@@ -796,6 +808,52 @@ impl Core {
         if let Err(buf) = self.complete_responses_inline(conn, buf) {
             self.incoming.push(conn, Incoming::Pooled(buf));
         }
+    }
+
+    /// Like [`Core::deliver`], for receive threads that can hand their
+    /// receive role to a standby (see [`inline`]): a small buffer on an idle
+    /// connection while every handler thread is parked is not queued but
+    /// returned, with the connection taken, for the caller to run through
+    /// [`Core::run_inline`] after giving up its receive role.
+    pub fn deliver_or_inline(&self, conn: &Arc<Connection>, buf: RecvBuffer) -> Option<InlineWork> {
+        let len = buf.data_len();
+        if len == 0 || len > self.config.inline_receive_bytes {
+            self.deliver(conn, buf);
+            return None;
+        }
+        let buf = match self.complete_responses_inline(conn, buf) {
+            Ok(()) => return None,
+            Err(b) => b,
+        };
+        if !self.incoming.is_idle()
+            || self.incoming.handlers.sleepers() < self.config.handler_threads
+        {
+            self.incoming.push(conn, Incoming::Pooled(buf));
+            return None;
+        }
+        {
+            let mut inbox = conn.inbox.lock();
+            if inbox.scheduled || !inbox.items.is_empty() {
+                drop(inbox);
+                self.incoming.push(conn, Incoming::Pooled(buf));
+                return None;
+            }
+            inbox.scheduled = true; // taken, as by a handler thread
+        }
+        Some(InlineWork {
+            conn: conn.clone(),
+            buf,
+        })
+    }
+
+    /// Handles an [`InlineWork`] on the calling thread, then any buffers
+    /// that arrived for its connection meanwhile (within the handler
+    /// budget; the rest goes to the handler threads).
+    pub fn run_inline(&self, work: InlineWork) {
+        self.stats.inline_buffers.add(1);
+        let InlineWork { conn, buf } = work;
+        self.process_item(&conn, Incoming::Pooled(buf));
+        self.process_connection(conn);
     }
 
     /// A buffer of whole response messages on an otherwise idle connection
@@ -1042,6 +1100,7 @@ impl Core {
             connections_opened: s.connections_opened.get(),
             connections_closed: s.connections_closed.get(),
             unknown_messages: s.unknown_messages.get(),
+            inline_buffers: s.inline_buffers.get(),
         }
     }
 

@@ -351,6 +351,8 @@ impl Orb {
                 backoff.snooze();
                 continue;
             }
+            #[cfg(not(loom))]
+            crate::core::inline::before_blocking();
             if sync::deadline_passed(deadline) {
                 return Err(OrbError::Timeout);
             }

@@ -174,6 +174,11 @@ impl Signal {
         Self::default()
     }
 
+    /// Threads parked (or about to park) on this signal now.
+    pub fn sleepers(&self) -> usize {
+        self.sleepers.load(Ordering::SeqCst)
+    }
+
     /// Wakes one sleeping waiter, if any (one atomic load otherwise).
     #[inline]
     pub fn notify_one(&self) {
@@ -217,6 +222,10 @@ impl Signal {
         deadline: Instant,
         ready: impl Fn() -> bool,
     ) -> bool {
+        if ready() {
+            return true;
+        }
+        crate::core::inline::before_blocking();
         let mut idle = Idle::new(cfg);
         loop {
             if ready() {

@@ -286,6 +286,9 @@ impl PendingResponse {
     /// without a wake-up of this thread (a round trip is often shorter than
     /// a wake-up on a small machine).
     pub fn wait_spinning(self, spin: Duration) -> Outcome {
+        if !self.slot.done.load(Ordering::Acquire) {
+            crate::core::inline::before_blocking();
+        }
         if !spin.is_zero() {
             let end = Instant::now()
                 + spin.min(self.slot.deadline.saturating_duration_since(Instant::now()));
@@ -303,6 +306,9 @@ impl PendingResponse {
 
     /// Blocks until the outcome is known or the deadline passes.
     pub fn wait(self) -> Outcome {
+        if !self.slot.done.load(Ordering::Acquire) {
+            crate::core::inline::before_blocking();
+        }
         loop {
             {
                 let mut st = self.slot.state.lock();

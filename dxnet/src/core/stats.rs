@@ -61,4 +61,6 @@ pub struct Stats {
     pub connections_closed: Counter,
     /// Messages with no receiver.
     pub unknown_messages: Counter,
+    /// Received buffers handled on a receive thread (inline handling).
+    pub inline_buffers: Counter,
 }

@@ -31,13 +31,14 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::park::Idle;
+use crate::core::inline;
+use crate::core::park::{Idle, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{
     self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
     CHUNK_HEADER_LEN, HANDSHAKE_LEN,
 };
-use crate::core::Core;
+use crate::core::{Core, InlineWork};
 use crate::transport::tls::{self, TlsContext, TlsStream};
 use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
@@ -105,6 +106,19 @@ struct SendState {
     blocked: bool,
 }
 
+/// The receive role: the poll set and lists of the receive loop, held by
+/// one of the two receive threads at a time.
+struct Receiver {
+    poll: Poll,
+    events: Events,
+    readable: VecDeque<Arc<TcpConn>>,
+    /// Readable connections holding their share of the incoming queue.
+    paused: Vec<Arc<TcpConn>>,
+    idle: Idle,
+    /// No receive buffer or queue room: wait for a wake-up.
+    starved: bool,
+}
+
 /// Receive-side state (receive thread only).
 #[derive(Debug, Default)]
 struct RecvState {
@@ -138,6 +152,10 @@ pub struct TcpEngine {
     by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
     by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
     recv_registry: mio::Registry,
+    /// The receive role (see [`crate::core::inline`]).
+    receiver: Mutex<Receiver>,
+    /// The standby receive thread parks on this.
+    standby: Signal,
     recv_waker: Waker,
     recv_sleeping: AtomicBool,
     send_registry: mio::Registry,
@@ -183,6 +201,15 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         by_token: Mutex::new(HashMap::new()),
         recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
         recv_waker: Waker::new(recv_poll.registry(), WAKER).map_err(io_err)?,
+        receiver: Mutex::new(Receiver {
+            poll: recv_poll,
+            events: Events::with_capacity(256),
+            readable: VecDeque::new(),
+            paused: Vec::new(),
+            idle: Idle::new(core.park()),
+            starved: false,
+        }),
+        standby: Signal::new(),
         recv_sleeping: AtomicBool::new(false),
         send_registry: send_poll.registry().try_clone().map_err(io_err)?,
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
@@ -200,11 +227,13 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
     };
     let mut threads = Vec::new();
-    let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(
-        format!("dxnet-tcp-recv-{}", own.0),
-        Box::new(move || e.recv_loop(c, recv_poll)),
-    )?);
+    for _ in 0..2 {
+        let (e, c) = (engine.clone(), core.clone());
+        threads.push(spawn(
+            format!("dxnet-tcp-recv-{}", own.0),
+            Box::new(move || e.recv_thread(c)),
+        )?);
+    }
     let (e, c) = (engine.clone(), core.clone());
     threads.push(spawn(
         format!("dxnet-tcp-send-{}", own.0),
@@ -600,15 +629,44 @@ impl TcpEngine {
 
     // ----- receive thread ---------------------------------------------------
 
-    fn recv_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
-        let mut events = Events::with_capacity(256);
-        let mut readable: VecDeque<Arc<TcpConn>> = VecDeque::new();
-        // Readable connections holding their share of the incoming queue.
-        let mut paused: Vec<Arc<TcpConn>> = Vec::new();
-        let mut idle = Idle::new(core.park());
-        let mut starved = false;
+    /// Body of the two receive threads: the one holding the receive role
+    /// receives; the other is the standby (see [`crate::core::inline`]).
+    fn recv_thread(self: Arc<Self>, core: Arc<Core>) {
+        let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
         while !self.stop.load(Ordering::Acquire) {
-            let can_read = !readable.is_empty() && !starved;
+            let Some(mut role) = self.receiver.try_lock() else {
+                // Standby: woken by an inline handler about to block, or
+                // periodically to take over from one that runs long.
+                self.standby
+                    .park_unless(|| self.stop.load(Ordering::Acquire), max_park);
+                continue;
+            };
+            let work = self.receive(&core, &mut role);
+            drop(role);
+            if let Some(work) = work {
+                let e = self.clone();
+                inline::with_blocking_hook(
+                    move || e.standby.notify_one(),
+                    || core.run_inline(work),
+                );
+            }
+        }
+    }
+
+    /// The receive loop, run by the holder of the receive role until the
+    /// engine stops (`None`) or a buffer is to be handled inline.
+    fn receive(&self, core: &Arc<Core>, r: &mut Receiver) -> Option<InlineWork> {
+        let Receiver {
+            poll,
+            events,
+            readable,
+            paused,
+            idle,
+            starved,
+        } = r;
+        let mut inline = None;
+        while !self.stop.load(Ordering::Acquire) {
+            let can_read = !readable.is_empty() && !*starved;
             let timeout = if can_read {
                 Some(Duration::ZERO)
             } else if idle.step() {
@@ -617,12 +675,12 @@ impl TcpEngine {
             } else {
                 Some(Duration::ZERO)
             };
-            let res = poll.poll(&mut events, timeout);
+            let res = poll.poll(events, timeout);
             self.recv_sleeping.store(false, Ordering::SeqCst);
             if let Err(e) = res {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!("{}: receive poll failed: {e}", self.own);
-                    return;
+                    return None;
                 }
             }
             let mut woke = false;
@@ -642,7 +700,7 @@ impl TcpEngine {
                 }
             }
             if woke {
-                starved = false;
+                *starved = false;
                 for tc in std::mem::take(&mut *self.kick.lock()) {
                     let mut rs = tc.recv.lock();
                     if !rs.readable {
@@ -673,26 +731,35 @@ impl TcpEngine {
                 let Some(tc) = readable.pop_front() else {
                     break;
                 };
-                match self.read_once(&core, &tc) {
+                match self.read_once(core, &tc, &mut inline) {
                     ReadOutcome::More => readable.push_back(tc),
                     ReadOutcome::Drained => tc.recv.lock().readable = false,
                     ReadOutcome::Starved => {
-                        starved = true;
+                        *starved = true;
                         readable.push_front(tc);
                         break;
                     }
                     ReadOutcome::Paused => paused.push(tc),
                     ReadOutcome::Closed => tc.recv.lock().readable = false,
                 }
+                if inline.is_some() {
+                    return inline;
+                }
             }
-            if starved {
+            if *starved {
                 // Resources may have come back before the flags were set.
-                starved = !(core.incoming.has_room() && core.pool.available() > 0);
+                *starved = !(core.incoming.has_room() && core.pool.available() > 0);
             }
         }
+        None
     }
 
-    fn read_once(&self, core: &Arc<Core>, tc: &TcpConn) -> ReadOutcome {
+    fn read_once(
+        &self,
+        core: &Arc<Core>,
+        tc: &TcpConn,
+        inline: &mut Option<InlineWork>,
+    ) -> ReadOutcome {
         if !tc.conn.is_alive() {
             return ReadOutcome::Closed;
         }
@@ -706,7 +773,7 @@ impl TcpEngine {
             return ReadOutcome::Starved;
         };
         if let Some(tls) = &tc.tls {
-            return self.read_tls(core, tc, tls, buf);
+            return self.read_tls(core, tc, tls, buf, inline);
         }
         let cap = buf.capacity();
         let n = match (&tc.stream).read(buf.space()) {
@@ -730,7 +797,7 @@ impl TcpEngine {
                 return ReadOutcome::Closed;
             }
         };
-        self.parse_and_deliver(core, tc, buf, n);
+        self.parse_and_deliver(core, tc, buf, n, inline);
         if n < cap {
             // A short read of a stream socket means its queue is empty now;
             // with edge-triggered polling new data raises a new event, so
@@ -742,15 +809,27 @@ impl TcpEngine {
     }
 
     /// Marks the message data among the first `n` bytes of `buf` and hands
-    /// the buffer to the incoming queue.
-    fn parse_and_deliver(&self, core: &Arc<Core>, tc: &TcpConn, mut buf: RecvBuffer, n: usize) {
+    /// the buffer to the incoming queue, or to `inline` (at most one buffer
+    /// per turn of the receive role).
+    fn parse_and_deliver(
+        &self,
+        core: &Arc<Core>,
+        tc: &TcpConn,
+        mut buf: RecvBuffer,
+        n: usize,
+        inline: &mut Option<InlineWork>,
+    ) {
         {
             let mut rs = tc.recv.lock();
             let (data, mut segs) = buf.space_and_segments();
             rs.parser
                 .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
         }
-        core.deliver(&tc.conn, buf);
+        if inline.is_none() {
+            *inline = core.deliver_or_inline(&tc.conn, buf);
+        } else {
+            core.deliver(&tc.conn, buf);
+        }
     }
 
     /// [`TcpEngine::read_once`] of a TLS connection: decrypted data first,
@@ -761,6 +840,7 @@ impl TcpEngine {
         tc: &TcpConn,
         tls: &Mutex<rustls::Connection>,
         mut buf: RecvBuffer,
+        inline: &mut Option<InlineWork>,
     ) -> ReadOutcome {
         let mut t = tls.lock();
         let fail = |t: &mut rustls::Connection, buf: RecvBuffer, why: String| {
@@ -781,7 +861,7 @@ impl TcpEngine {
                     if wants_write {
                         core.on_write_interest(tc.conn.peer);
                     }
-                    self.parse_and_deliver(core, tc, buf, n);
+                    self.parse_and_deliver(core, tc, buf, n, inline);
                     return ReadOutcome::More;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -1155,6 +1235,7 @@ impl Transport for TcpEngine {
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.recv_waker.wake();
+        self.standby.notify_all();
         let _ = self.send_waker.wake();
         let _ = self.listen_waker.wake();
         let me = std::thread::current().id();
