@@ -38,6 +38,10 @@ pub enum Incoming {
     Pooled(RecvBuffer),
     /// Bytes of a message to the own node (never crossed a transport).
     Local(Vec<u8>),
+    /// Whole messages (no responses) decoded ahead of their turn while the
+    /// connection's handler was blocked (see `Core::owner_blocking`); parsed
+    /// without the connection's decoder.
+    Decoded(Vec<u8>),
 }
 
 impl Incoming {
@@ -45,7 +49,7 @@ impl Incoming {
     pub fn data_len(&self) -> usize {
         match self {
             Self::Pooled(b) => b.data_len(),
-            Self::Local(v) => v.len(),
+            Self::Local(v) | Self::Decoded(v) => v.len(),
         }
     }
 }
@@ -61,6 +65,10 @@ pub struct Inbox {
     pub bytes: usize,
     /// True while queued in the ready queue or held by a handler.
     pub scheduled: bool,
+    /// The handler holding the connection is blocked inside dxnet (e.g. on
+    /// a nested request): buffers are decoded on arrival so that responses
+    /// complete, the rest waits as [`Incoming::Decoded`].
+    pub owner_blocked: bool,
 }
 
 /// The transport-independent state of a connection to one peer.

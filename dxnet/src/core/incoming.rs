@@ -76,13 +76,18 @@ impl IncomingQueue {
         over()
     }
 
-    /// Appends `item` to `conn`'s inbox and schedules the connection.
-    pub fn push(&self, conn: &Arc<Connection>, item: Incoming) {
+    /// Appends `item` to `conn`'s inbox and schedules the connection; gives
+    /// the item back if the connection's handler is blocked (the caller
+    /// decodes it then, see [`crate::core::connection::Inbox::owner_blocked`]).
+    pub fn push(&self, conn: &Arc<Connection>, item: Incoming) -> Option<Incoming> {
         let len = item.data_len();
-        self.buffers.fetch_add(1, Ordering::AcqRel);
-        self.bytes.fetch_add(len, Ordering::AcqRel);
         let schedule = {
             let mut inbox = conn.inbox.lock();
+            if inbox.owner_blocked && !matches!(item, Incoming::Decoded(_)) {
+                return Some(item);
+            }
+            self.buffers.fetch_add(1, Ordering::AcqRel);
+            self.bytes.fetch_add(len, Ordering::AcqRel);
             inbox.items.push_back(item);
             inbox.bytes += len;
             !std::mem::replace(&mut inbox.scheduled, true)
@@ -90,6 +95,24 @@ impl IncomingQueue {
         if schedule {
             self.ready.push(conn.clone());
             self.handlers.notify_one();
+        }
+        None
+    }
+
+    /// Accounts for an item appended to an inbox directly (by the decode-ahead
+    /// of a connection whose handler holds it).
+    pub fn added(&self, len: usize) {
+        self.buffers.fetch_add(1, Ordering::AcqRel);
+        self.bytes.fetch_add(len, Ordering::AcqRel);
+    }
+
+    /// Accounts for queued items whose bytes changed from `old` to `new`
+    /// (decoded ahead, see [`Incoming::Decoded`]).
+    pub fn resized(&self, old: usize, new: usize) {
+        if new >= old {
+            self.bytes.fetch_add(new - old, Ordering::AcqRel);
+        } else {
+            self.bytes.fetch_sub(old - new, Ordering::AcqRel);
         }
     }
 

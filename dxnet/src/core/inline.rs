@@ -19,74 +19,139 @@
 //! The thread that finishes the inline run takes the role back if it is
 //! still free, and becomes the standby otherwise.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
-thread_local! {
-    static ON_BLOCK: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+use crate::core::connection::Connection;
+use crate::core::park::Signal;
+use crate::core::Core;
+
+/// The connection whose messages this thread is handling.
+struct Handling {
+    core: Arc<Core>,
+    conn: Arc<Connection>,
 }
 
-/// Runs `f` with `on_block` installed as this thread's blocking hook; the
-/// hook fires at most once, from the first blocking wait inside `f`.
-pub fn with_blocking_hook<R>(on_block: impl FnOnce() + 'static, f: impl FnOnce() -> R) -> R {
+thread_local! {
+    /// Set while a receive thread runs handlers inline: its standby.
+    static STANDBY: RefCell<Option<Arc<Signal>>> = const { RefCell::new(None) };
+    /// Set while this thread runs handlers of a connection it holds.
+    static HANDLING: RefCell<Option<Handling>> = const { RefCell::new(None) };
+    /// A handler of `HANDLING` blocked (its connection decodes ahead).
+    static BLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (the inline handling of a receive thread) with `standby` to be
+/// woken if a handler inside `f` blocks; fires at most once.
+pub fn with_standby<R>(standby: Arc<Signal>, f: impl FnOnce() -> R) -> R {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
-            ON_BLOCK.with(|h| h.borrow_mut().take());
+            STANDBY.with(|h| h.borrow_mut().take());
         }
     }
-    ON_BLOCK.with(|h| *h.borrow_mut() = Some(Box::new(on_block)));
+    STANDBY.with(|h| *h.borrow_mut() = Some(standby));
     let _reset = Reset;
     f()
 }
 
-/// Called by every blocking wait in dxnet before it parks or spins: if this
-/// thread is running handlers inline for a receive thread, hand the receive
-/// role to the standby now.
+/// Runs `f` (handlers of messages of `conn`, which the caller holds) so
+/// that a handler blocking inside dxnet makes `conn` decode ahead (see
+/// `Core::owner_blocking`). Returns `f`'s result.
+pub(crate) fn handling<R>(core: &Arc<Core>, conn: &Arc<Connection>, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<Handling>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            HANDLING.with(|h| *h.borrow_mut() = prev);
+        }
+    }
+    let prev = HANDLING.with(|h| {
+        h.borrow_mut().replace(Handling {
+            core: core.clone(),
+            conn: conn.clone(),
+        })
+    });
+    let _reset = Reset(prev);
+    f()
+}
+
+/// The connection whose messages this thread is handling, if any.
+pub(crate) fn current_conn() -> Option<Arc<Connection>> {
+    HANDLING
+        .try_with(|h| {
+            h.try_borrow()
+                .ok()
+                .and_then(|h| h.as_ref().map(|x| x.conn.clone()))
+        })
+        .ok()
+        .flatten()
+}
+
+/// True (once) if a handler run under [`handling`] blocked since the last
+/// call: the caller then ends the decode-ahead of its connection.
+pub(crate) fn take_blocked() -> bool {
+    BLOCKED.with(|b| b.replace(false))
+}
+
+/// Called by every blocking wait in dxnet before it parks or spins: a
+/// receive thread running handlers inline hands its receive role to the
+/// standby, and the connection whose handler blocks decodes ahead so that
+/// responses it waits for can arrive.
 #[inline]
 pub fn before_blocking() {
     // `try_with`: also called from thread-local destructors at exit.
-    let hook = ON_BLOCK
+    let standby = STANDBY
         .try_with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.take()))
         .ok()
         .flatten();
-    if let Some(f) = hook {
-        f();
+    if let Some(s) = standby {
+        s.notify_one();
+    }
+    if BLOCKED.try_with(|b| b.get()).unwrap_or(true) {
+        return; // already decoding ahead (or thread exiting)
+    }
+    let handling = HANDLING
+        .try_with(|h| {
+            h.try_borrow()
+                .ok()
+                .and_then(|h| h.as_ref().map(|x| (x.core.clone(), x.conn.clone())))
+        })
+        .ok()
+        .flatten();
+    if let Some((core, conn)) = handling {
+        BLOCKED.with(|b| b.set(true));
+        core.owner_blocking(&conn);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::time::Duration;
 
     #[test]
-    fn hook_fires_once_and_only_inside() {
-        let n = Arc::new(AtomicUsize::new(0));
-        before_blocking();
-        let m = n.clone();
-        let r = with_blocking_hook(
-            move || {
-                m.fetch_add(1, Ordering::SeqCst);
-            },
-            || {
-                before_blocking();
-                before_blocking();
-                7
-            },
-        );
+    fn standby_is_woken_once_and_only_inside() {
+        let sig = Arc::new(Signal::new());
+        let s2 = sig.clone();
+        let waiter = std::thread::spawn(move || {
+            // Returns when notified (or after the long timeout: a failure).
+            let t = std::time::Instant::now();
+            s2.park_unless(|| false, Duration::from_secs(20));
+            t.elapsed()
+        });
+        while sig.sleepers() == 0 {
+            std::thread::yield_now();
+        }
+        before_blocking(); // outside: nothing
+        let r = with_standby(sig.clone(), || {
+            before_blocking();
+            before_blocking();
+            7
+        });
         assert_eq!(r, 7);
-        before_blocking();
-        assert_eq!(n.load(Ordering::SeqCst), 1);
-        // Not fired when nothing blocks; removed afterwards.
-        let m = n.clone();
-        with_blocking_hook(
-            move || {
-                m.fetch_add(1, Ordering::SeqCst);
-            },
-            || {},
-        );
-        before_blocking();
-        assert_eq!(n.load(Ordering::SeqCst), 1);
+        assert!(waiter.join().unwrap() < Duration::from_secs(20));
+        assert!(STANDBY.with(|h| h.borrow().is_none()));
+        assert!(!take_blocked());
     }
 }

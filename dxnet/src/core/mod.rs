@@ -52,6 +52,7 @@ use crate::transport::Transport;
 use crate::{Error, Message, NodeId, Request, Result};
 
 use connection::{ConnState, Connection, ConnectionTable, Incoming};
+use decoder::Decoder;
 use flow::{FlowControl, FlowWaitError};
 use incoming::IncomingQueue;
 use orb::OrbError;
@@ -69,6 +70,9 @@ const REMOTE_PANIC: u8 = 3;
 /// Buffers a handler thread processes from one connection before it moves
 /// on to the next (fairness between connections).
 const HANDLER_BUDGET: usize = 16;
+/// Nesting depth of handlers sending to their own node that cannot queue
+/// behind one another (see `Core::locals`).
+const LOCAL_DEPTHS: usize = 4;
 
 type MessageFn = Box<dyn Fn(NodeId, &[u8]) -> Result<()> + Send + Sync>;
 type RequestFn = Box<dyn Fn(&Core, NodeId, u32, &[u8]) + Send + Sync>;
@@ -90,6 +94,46 @@ struct ExclusiveItem {
     src: NodeId,
     key: u16,
     payload: Vec<u8>,
+}
+
+/// A message decoded from a buffer, waiting for its handler: where its
+/// payload is (inside the buffer, or copied when it was reassembled).
+struct PendingMessage {
+    header: MessageHeader,
+    at: PayloadAt,
+}
+
+enum PayloadAt {
+    In(std::ops::Range<usize>),
+    Owned(Vec<u8>),
+}
+
+thread_local! {
+    /// Reused lists of [`PendingMessage`] (a stack: handling may nest when a
+    /// handler's blocking wait decodes ahead), so decoding allocates nothing
+    /// once warm.
+    static SCRATCH: std::cell::RefCell<Vec<Vec<PendingMessage>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_scratch() -> Vec<PendingMessage> {
+    SCRATCH
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+fn put_scratch(mut v: Vec<PendingMessage>) {
+    v.clear();
+    if v.capacity() <= 4096 {
+        let _ = SCRATCH.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < 8 {
+                s.push(v);
+            }
+        });
+    }
 }
 
 /// A received buffer a receive thread handles itself (see
@@ -132,7 +176,11 @@ pub struct Core {
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     exclusive_tx: Mutex<Option<Sender<ExclusiveItem>>>,
-    local: Arc<Connection>,
+    /// Pseudo-connections of messages to the own node, by nesting depth: a
+    /// handler of a local message that sends to its own node again (e.g. a
+    /// nested request to itself) uses the next one, so the nested message is
+    /// not queued behind the blocked handler.
+    locals: Vec<Arc<Connection>>,
     local_room: Signal,
     started: Instant,
 }
@@ -160,14 +208,19 @@ impl Core {
         let own = NodeId(config.node_id);
         let fc_window = config.flow_control_window as u64;
         let fc_unit = FlowControl::unit_for(fc_window, config.flow_control_threshold);
-        let local = Arc::new(Connection::new(
-            own,
-            0,
-            4096,
-            FlowControl::new(fc_window, fc_unit),
-            config.max_message_size,
-        ));
-        local.mark_open(0);
+        let locals: Vec<Arc<Connection>> = (0..LOCAL_DEPTHS)
+            .map(|_| {
+                let local = Arc::new(Connection::new(
+                    own,
+                    0,
+                    4096,
+                    FlowControl::new(fc_window, fc_unit),
+                    config.max_message_size,
+                ));
+                local.mark_open(0);
+                local
+            })
+            .collect();
         let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
         let core = Arc::new(Core {
             own,
@@ -191,7 +244,7 @@ impl Core {
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             exclusive_tx: Mutex::new(Some(ex_tx)),
-            local,
+            locals,
             local_room: Signal::new(),
             started: Instant::now(),
             config,
@@ -559,7 +612,15 @@ impl Core {
                 "local delivery blocked by a full incoming queue",
             ));
         }
-        self.incoming.push(&self.local, Incoming::Local(v));
+        let depth = match inline::current_conn() {
+            Some(c) if c.id == 0 => self
+                .locals
+                .iter()
+                .position(|l| Arc::ptr_eq(l, &c))
+                .map_or(0, |i| (i + 1).min(LOCAL_DEPTHS - 1)),
+            _ => 0,
+        };
+        self.enqueue(&self.locals[depth], Incoming::Local(v));
         self.stats.msgs_sent.add(1);
         self.stats.bytes_sent.add(total as u64);
         Ok(())
@@ -800,13 +861,13 @@ impl Core {
     }
 
     /// A transport received `buf` (segments set) on `conn`.
-    pub fn deliver(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
+    pub fn deliver(self: &Arc<Self>, conn: &Arc<Connection>, buf: RecvBuffer) {
         if buf.data_len() == 0 {
             self.pool.put(buf);
             return;
         }
         if let Err(buf) = self.complete_responses_inline(conn, buf) {
-            self.incoming.push(conn, Incoming::Pooled(buf));
+            self.enqueue(conn, Incoming::Pooled(buf));
         }
     }
 
@@ -815,7 +876,11 @@ impl Core {
     /// connection while every handler thread is parked is not queued but
     /// returned, with the connection taken, for the caller to run through
     /// [`Core::run_inline`] after giving up its receive role.
-    pub fn deliver_or_inline(&self, conn: &Arc<Connection>, buf: RecvBuffer) -> Option<InlineWork> {
+    pub fn deliver_or_inline(
+        self: &Arc<Self>,
+        conn: &Arc<Connection>,
+        buf: RecvBuffer,
+    ) -> Option<InlineWork> {
         let len = buf.data_len();
         if len == 0 || len > self.config.inline_receive_bytes {
             self.deliver(conn, buf);
@@ -828,14 +893,14 @@ impl Core {
         if !self.incoming.is_idle()
             || self.incoming.handlers.sleepers() < self.config.handler_threads
         {
-            self.incoming.push(conn, Incoming::Pooled(buf));
+            self.enqueue(conn, Incoming::Pooled(buf));
             return None;
         }
         {
             let mut inbox = conn.inbox.lock();
             if inbox.scheduled || !inbox.items.is_empty() {
                 drop(inbox);
-                self.incoming.push(conn, Incoming::Pooled(buf));
+                self.enqueue(conn, Incoming::Pooled(buf));
                 return None;
             }
             inbox.scheduled = true; // taken, as by a handler thread
@@ -849,7 +914,7 @@ impl Core {
     /// Handles an [`InlineWork`] on the calling thread, then any buffers
     /// that arrived for its connection meanwhile (within the handler
     /// budget; the rest goes to the handler threads).
-    pub fn run_inline(&self, work: InlineWork) {
+    pub fn run_inline(self: &Arc<Self>, work: InlineWork) {
         self.stats.inline_buffers.add(1);
         let InlineWork { conn, buf } = work;
         self.process_item(&conn, Incoming::Pooled(buf));
@@ -861,7 +926,7 @@ impl Core {
     /// code runs, and the waiting requester is woken one thread hop earlier.
     /// Anything else goes to the handler threads.
     fn complete_responses_inline(
-        &self,
+        self: &Arc<Self>,
         conn: &Arc<Connection>,
         buf: RecvBuffer,
     ) -> std::result::Result<(), RecvBuffer> {
@@ -927,6 +992,133 @@ impl Core {
         self.local_room.notify_all();
     }
 
+    /// Queues a received item for its connection's handler; decodes it at
+    /// once instead while that handler is blocked (see
+    /// [`Core::owner_blocking`]).
+    fn enqueue(&self, conn: &Arc<Connection>, item: Incoming) {
+        let mut item = item;
+        while let Some(back) = self.incoming.push(conn, item) {
+            let mut freed = false;
+            let mut failed = None;
+            {
+                let mut dec = conn.decoder.lock();
+                let mut inbox = conn.inbox.lock();
+                if !inbox.owner_blocked {
+                    item = back; // unblocked meanwhile: queue it as usual
+                    continue;
+                }
+                let new = match self.decode_ahead(conn, &mut dec, back, &mut freed) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        failed = Some(e);
+                        Vec::new()
+                    }
+                };
+                self.incoming.added(new.len());
+                inbox.bytes += new.len();
+                inbox.items.push_back(Incoming::Decoded(new));
+            }
+            self.after_decode_ahead(conn, freed, failed);
+            return;
+        }
+    }
+
+    /// A handler of `conn` (held by the calling thread) is about to block
+    /// inside dxnet, e.g. on a nested request to `conn`'s peer. The
+    /// response would arrive behind the blocked handler on the same
+    /// connection, so `conn` switches to decode-ahead until the handler
+    /// returns: queued and newly received buffers are decoded at once,
+    /// responses complete, other messages wait (copied) for their turn.
+    pub(crate) fn owner_blocking(&self, conn: &Arc<Connection>) {
+        let mut freed = false;
+        let mut failed = None;
+        {
+            let mut dec = conn.decoder.lock();
+            let mut inbox = conn.inbox.lock();
+            if inbox.owner_blocked {
+                return;
+            }
+            inbox.owner_blocked = true;
+            for _ in 0..inbox.items.len() {
+                let it = inbox.items.pop_front().expect("counted");
+                let it = match it {
+                    Incoming::Decoded(v) => Incoming::Decoded(v),
+                    raw => {
+                        let old = raw.data_len();
+                        let new = match self.decode_ahead(conn, &mut dec, raw, &mut freed) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                failed = Some(e);
+                                Vec::new()
+                            }
+                        };
+                        self.incoming.resized(old, new.len());
+                        inbox.bytes = inbox.bytes - old + new.len();
+                        Incoming::Decoded(new)
+                    }
+                };
+                inbox.items.push_back(it);
+            }
+        }
+        self.after_decode_ahead(conn, freed, failed);
+    }
+
+    /// Decodes `item` with `conn`'s decoder (held): completes responses,
+    /// returns the other whole messages as one byte stream.
+    fn decode_ahead(
+        &self,
+        conn: &Arc<Connection>,
+        dec: &mut Decoder,
+        item: Incoming,
+        freed: &mut bool,
+    ) -> std::result::Result<Vec<u8>, crate::message::HeaderError> {
+        let mut out = Vec::new();
+        let mut done = 0u64;
+        let mut on_msg = |h: &MessageHeader, p: &[u8]| {
+            if h.flags & FLAG_RESPONSE != 0 {
+                done += (HEADER_LEN + p.len()) as u64;
+                self.stats.msgs_received.add(1);
+                self.dispatch(conn.peer, h, p);
+            } else {
+                let mut hb = [0u8; HEADER_LEN];
+                h.encode(&mut hb);
+                out.extend_from_slice(&hb);
+                out.extend_from_slice(p);
+            }
+        };
+        let res = match &item {
+            Incoming::Pooled(b) => b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg)),
+            Incoming::Local(v) | Incoming::Decoded(v) => dec.feed(v, &mut on_msg),
+        };
+        if let Incoming::Pooled(b) = item {
+            *freed |= self.pool.put(b);
+        }
+        self.stats.bytes_received.add(done);
+        if conn.id != 0 && conn.flow.on_processed(done) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
+        res.map(|()| out)
+    }
+
+    fn after_decode_ahead(
+        &self,
+        conn: &Arc<Connection>,
+        freed: bool,
+        failed: Option<crate::message::HeaderError>,
+    ) {
+        if freed {
+            self.resources_freed();
+        }
+        if let Some(e) = failed {
+            tracing::warn!(
+                "{}: protocol error from {}: {e}; closing the connection",
+                self.own,
+                conn.peer
+            );
+            self.close_connection(conn, &format!("protocol error: {e}"), true);
+        }
+    }
+
     // ----- handler threads -------------------------------------------------
 
     fn handler_loop(self: Arc<Self>) {
@@ -949,7 +1141,7 @@ impl Core {
         }
     }
 
-    fn process_connection(&self, conn: Arc<Connection>) {
+    fn process_connection(self: &Arc<Self>, conn: Arc<Connection>) {
         for _ in 0..HANDLER_BUDGET {
             let (item, wake) = self.incoming.next_item(&conn);
             if wake {
@@ -962,21 +1154,67 @@ impl Core {
         self.incoming.reschedule(conn);
     }
 
-    fn process_item(&self, conn: &Arc<Connection>, item: Incoming) {
+    /// Handles one buffer of a connection the caller holds, in two steps:
+    /// decode it all (completing responses at once), then run the handlers
+    /// of its other messages in order without holding the decoder. So a
+    /// handler may block on a nested request to the very peer it is
+    /// handling: its response is completed by the decode-ahead (see
+    /// [`Core::owner_blocking`]).
+    fn process_item(self: &Arc<Self>, conn: &Arc<Connection>, item: Incoming) {
         let mut processed = 0u64;
         let mut count = 0u64;
+        let mut pending = take_scratch();
+        let base: &[u8] = match &item {
+            Incoming::Pooled(b) => b.bytes(),
+            Incoming::Local(v) | Incoming::Decoded(v) => v,
+        };
         let res = {
-            let mut dec = conn.decoder.lock();
             let mut on_msg = |h: &MessageHeader, p: &[u8]| {
-                processed += (HEADER_LEN + p.len()) as u64;
-                count += 1;
-                self.dispatch(conn.peer, h, p);
+                if h.flags & FLAG_RESPONSE != 0 {
+                    processed += (HEADER_LEN + p.len()) as u64;
+                    count += 1;
+                    self.dispatch(conn.peer, h, p);
+                    return;
+                }
+                // Payloads inside the buffer are referenced, reassembled
+                // ones (split across buffers) copied out of the decoder.
+                let off = (p.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+                let at = if !p.is_empty() && off <= base.len() && p.len() <= base.len() - off {
+                    PayloadAt::In(off..off + p.len())
+                } else {
+                    PayloadAt::Owned(p.to_vec())
+                };
+                pending.push(PendingMessage { header: *h, at });
             };
             match &item {
-                Incoming::Pooled(b) => b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg)),
-                Incoming::Local(v) => dec.feed(v, &mut on_msg),
+                Incoming::Pooled(b) => {
+                    let mut dec = conn.decoder.lock();
+                    b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg))
+                }
+                Incoming::Local(v) => conn.decoder.lock().feed(v, &mut on_msg),
+                // Whole messages: no decoder state involved.
+                Incoming::Decoded(v) => {
+                    Decoder::new(self.config.max_message_size).feed(v, &mut on_msg)
+                }
             }
         };
+        if !pending.is_empty() {
+            inline::handling(self, conn, || {
+                for m in pending.drain(..) {
+                    let payload = match &m.at {
+                        PayloadAt::In(r) => &base[r.clone()],
+                        PayloadAt::Owned(v) => v,
+                    };
+                    processed += (HEADER_LEN + payload.len()) as u64;
+                    count += 1;
+                    self.dispatch(conn.peer, &m.header, payload);
+                    if inline::take_blocked() {
+                        conn.inbox.lock().owner_blocked = false;
+                    }
+                }
+            });
+        }
+        put_scratch(pending);
         self.stats.msgs_received.add(count);
         self.stats.bytes_received.add(processed);
         if let Incoming::Pooled(b) = item {

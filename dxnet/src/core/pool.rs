@@ -60,6 +60,11 @@ impl RecvBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The whole buffer (received bytes and anything after them).
+    pub fn bytes(&self) -> &[u8] {
+        self.data()
+    }
+
     fn data(&self) -> &[u8] {
         // SAFETY: as in `space`; shared access for reading.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }

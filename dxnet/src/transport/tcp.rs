@@ -61,7 +61,7 @@ const MAX_PENDING_HANDSHAKES: usize = 64;
 const LISTEN_BACKLOG: i32 = 4096;
 /// Handshake threads alive at once (evicted ones may take a moment to exit);
 /// connections beyond it are refused.
-const MAX_HANDSHAKE_THREADS: usize = 2 * MAX_PENDING_HANDSHAKES;
+const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING_HANDSHAKES * 3 / 2;
 
 /// Incoming handshakes in progress, oldest first: a clone of each socket so
 /// that the listener can cut off the oldest.
@@ -155,7 +155,7 @@ pub struct TcpEngine {
     /// The receive role (see [`crate::core::inline`]).
     receiver: Mutex<Receiver>,
     /// The standby receive thread parks on this.
-    standby: Signal,
+    standby: Arc<Signal>,
     recv_waker: Waker,
     recv_sleeping: AtomicBool,
     send_registry: mio::Registry,
@@ -209,7 +209,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             idle: Idle::new(core.park()),
             starved: false,
         }),
-        standby: Signal::new(),
+        standby: Arc::new(Signal::new()),
         recv_sleeping: AtomicBool::new(false),
         send_registry: send_poll.registry().try_clone().map_err(io_err)?,
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
@@ -644,11 +644,7 @@ impl TcpEngine {
             let work = self.receive(&core, &mut role);
             drop(role);
             if let Some(work) = work {
-                let e = self.clone();
-                inline::with_blocking_hook(
-                    move || e.standby.notify_one(),
-                    || core.run_inline(work),
-                );
+                inline::with_standby(self.standby.clone(), || core.run_inline(work));
             }
         }
     }

@@ -1,0 +1,209 @@
+//! Handlers that block, and inline handling on the TCP receive thread
+//! (`inline_receive_bytes`): inline handling is used when every handler
+//! thread is parked, and a blocking handler (inline or on a handler thread)
+//! never stops the node — a nested request, even back to the peer whose
+//! message is being handled, gets its response (the connection decodes
+//! ahead while its handler blocks, and an inline handler's standby receive
+//! thread takes over at once), and a handler blocked outside dxnet is taken
+//! over within `park.max_park_ms`. Messages behind a blocked handler still
+//! run in arrival order, after it.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use common::*;
+use dxnet::{Error, Node, NodeId};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Get(u64);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Got(u64);
+dxnet::message!(Got, 50, 1);
+dxnet::request!(Get, 50, 0 => Got);
+
+/// Asks the receiving node to fetch `0` from node `1` first (a nested
+/// request from inside the handler).
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Relay(u16, u64);
+dxnet::request!(Relay, 50, 2 => Got);
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Go(u64);
+dxnet::message!(Go, 50, 3);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct WaitForGo;
+dxnet::request!(WaitForGo, 50, 4 => Got);
+
+const T: Duration = Duration::from_secs(3);
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Seq(u64);
+dxnet::message!(Seq, 50, 5);
+
+fn cluster(n: u16) -> Vec<Arc<Node>> {
+    cluster_of(Kind::Tcp, n, true)
+}
+
+fn cluster_of(kind: Kind, n: u16, inline: bool) -> Vec<Arc<Node>> {
+    let nodes = start_all(cluster_configs(kind, n, |c| {
+        // Handler threads always park (as on a 2-core machine), so small
+        // buffers are handled inline.
+        c.park.max_spinning = Some(0);
+        c.park.max_park_ms = 100;
+        c.request_timeout_ms = 3000;
+        if !inline {
+            c.inline_receive_bytes = 0;
+        }
+    }));
+    for node in &nodes {
+        node.register_request(|_, g: Get| Got(g.0 * 2)).unwrap();
+        let me: Weak<Node> = Arc::downgrade(node);
+        node.register_request(move |_, r: Relay| {
+            let me = me.upgrade().expect("node alive");
+            // Blocks this handler until the other node answers: its response
+            // must be received while the handler waits.
+            let got = me
+                .request(NodeId(r.0), &Get(r.1), T)
+                .expect("nested request");
+            Got(got.0 + 1)
+        })
+        .unwrap();
+    }
+    nodes
+}
+
+#[test]
+fn small_requests_are_handled_inline() {
+    let nodes = cluster(2);
+    for i in 0..200 {
+        assert_eq!(nodes[0].request(NodeId(1), &Get(i), T).unwrap(), Got(2 * i));
+    }
+    let s = nodes[1].stats();
+    assert!(s.inline_buffers > 0, "no buffer was handled inline: {s:?}");
+}
+
+#[test]
+fn nested_request_from_an_inline_handler_completes() {
+    nested_requests(Kind::Tcp, true);
+}
+
+#[test]
+fn nested_request_from_a_handler_thread_completes() {
+    nested_requests(Kind::Tcp, false);
+}
+
+#[test]
+fn nested_request_over_loopback_completes() {
+    nested_requests(Kind::Loopback, false);
+}
+
+fn nested_requests(kind: Kind, inline: bool) {
+    let nodes = cluster_of(kind, 3, inline);
+    for i in 0..100 {
+        // 0 → 1 (inline on 1's receive thread) → 2, and back.
+        assert_eq!(
+            nodes[0].request(NodeId(1), &Relay(2, i), T).unwrap(),
+            Got(2 * i + 1)
+        );
+        // 0 → 1 → 0: the nested request goes back to the requester.
+        assert_eq!(
+            nodes[0].request(NodeId(1), &Relay(0, i), T).unwrap(),
+            Got(2 * i + 1)
+        );
+        // 0 → 0 → 0: to itself, and back to itself from the handler.
+        assert_eq!(
+            nodes[0].request(NodeId(0), &Relay(0, i), T).unwrap(),
+            Got(2 * i + 1)
+        );
+    }
+    assert_eq!(nodes[1].stats().inline_buffers > 0, inline);
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct LoggedRelay(u64);
+dxnet::request!(LoggedRelay, 50, 6 => Got);
+
+#[test]
+fn messages_behind_a_blocked_handler_run_after_it_in_order() {
+    for inline in [true, false] {
+        let nodes = cluster_of(Kind::Tcp, 2, inline);
+        let log = Arc::new(Mutex::new(Vec::<i64>::new()));
+        let (l, me) = (log.clone(), Arc::downgrade(&nodes[1]));
+        nodes[1]
+            .register_request(move |src, r: LoggedRelay| {
+                // Blocks on a request back to the sender, then logs -1.
+                let me = me.upgrade().expect("node alive");
+                let got = me.request(src, &Get(r.0), T).expect("nested request");
+                l.lock().unwrap().push(-1);
+                Got(got.0 + 1)
+            })
+            .unwrap();
+        let l = log.clone();
+        nodes[1]
+            .register(move |_, s: Seq| l.lock().unwrap().push(s.0 as i64))
+            .unwrap();
+        let n0 = nodes[0].clone();
+        let h = std::thread::spawn(move || n0.request(NodeId(1), &LoggedRelay(5), T));
+        // Right behind it on the same connection: one-way messages.
+        wait_for(10, "relay sent", || nodes[0].stats().msgs_sent >= 1);
+        for i in 0..300 {
+            nodes[0].send(NodeId(1), &Seq(i)).unwrap();
+        }
+        assert_eq!(h.join().unwrap().unwrap(), Got(11));
+        wait_for(10, "all Seq messages", || log.lock().unwrap().len() == 301);
+        let got = log.lock().unwrap().clone();
+        // Seq messages that arrived while the handler was blocked ran after
+        // it; all of them in order, each once.
+        let relay_at = got.iter().position(|&x| x == -1).unwrap();
+        let seqs: Vec<i64> = got.iter().copied().filter(|&x| x >= 0).collect();
+        assert_eq!(seqs, (0..300).collect::<Vec<i64>>(), "inline={inline}");
+        assert!(
+            got[relay_at + 1..].iter().all(|&x| x >= 0),
+            "inline={inline}"
+        );
+        assert_eq!(
+            got[..relay_at].len(),
+            0,
+            "a Seq ran before the blocked handler: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn handler_blocked_outside_dxnet_does_not_stop_reception() {
+    let nodes = cluster(3);
+    // Node 1's WaitForGo handler blocks on a channel fed by the receiver
+    // of Go, which node 2 sends. If the blocked handler held node 1's only
+    // receive thread, Go would never be received.
+    let (tx, rx) = mpsc::channel::<u64>();
+    let rx = Arc::new(Mutex::new(rx));
+    let tx = Arc::new(Mutex::new(tx));
+    let r = rx.clone();
+    nodes[1]
+        .register_request(move |_, _: WaitForGo| {
+            let v = r.lock().unwrap().recv_timeout(Duration::from_secs(5));
+            Got(v.unwrap_or(u64::MAX))
+        })
+        .unwrap();
+    nodes[1]
+        .register(move |_, g: Go| tx.lock().unwrap().send(g.0).unwrap())
+        .unwrap();
+    // Warm both connections up (handshakes done, handlers parked again).
+    nodes[0].request(NodeId(1), &Get(1), T).unwrap();
+    nodes[2].request(NodeId(1), &Get(1), T).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    for round in 0..5u64 {
+        let waiting = nodes[0].request_async(NodeId(1), &WaitForGo, T).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        nodes[2].send(NodeId(1), &Go(round)).unwrap();
+        match waiting.wait() {
+            Ok(Got(v)) => assert_eq!(v, round),
+            Err(e @ Error::Timeout(_)) => panic!("reception stopped: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
