@@ -49,6 +49,15 @@ fn cluster(n: u16) -> Vec<Arc<Node>> {
 }
 
 fn cluster_of(kind: Kind, n: u16, inline: bool) -> Vec<Arc<Node>> {
+    cluster_with(kind, n, inline, |_| {})
+}
+
+fn cluster_with(
+    kind: Kind,
+    n: u16,
+    inline: bool,
+    tweak: impl Fn(&mut dxnet::Config),
+) -> Vec<Arc<Node>> {
     let nodes = start_all(cluster_configs(kind, n, |c| {
         // Handler threads always park (as on a 2-core machine), so small
         // buffers are handled inline.
@@ -58,6 +67,7 @@ fn cluster_of(kind: Kind, n: u16, inline: bool) -> Vec<Arc<Node>> {
         if !inline {
             c.inline_receive_bytes = 0;
         }
+        tweak(c);
     }));
     for node in &nodes {
         node.register_request(|_, g: Get| Got(g.0 * 2)).unwrap();
@@ -126,18 +136,26 @@ fn nested_requests(kind: Kind, inline: bool) {
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
 struct LoggedRelay(u64);
 dxnet::request!(LoggedRelay, 50, 6 => Got);
+/// Answered after 100 ms.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct SlowGet(u64);
+dxnet::request!(SlowGet, 50, 7 => Got);
 
 #[test]
 fn messages_behind_a_blocked_handler_run_after_it_in_order() {
     for inline in [true, false] {
-        let nodes = cluster_of(Kind::Tcp, 2, inline);
+        // A small incoming queue: a connection may hold 4 buffers of it, so
+        // the messages waiting behind the blocked handler must not count
+        // one queue item per received buffer (or reception of the
+        // connection, and the response the handler waits for, would stop).
+        let nodes = cluster_with(Kind::Tcp, 2, inline, |c| c.incoming_max_buffers = 16);
         let log = Arc::new(Mutex::new(Vec::<i64>::new()));
         let (l, me) = (log.clone(), Arc::downgrade(&nodes[1]));
         nodes[1]
             .register_request(move |src, r: LoggedRelay| {
                 // Blocks on a request back to the sender, then logs -1.
                 let me = me.upgrade().expect("node alive");
-                let got = me.request(src, &Get(r.0), T).expect("nested request");
+                let got = me.request(src, &SlowGet(r.0), T).expect("nested request");
                 l.lock().unwrap().push(-1);
                 Got(got.0 + 1)
             })
@@ -146,12 +164,22 @@ fn messages_behind_a_blocked_handler_run_after_it_in_order() {
         nodes[1]
             .register(move |_, s: Seq| l.lock().unwrap().push(s.0 as i64))
             .unwrap();
+        nodes[0]
+            .register_request(|_, g: SlowGet| {
+                std::thread::sleep(Duration::from_millis(100));
+                Got(g.0 * 2)
+            })
+            .unwrap();
         let n0 = nodes[0].clone();
         let h = std::thread::spawn(move || n0.request(NodeId(1), &LoggedRelay(5), T));
-        // Right behind it on the same connection: one-way messages.
+        // Right behind it on the same connection, and before the response
+        // to the nested request: one-way messages in many small chunks.
         wait_for(10, "relay sent", || nodes[0].stats().msgs_sent >= 1);
         for i in 0..300 {
             nodes[0].send(NodeId(1), &Seq(i)).unwrap();
+            if i % 10 == 0 {
+                std::thread::sleep(Duration::from_micros(500));
+            }
         }
         assert_eq!(h.join().unwrap().unwrap(), Got(11));
         wait_for(10, "all Seq messages", || log.lock().unwrap().len() == 301);

@@ -1014,9 +1014,21 @@ impl Core {
                         Vec::new()
                     }
                 };
-                self.incoming.added(new.len());
                 inbox.bytes += new.len();
-                inbox.items.push_back(Incoming::Decoded(new));
+                // Appended to the last decoded item if there is one: waiting
+                // messages then count as one item against the connection's
+                // share of the incoming queue, and bytes stay bounded by
+                // the sender's flow-control window.
+                match inbox.items.back_mut() {
+                    Some(Incoming::Decoded(last)) => {
+                        self.incoming.resized(last.len(), last.len() + new.len());
+                        last.extend_from_slice(&new);
+                    }
+                    _ => {
+                        self.incoming.added(new.len());
+                        inbox.items.push_back(Incoming::Decoded(new));
+                    }
+                }
             }
             self.after_decode_ahead(conn, freed, failed);
             return;
