@@ -41,6 +41,10 @@ pub struct NodeEntry {
     /// Ignored by the loopback transport.
     #[serde(default)]
     pub address: String,
+    /// Hex Ed25519 public key of the node (its identity; needed for every
+    /// node when `identity_key` is set). Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<String>,
 }
 
 /// Settings of the load-adaptive parking of internal threads.
@@ -194,6 +198,11 @@ pub struct Config {
     /// Shared cluster secret for authenticating connections (HMAC-SHA256
     /// challenge–response). `None` accepts any peer and logs a warning.
     pub cluster_secret: Option<String>,
+    /// Hex Ed25519 private key (32-byte seed) of this node's identity: the
+    /// connection set-up is then signed by each side and checked against
+    /// the node map's `public_key`s, so no node can act as another node id
+    /// (see `dxnet::core::identity`). Default none.
+    pub identity_key: Option<String>,
     /// TLS encryption and certificate authentication of TCP connections.
     /// Default `None` (plaintext; use on trusted networks only).
     pub tls: Option<TlsConfig>,
@@ -224,6 +233,7 @@ impl Default for Config {
             inline_receive_bytes: 4096,
             park: ParkConfig::default(),
             cluster_secret: None,
+            identity_key: None,
             tls: None,
             ib: IbConfig::default(),
         }
@@ -239,6 +249,7 @@ impl Config {
                 .map(|i| NodeEntry {
                     id: i,
                     address: String::new(),
+                    public_key: None,
                 })
                 .collect(),
             transport: TransportKind::Loopback,
@@ -256,6 +267,7 @@ impl Config {
                 .map(|i| NodeEntry {
                     id: i,
                     address: format!("127.0.0.1:{}", base_port + i),
+                    public_key: None,
                 })
                 .collect(),
             transport: TransportKind::Tcp,
@@ -361,6 +373,7 @@ impl Config {
         {
             return bad("timeouts must be > 0 ms".into());
         }
+        crate::core::identity::Identity::from_config(self)?;
         if let Some(t) = &self.tls {
             if self.transport != TransportKind::Tcp {
                 return bad("tls: only the tcp transport supports TLS".into());

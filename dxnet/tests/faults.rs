@@ -150,6 +150,7 @@ fn child_config(id: u16) -> Config {
                 .map(|(i, addr)| NodeEntry {
                     id: i as u16,
                     address: addr.to_string(),
+                    public_key: None,
                 })
                 .collect();
             c

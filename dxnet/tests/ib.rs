@@ -64,6 +64,8 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
     c.send_timeout_ms = 60_000;
     c.request_timeout_ms = 60_000;
     c.cluster_secret = Some("ib test".into());
+    // Every IB test also signs its connection exchanges (identity keys).
+    with_test_identities(&mut c);
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c

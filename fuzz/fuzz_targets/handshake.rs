@@ -57,7 +57,7 @@ fn check(b: &[u8; HANDSHAKE_LEN], secret: &[u8]) {
                         &good
                     ));
                 }
-                HandshakeMsg::Proof(_) | HandshakeMsg::Final(_) => {}
+                HandshakeMsg::Proof(_) | HandshakeMsg::Final(_) | HandshakeMsg::Signature(_) => {}
             }
         }
         Err(HandshakeError::BadMagic) => assert_ne!(b[..8], HANDSHAKE_MAGIC),

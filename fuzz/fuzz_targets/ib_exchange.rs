@@ -11,7 +11,11 @@ use dxnet::core::wire::{
     decode_imm, encode_imm, Exchange, HandshakeError, EXCHANGE_LEN, EXCHANGE_MAGIC,
     PROTOCOL_VERSION,
 };
+use dxnet::core::identity::Identity;
 use libfuzzer_sys::fuzz_target;
+
+/// End of the bytes the HMAC covers.
+const MAC_END: usize = 120;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&n, rest)) = data.split_first() else {
@@ -22,11 +26,11 @@ fuzz_target!(|data: &[u8]| {
     let secret = (!secret.is_empty()).then_some(secret);
 
     // Whatever arrives on the UDP port.
-    match Exchange::decode(dgram, secret) {
+    match Exchange::decode(dgram, secret, None) {
         Ok(m) => {
             assert_eq!(dgram.len(), EXCHANGE_LEN);
-            let e = m.encode(secret);
-            assert_eq!(Exchange::decode(&e, secret), Ok(m), "round trip");
+            let e = m.encode(secret, None);
+            assert_eq!(Exchange::decode(&e, secret, None), Ok(m), "round trip");
             // Byte 11 and bytes 74..88 are padding.
             assert_eq!(e[..11], dgram[..11], "header kept");
             assert_eq!(e[12..74], dgram[12..74], "fields kept");
@@ -43,17 +47,32 @@ fuzz_target!(|data: &[u8]| {
         b[..8].copy_from_slice(&EXCHANGE_MAGIC);
         b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         b[10] = 1 + b[10] % 4;
-        let m = Exchange::decode(&b, None).expect("well-formed datagram");
+        let m = Exchange::decode(&b, None, None).expect("well-formed datagram");
         let key = secret.unwrap_or(b"k");
-        let auth = m.encode(Some(key));
-        assert_eq!(Exchange::decode(&auth, Some(key)), Ok(m));
+        let auth = m.encode(Some(key), None);
+        assert_eq!(Exchange::decode(&auth, Some(key), None), Ok(m));
         let bit = dgram.get(EXCHANGE_LEN).copied().unwrap_or(0) as usize;
+        // The HMAC covers bytes 0..120.
         let mut bad = auth;
+        let at = (bit * 7 + n) % MAC_END;
+        bad[at] ^= 1 << (bit % 8);
+        assert!(
+            Exchange::decode(&bad, Some(key), None).is_err(),
+            "flipped bit {} of byte {at} accepted",
+            bit % 8
+        );
+        // Signed by the sender's identity key: every byte is covered.
+        let src = u16::from_le_bytes([b[12], b[13]]);
+        let sender = Identity::from_keys([7; 32], &[]).unwrap();
+        let me = Identity::from_keys([8; 32], &[(src, sender.public_key())]).unwrap();
+        let signed = m.encode(Some(key), Some(&sender));
+        assert_eq!(Exchange::decode(&signed, Some(key), Some(&me)), Ok(m));
+        let mut bad = signed;
         let at = (bit * 7 + n) % EXCHANGE_LEN;
         bad[at] ^= 1 << (bit % 8);
         assert!(
-            Exchange::decode(&bad, Some(key)).is_err(),
-            "flipped bit {} of byte {at} accepted",
+            Exchange::decode(&bad, Some(key), Some(&me)).is_err(),
+            "flipped bit {} of byte {at} of a signed datagram accepted",
             bit % 8
         );
     }

@@ -70,6 +70,7 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
                 .map(|(id, a)| NodeEntry {
                     id: *id,
                     address: a.clone(),
+                    public_key: None,
                 })
                 .collect(),
             transport: if kind == BindingKind::DxnetIb {

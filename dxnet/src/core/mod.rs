@@ -22,6 +22,7 @@ pub mod connection;
 pub mod decoder;
 pub mod depth;
 pub mod flow;
+pub mod identity;
 pub mod incoming;
 pub mod inline;
 pub mod orb;
@@ -167,6 +168,9 @@ pub struct Core {
     pub requests: Arc<RequestTable>,
     /// Counters.
     pub stats: Stats,
+    /// This node's identity key and the node map's public keys, if
+    /// configured (signed connection set-up).
+    pub identity: Option<identity::Identity>,
     /// One bit per (type, subtype): an unknown type was already logged at
     /// warn level (later ones only at debug, so a flood cannot flood the
     /// log; `stats().unknown_messages` counts them all).
@@ -222,8 +226,10 @@ impl Core {
             })
             .collect();
         let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
+        let identity = identity::Identity::from_config(&config)?;
         let core = Arc::new(Core {
             own,
+            identity,
             instance: loop {
                 let v: u64 = rand::random();
                 if v != 0 {

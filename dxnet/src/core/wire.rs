@@ -6,6 +6,8 @@
 //! returns a typed error: nothing sized by the peer is allocated.
 
 use hmac::{Hmac, KeyInit, Mac};
+
+use crate::core::identity::Identity;
 use sha2::Sha256;
 
 /// Protocol version; peers with another version are rejected.
@@ -160,6 +162,7 @@ const KIND_HELLO: u8 = 1;
 const KIND_REPLY: u8 = 2;
 const KIND_PROOF: u8 = 3;
 const KIND_FINAL: u8 = 4;
+const KIND_SIGNATURE: u8 = 5;
 
 /// Length of every handshake message (they are padded to one size).
 pub const HANDSHAKE_LEN: usize = 96;
@@ -194,6 +197,9 @@ pub enum HandshakeMsg {
     Proof([u8; 32]),
     /// Acceptor → dialer: the decision.
     Final(Status),
+    /// With identity keys: the sender's Ed25519 signature of its
+    /// [`transcript`], right after its `Reply` or `Proof`.
+    Signature([u8; 64]),
 }
 
 impl HandshakeMsg {
@@ -228,6 +234,10 @@ impl HandshakeMsg {
                 b[10] = KIND_FINAL;
                 b[11] = *s as u8;
             }
+            Self::Signature(sig) => {
+                b[10] = KIND_SIGNATURE;
+                b[12..76].copy_from_slice(sig);
+            }
         }
         b
     }
@@ -257,12 +267,37 @@ impl HandshakeMsg {
             KIND_HELLO => Ok(Self::Hello(hello())),
             KIND_REPLY => Ok(Self::Reply(hello(), mac())),
             KIND_PROOF => Ok(Self::Proof(mac())),
+            KIND_SIGNATURE => Ok(Self::Signature(b[12..76].try_into().unwrap())),
             KIND_FINAL => Status::from_u8(b[11])
                 .map(Self::Final)
                 .ok_or(HandshakeError::Kind(b[11])),
             k => Err(HandshakeError::Kind(k)),
         }
     }
+}
+
+/// What a side signs with its identity key in the TCP handshake: the same
+/// fields its HMAC proof binds (role, both challenges, both ids, its
+/// instance id), so a signature cannot be replayed for another connection,
+/// direction or claimed id.
+pub fn transcript(
+    role: &[u8],
+    prover_nonce: &[u8; 16],
+    verifier_nonce: &[u8; 16],
+    prover_id: u16,
+    verifier_id: u16,
+    prover_instance: u64,
+) -> [u8; 60] {
+    let mut t = [0u8; 60];
+    t[..8].copy_from_slice(b"dxnet-hs");
+    let r = role.len().min(8);
+    t[8..8 + r].copy_from_slice(&role[..r]);
+    t[16..32].copy_from_slice(prover_nonce);
+    t[32..48].copy_from_slice(verifier_nonce);
+    t[48..50].copy_from_slice(&prover_id.to_le_bytes());
+    t[50..52].copy_from_slice(&verifier_id.to_le_bytes());
+    t[52..60].copy_from_slice(&prover_instance.to_le_bytes());
+    t
 }
 
 /// The HMAC over the fields a proof binds: role, the prover's nonce, the
@@ -346,8 +381,10 @@ pub fn verify_proof(
 
 /// Magic of the InfiniBand connection-exchange datagrams.
 pub const EXCHANGE_MAGIC: [u8; 8] = *b"DXNETib\0";
-/// Size of an exchange datagram.
-pub const EXCHANGE_LEN: usize = 120;
+/// Size of an exchange datagram: fields, HMAC (bytes 88..120) and the
+/// sender's identity signature of bytes 0..120 (120..184; zeros without
+/// identity keys).
+pub const EXCHANGE_LEN: usize = 184;
 /// Bytes of a queue-pair endpoint (QPN, PSN, LID, GID) in an exchange.
 pub const ENDPOINT_LEN: usize = 26;
 
@@ -389,8 +426,9 @@ pub struct Exchange {
 
 impl Exchange {
     /// Encodes and, with a secret, authenticates the datagram
-    /// (HMAC-SHA256 over everything before the MAC).
-    pub fn encode(&self, secret: Option<&[u8]>) -> [u8; EXCHANGE_LEN] {
+    /// (HMAC-SHA256 over everything before the MAC); with an identity, signs
+    /// it.
+    pub fn encode(&self, secret: Option<&[u8]>, identity: Option<&Identity>) -> [u8; EXCHANGE_LEN] {
         let mut b = [0u8; EXCHANGE_LEN];
         b[..8].copy_from_slice(&EXCHANGE_MAGIC);
         b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
@@ -404,11 +442,20 @@ impl Exchange {
         b[58..74].copy_from_slice(&self.nonce);
         let mac = exchange_mac(secret, &b[..88]);
         b[88..120].copy_from_slice(&mac);
+        if let Some(id) = identity {
+            let sig = id.sign(&b[..120]);
+            b[120..184].copy_from_slice(&sig);
+        }
         b
     }
 
-    /// Decodes and checks a datagram of any length.
-    pub fn decode(b: &[u8], secret: Option<&[u8]>) -> Result<Self, HandshakeError> {
+    /// Decodes and checks a datagram of any length; with an identity, the
+    /// signature must be the claimed sender's.
+    pub fn decode(
+        b: &[u8],
+        secret: Option<&[u8]>,
+        identity: Option<&Identity>,
+    ) -> Result<Self, HandshakeError> {
         if b.len() != EXCHANGE_LEN || b[..8] != EXCHANGE_MAGIC {
             return Err(HandshakeError::BadMagic);
         }
@@ -432,6 +479,13 @@ impl Exchange {
                 .verify_slice(&b[88..120])
                 .is_err()
             {
+                return Err(HandshakeError::Auth);
+            }
+        }
+        let src = u16::from_le_bytes([b[12], b[13]]);
+        if let Some(id) = identity {
+            let sig: &[u8; 64] = b[120..184].try_into().unwrap();
+            if !id.verify(src, &b[..120], sig) {
                 return Err(HandshakeError::Auth);
             }
         }
@@ -552,20 +606,38 @@ mod tests {
             nonce: [5; 16],
         };
         let s = Some(&b"k"[..]);
-        let b = e.encode(s);
-        assert_eq!(Exchange::decode(&b, s), Ok(e));
+        let b = e.encode(s, None);
+        assert_eq!(Exchange::decode(&b, s, None), Ok(e));
         assert_eq!(
-            Exchange::decode(&b, Some(b"other")),
+            Exchange::decode(&b, Some(b"other"), None),
             Err(HandshakeError::Auth)
         );
         let mut t = b;
         t[12] = 9; // claims another source
-        assert_eq!(Exchange::decode(&t, s), Err(HandshakeError::Auth));
+        assert_eq!(Exchange::decode(&t, s, None), Err(HandshakeError::Auth));
         assert_eq!(
-            Exchange::decode(&b[..100], s),
+            Exchange::decode(&b[..100], s, None),
             Err(HandshakeError::BadMagic)
         );
-        assert_eq!(Exchange::decode(&e.encode(None), None), Ok(e));
+        assert_eq!(Exchange::decode(&e.encode(None, None), None, None), Ok(e));
+        // Identity keys: node 1 signs; node 3 (a member with the secret but
+        // another key) cannot pass as node 1.
+        let n1 = Identity::from_keys([1; 32], &[]).unwrap();
+        let n3 = Identity::from_keys([3; 32], &[]).unwrap();
+        let me =
+            Identity::from_keys([2; 32], &[(1, n1.public_key()), (3, n3.public_key())]).unwrap();
+        let signed = e.encode(s, Some(&n1));
+        assert_eq!(Exchange::decode(&signed, s, Some(&me)), Ok(e));
+        let forged = e.encode(s, Some(&n3));
+        assert_eq!(
+            Exchange::decode(&forged, s, Some(&me)),
+            Err(HandshakeError::Auth)
+        );
+        assert_eq!(
+            Exchange::decode(&b, s, Some(&me)),
+            Err(HandshakeError::Auth),
+            "unsigned"
+        );
         assert_eq!(decode_imm(encode_imm(0xBEEF, 200)), (0xBEEF, 200));
     }
 

@@ -312,7 +312,10 @@ impl IbEngine {
         let Some(addr) = core.config().address_of(peer).and_then(|a| resolve(a).ok()) else {
             return;
         };
-        if let Err(e) = self.udp.send_to(&x.encode(self.secret()), addr) {
+        if let Err(e) = self
+            .udp
+            .send_to(&x.encode(self.secret(), core.identity.as_ref()), addr)
+        {
             tracing::debug!("{}: exchange datagram to {peer} failed: {e}", self.own);
         }
     }
@@ -394,17 +397,19 @@ impl IbEngine {
                 }
             }
             match self.udp.recv_from(&mut buf) {
-                Ok((n, from)) => match Exchange::decode(&buf[..n], self.secret()) {
-                    Ok(x) if x.dst == self.own.0 => self.on_exchange(&core, &x),
-                    Ok(x) => tracing::info!(
-                        "{}: exchange for node {} from {from} ignored",
-                        self.own,
-                        x.dst
-                    ),
-                    Err(e) => {
-                        tracing::warn!("{}: bad exchange datagram from {from}: {e}", self.own)
+                Ok((n, from)) => {
+                    match Exchange::decode(&buf[..n], self.secret(), core.identity.as_ref()) {
+                        Ok(x) if x.dst == self.own.0 => self.on_exchange(&core, &x),
+                        Ok(x) => tracing::info!(
+                            "{}: exchange for node {} from {from} ignored",
+                            self.own,
+                            x.dst
+                        ),
+                        Err(e) => {
+                            tracing::warn!("{}: bad exchange datagram from {from}: {e}", self.own)
+                        }
                     }
-                },
+                }
                 Err(e)
                     if matches!(
                         e.kind(),

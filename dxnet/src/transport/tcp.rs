@@ -315,6 +315,23 @@ impl TcpEngine {
             HandshakeMsg::Final(st) => return Err(HandshakeError::Rejected(st).to_string()),
             other => return Err(format!("unexpected handshake message {other:?}")),
         };
+        if let Some(id) = &core.identity {
+            let t = wire::transcript(
+                b"acceptor",
+                &theirs.nonce,
+                &mine.nonce,
+                theirs.node_id,
+                self.own.0,
+                theirs.instance,
+            );
+            match read_msg(s)? {
+                HandshakeMsg::Signature(sig) if id.verify(theirs.node_id, &t, &sig) => {}
+                HandshakeMsg::Signature(_) => {
+                    return Err(format!("{peer}'s identity signature is not valid"))
+                }
+                other => return Err(format!("expected an identity signature, got {other:?}")),
+            }
+        }
         let proof = wire::proof(
             self.secret(),
             b"dialer",
@@ -325,6 +342,18 @@ impl TcpEngine {
             core.instance,
         );
         write_msg(s, &HandshakeMsg::Proof(proof)).map_err(|e| format!("handshake write: {e}"))?;
+        if let Some(id) = &core.identity {
+            let t = wire::transcript(
+                b"dialer",
+                &mine.nonce,
+                &theirs.nonce,
+                self.own.0,
+                peer.0,
+                core.instance,
+            );
+            write_msg(s, &HandshakeMsg::Signature(id.sign(&t)))
+                .map_err(|e| format!("handshake write: {e}"))?;
+        }
         match read_msg(s)? {
             HandshakeMsg::Final(Status::Accept) => Ok(theirs),
             HandshakeMsg::Final(st) => Err(HandshakeError::Rejected(st).to_string()),
@@ -410,6 +439,17 @@ impl TcpEngine {
             core.instance,
         );
         write_msg(s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
+        if let Some(id) = &core.identity {
+            let t = wire::transcript(
+                b"acceptor",
+                &mine.nonce,
+                &theirs.nonce,
+                self.own.0,
+                theirs.node_id,
+                core.instance,
+            );
+            write_msg(s, &HandshakeMsg::Signature(id.sign(&t))).map_err(|e| e.to_string())?;
+        }
         match read_msg(s)? {
             HandshakeMsg::Proof(p) => {
                 if !wire::verify_proof(
@@ -426,6 +466,33 @@ impl TcpEngine {
                 }
             }
             other => return Err(format!("expected proof, got {other:?}")),
+        }
+        if let Some(id) = &core.identity {
+            let t = wire::transcript(
+                b"dialer",
+                &theirs.nonce,
+                &mine.nonce,
+                theirs.node_id,
+                self.own.0,
+                theirs.instance,
+            );
+            match read_msg(s)? {
+                HandshakeMsg::Signature(sig) if id.verify(theirs.node_id, &t, &sig) => {}
+                HandshakeMsg::Signature(_) => {
+                    let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
+                    return Err(format!(
+                        "rejected node {}: identity signature not valid for that id",
+                        theirs.node_id
+                    ));
+                }
+                other => {
+                    let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
+                    return Err(format!(
+                        "rejected node {}: expected an identity signature, got {other:?}",
+                        theirs.node_id
+                    ));
+                }
+            }
         }
         let peer = NodeId(theirs.node_id);
         if !self.old_connection_gone(core, peer, theirs.instance, timeout / 2) {

@@ -194,6 +194,28 @@ pub fn cluster_configs(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<C
         .collect()
 }
 
+/// The test identity key seed of node `id` (fixed, so separate processes
+/// agree on the node map's public keys).
+pub fn test_identity_seed(id: u16) -> [u8; 32] {
+    let mut seed = [0x5e; 32];
+    seed[..2].copy_from_slice(&id.to_le_bytes());
+    seed
+}
+
+/// Gives `c` identity keys: its own (from [`test_identity_seed`]) and every
+/// node-map entry's public key.
+pub fn with_test_identities(c: &mut Config) {
+    use dxnet::core::identity::Identity;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    c.identity_key = Some(hex(&test_identity_seed(c.node_id)));
+    for n in &mut c.nodes {
+        let pk = Identity::from_keys(test_identity_seed(n.id), &[])
+            .unwrap()
+            .public_key();
+        n.public_key = Some(hex(&pk));
+    }
+}
+
 pub fn start_all(cfgs: Vec<Config>) -> Vec<Arc<Node>> {
     cfgs.into_iter()
         .map(|c| Arc::new(Node::start(c).unwrap()))
