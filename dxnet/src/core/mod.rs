@@ -179,7 +179,9 @@ pub struct Core {
     transport: OnceLock<Arc<dyn Transport>>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    exclusive_tx: Mutex<Option<Sender<ExclusiveItem>>>,
+    /// Channel to the exclusive handler thread; taken at shutdown, which
+    /// ends that thread. A read lock per message (no `Sender` clone).
+    exclusive_tx: parking_lot::RwLock<Option<Sender<ExclusiveItem>>>,
     /// Pseudo-connections of messages to the own node, by nesting depth: a
     /// handler of a local message that sends to its own node again (e.g. a
     /// nested request to itself) uses the next one, so the nested message is
@@ -249,7 +251,7 @@ impl Core {
             transport: OnceLock::new(),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
-            exclusive_tx: Mutex::new(Some(ex_tx)),
+            exclusive_tx: parking_lot::RwLock::new(Some(ex_tx)),
             locals,
             local_room: Signal::new(),
             started: Instant::now(),
@@ -1322,8 +1324,7 @@ impl Core {
                     key: h.type_key(),
                     payload: payload.to_vec(),
                 };
-                let tx = self.exclusive_tx.lock().clone();
-                if let Some(tx) = tx {
+                if let Some(tx) = &*self.exclusive_tx.read() {
                     let _ = tx.send(item);
                 }
             }
@@ -1373,7 +1374,7 @@ impl Core {
         for c in self.connections.all() {
             self.close_connection(&c, "node shut down", false);
         }
-        self.exclusive_tx.lock().take();
+        self.exclusive_tx.write().take();
         self.incoming.handlers.notify_all();
         self.local_room.notify_all();
         let me = std::thread::current().id();
