@@ -39,10 +39,11 @@ use dxnet_verbs as ibv;
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
+use crate::core::inline;
 use crate::core::park::{Idle, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
-use crate::core::Core;
+use crate::core::{Core, InlineWork};
 use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
 
@@ -80,6 +81,19 @@ enum Job {
     Close(Arc<IbConn>),
 }
 
+/// The receive role of the engine: completion polling state, held by one
+/// of the two receive threads at a time.
+struct IbReceiver {
+    idle: Idle,
+    wcs: Vec<ibv::WorkCompletion>,
+    /// Posted receive work requests: slot → its buffers.
+    posted: Vec<Vec<RecvBuffer>>,
+    empty_slots: Vec<usize>,
+    chain: ibv::RecvChain,
+    /// The completion queue is armed: sleep on the channel next.
+    armed: bool,
+}
+
 /// The InfiniBand engine of one node.
 pub struct IbEngine {
     core: Weak<Core>,
@@ -100,7 +114,7 @@ pub struct IbEngine {
     gid_index: Option<u32>,
     sq_size: u32,
     sges_per_recv: usize,
-    recv_wrs: usize,
+
     max_recv_size: usize,
     secret: Option<Vec<u8>>,
     by_peer: Mutex<HashMap<u16, Arc<IbConn>>>,
@@ -113,6 +127,10 @@ pub struct IbEngine {
     jobs: Sender<Job>,
     send_signal: Signal,
     recv_signal: Signal,
+    /// The receive role (see [`crate::core::inline`]).
+    receiver: Mutex<IbReceiver>,
+    /// The standby receive thread parks on this.
+    standby: Arc<Signal>,
     outstanding_total: AtomicU64,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -180,7 +198,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         gid_index: gid_index.map(u32::from),
         sq_size: ib.sq_size,
         sges_per_recv: sges,
-        recv_wrs,
         max_recv_size: cfg.recv_buffer_size * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         by_peer: Mutex::new(HashMap::new()),
@@ -191,6 +208,15 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         jobs,
         send_signal: Signal::new(),
         recv_signal: Signal::new(),
+        receiver: Mutex::new(IbReceiver {
+            idle: Idle::new(core.park()),
+            wcs: vec![ibv::WorkCompletion::default(); POLL_BATCH],
+            posted: (0..recv_wrs).map(|_| Vec::new()).collect(),
+            empty_slots: (0..recv_wrs).collect(),
+            chain: ibv::RecvChain::with_capacity(recv_wrs, recv_wrs * ib.sges_per_recv as usize),
+            armed: false,
+        }),
+        standby: Arc::new(Signal::new()),
         outstanding_total: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         threads: Mutex::new(Vec::new()),
@@ -207,11 +233,13 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         format!("dxnet-ib-send-{}", own.0),
         Box::new(move || e.send_loop(c)),
     )?);
-    let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(
-        format!("dxnet-ib-recv-{}", own.0),
-        Box::new(move || e.recv_loop(c)),
-    )?);
+    for _ in 0..2 {
+        let (e, c) = (engine.clone(), core.clone());
+        threads.push(spawn(
+            format!("dxnet-ib-recv-{}", own.0),
+            Box::new(move || e.recv_thread(c)),
+        )?);
+    }
     let e = engine.clone();
     threads.push(spawn(
         format!("dxnet-ib-conn-{}", own.0),
@@ -774,25 +802,53 @@ impl IbEngine {
 
     // ----- receive thread -----------------------------------------------------
 
-    fn recv_loop(self: Arc<Self>, core: Arc<Core>) {
-        let mut idle = Idle::new(core.park());
-        let mut wcs = vec![ibv::WorkCompletion::default(); POLL_BATCH];
-        // Posted receive work requests: slot → its buffers.
-        let mut posted: Vec<Vec<RecvBuffer>> = (0..self.recv_wrs).map(|_| Vec::new()).collect();
-        let mut empty_slots: Vec<usize> = (0..self.recv_wrs).collect();
-        let mut chain =
-            ibv::RecvChain::with_capacity(self.recv_wrs, self.recv_wrs * self.sges_per_recv);
-        let mut armed = false;
+    /// Body of the two receive threads: the one holding the receive role
+    /// receives, the other is the standby (see [`crate::core::inline`]).
+    fn recv_thread(self: Arc<Self>, core: Arc<Core>) {
+        let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
         while !self.stop.load(Ordering::Acquire) {
-            self.refill(&core, &mut posted, &mut empty_slots, &mut chain);
-            let n = match self.recv_cq.poll(&mut wcs) {
+            let Some(mut role) = self.receiver.try_lock() else {
+                self.standby
+                    .park_unless(|| self.stop.load(Ordering::Acquire), max_park);
+                continue;
+            };
+            let work = self.receive(&core, &mut role);
+            if self.stop.load(Ordering::Acquire) {
+                for bufs in role.posted.iter_mut() {
+                    for b in bufs.drain(..) {
+                        core.pool.put(b);
+                    }
+                }
+            }
+            drop(role);
+            if let Some(work) = work {
+                inline::with_standby(self.standby.clone(), || core.run_inline(work));
+            }
+        }
+    }
+
+    /// The receive loop, run by the holder of the receive role until the
+    /// engine stops (`None`) or a buffer is to be handled inline.
+    fn receive(&self, core: &Arc<Core>, r: &mut IbReceiver) -> Option<InlineWork> {
+        let IbReceiver {
+            idle,
+            wcs,
+            posted,
+            empty_slots,
+            chain,
+            armed,
+        } = r;
+        let mut inline = None;
+        while !self.stop.load(Ordering::Acquire) {
+            self.refill(core, posted, empty_slots, chain);
+            let n = match self.recv_cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!(
                         "{}: polling the receive completion queue failed: {e}",
                         self.own
                     );
-                    return;
+                    return None;
                 }
             };
             for wc in &wcs[..n] {
@@ -820,7 +876,7 @@ impl IbEngine {
                     continue;
                 };
                 if ic.conn.state() == ConnState::Connecting {
-                    self.on_ready(&core, ic.conn.peer.0, None);
+                    self.on_ready(core, ic.conn.peer.0, None);
                 }
                 let (src, units) = wire::decode_imm(wc.imm().unwrap_or(0));
                 if src != ic.conn.peer.0 {
@@ -847,20 +903,30 @@ impl IbEngine {
                     let take = left.min(b.capacity());
                     b.push_segment(0..take);
                     left -= take;
-                    core.deliver(&ic.conn, b);
+                    // At most one buffer per turn is handled inline, after
+                    // the whole batch is delivered.
+                    if inline.is_none() {
+                        inline = core.deliver_or_inline(&ic.conn, b);
+                    } else {
+                        core.deliver(&ic.conn, b);
+                    }
                 }
+            }
+            if inline.is_some() {
+                idle.reset();
+                return inline;
             }
             if n > 0 {
                 idle.reset();
                 continue;
             }
-            if armed {
+            if *armed {
                 // Sleep until the next completion (or max_park).
                 if let Err(e) = self.recv_channel.wait_timeout(Some(idle.max_park)) {
                     tracing::error!("{}: waiting for receive completions failed: {e}", self.own);
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                armed = false;
+                *armed = false;
                 continue;
             }
             if idle.step() {
@@ -886,15 +952,11 @@ impl IbEngine {
                 } else {
                     // Poll once more before sleeping: a completion may have
                     // arrived before the queue was armed.
-                    armed = true;
+                    *armed = true;
                 }
             }
         }
-        for bufs in posted {
-            for b in bufs {
-                core.pool.put(b);
-            }
-        }
+        None
     }
 
     /// Posts receive work requests for empty slots while the pool has buffers.
@@ -1041,6 +1103,7 @@ impl Transport for IbEngine {
         self.stop.store(true, Ordering::Release);
         self.send_signal.notify_all();
         self.recv_signal.notify_all();
+        self.standby.notify_all();
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *self.threads.lock()) {
             if t.thread().id() != me {
