@@ -187,7 +187,7 @@ pub struct Config {
     /// 64 MiB. Anything larger is treated as hostile and closes the connection.
     pub max_message_size: usize,
     /// Received buffers of at most this many bytes are handled (receivers
-    /// run) on the TCP receive thread itself when every handler thread is
+    /// run) on the TCP/IB receive thread itself when every handler thread is
     /// parked, saving a thread wake-up per message in request/response
     /// traffic; the receive thread hands its role to a standby while it
     /// does (see `dxnet::core::inline`). 0 hands everything to the handler
