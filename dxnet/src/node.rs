@@ -41,6 +41,7 @@ pub struct NodeStats {
 /// [`ResponseHandle::wait`] or `.await` it (runtime-agnostic `Future`).
 pub struct ResponseHandle<T> {
     inner: crate::core::requests::PendingResponse,
+    core: Arc<Core>,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -136,6 +137,7 @@ impl Node {
         let inner = self.core.send_request(dest, req, timeout)?;
         Ok(ResponseHandle {
             inner,
+            core: self.core.clone(),
             _t: std::marker::PhantomData,
         })
     }
@@ -162,7 +164,7 @@ impl<T: Message> ResponseHandle<T> {
     /// Blocks until the response arrives, the request times out, or its
     /// connection fails.
     pub fn wait(self) -> Result<T> {
-        let bytes = self.inner.wait()?;
+        let bytes = self.core.wait_response(self.inner)?;
         crate::core::codec::decode::<T>(&bytes)
     }
 

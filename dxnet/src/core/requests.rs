@@ -22,7 +22,7 @@ type Shard = Mutex<HashMap<u32, Arc<Slot>>>;
 
 /// What a completed request holds: the encoded response payload or why none
 /// came.
-type Outcome = Result<Vec<u8>>;
+pub type Outcome = Result<Vec<u8>>;
 
 #[derive(Debug)]
 enum SlotState {
