@@ -20,11 +20,70 @@
 //! still free, and becomes the standby otherwise.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::core::connection::Connection;
 use crate::core::park::Signal;
-use crate::core::Core;
+use crate::core::{Core, InlineWork};
+
+/// A transport's receive role (its poll set, or completion-queue state,
+/// `R`), shared by two receive threads: the holder receives, the other is
+/// the standby that takes over while the holder runs handlers inline.
+pub struct ReceiveRole<R> {
+    state: Mutex<R>,
+    standby: Arc<Signal>,
+}
+
+impl<R> ReceiveRole<R> {
+    /// A role over the receive state `state`.
+    pub fn new(state: R) -> Self {
+        Self {
+            state: Mutex::new(state),
+            standby: Arc::new(Signal::new()),
+        }
+    }
+
+    /// Body of each of the two receive threads, until `stop`: holding the
+    /// role, `receive` receives until it returns a buffer to handle inline
+    /// (or `None` when stopping); the role is given up for the inline run,
+    /// with the standby armed to take over if a handler blocks. Without the
+    /// role the thread is the standby: woken by such a handler, or every
+    /// `max_park` to take over from one that runs long. `on_stop` gets the
+    /// state once `stop` is seen while holding it.
+    pub fn run(
+        &self,
+        core: &Arc<Core>,
+        stop: &AtomicBool,
+        mut receive: impl FnMut(&mut R) -> Option<InlineWork>,
+        mut on_stop: impl FnMut(&mut R),
+    ) {
+        let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
+        while !stop.load(Ordering::Acquire) {
+            let Some(mut state) = self.state.try_lock() else {
+                self.standby
+                    .park_unless(|| stop.load(Ordering::Acquire), max_park);
+                continue;
+            };
+            let work = receive(&mut state);
+            if stop.load(Ordering::Acquire) {
+                on_stop(&mut state);
+            }
+            drop(state);
+            if let Some(work) = work {
+                with_standby(self.standby.clone(), || core.run_inline(work));
+            }
+        }
+    }
+
+    /// Wakes a parked standby at shutdown (the caller has set `stop`).
+    pub fn stopping(&self) {
+        self.standby.notify_all();
+    }
+}
 
 /// The connection whose messages this thread is handling.
 struct Handling {

@@ -39,7 +39,7 @@ use dxnet_verbs as ibv;
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::inline;
+use crate::core::inline::ReceiveRole;
 use crate::core::park::{Idle, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
@@ -127,10 +127,8 @@ pub struct IbEngine {
     jobs: Sender<Job>,
     send_signal: Signal,
     recv_signal: Signal,
-    /// The receive role (see [`crate::core::inline`]).
-    receiver: Mutex<IbReceiver>,
-    /// The standby receive thread parks on this.
-    standby: Arc<Signal>,
+    /// The receive role of the two receive threads.
+    receiver: ReceiveRole<IbReceiver>,
     outstanding_total: AtomicU64,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -208,7 +206,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         jobs,
         send_signal: Signal::new(),
         recv_signal: Signal::new(),
-        receiver: Mutex::new(IbReceiver {
+        receiver: ReceiveRole::new(IbReceiver {
             idle: Idle::new(core.park()),
             wcs: vec![ibv::WorkCompletion::default(); POLL_BATCH],
             posted: (0..recv_wrs).map(|_| Vec::new()).collect(),
@@ -216,7 +214,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             chain: ibv::RecvChain::with_capacity(recv_wrs, recv_wrs * ib.sges_per_recv as usize),
             armed: false,
         }),
-        standby: Arc::new(Signal::new()),
         outstanding_total: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         threads: Mutex::new(Vec::new()),
@@ -805,26 +802,18 @@ impl IbEngine {
     /// Body of the two receive threads: the one holding the receive role
     /// receives, the other is the standby (see [`crate::core::inline`]).
     fn recv_thread(self: Arc<Self>, core: Arc<Core>) {
-        let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
-        while !self.stop.load(Ordering::Acquire) {
-            let Some(mut role) = self.receiver.try_lock() else {
-                self.standby
-                    .park_unless(|| self.stop.load(Ordering::Acquire), max_park);
-                continue;
-            };
-            let work = self.receive(&core, &mut role);
-            if self.stop.load(Ordering::Acquire) {
-                for bufs in role.posted.iter_mut() {
+        self.receiver.run(
+            &core,
+            &self.stop,
+            |r| self.receive(&core, r),
+            |r| {
+                for bufs in r.posted.iter_mut() {
                     for b in bufs.drain(..) {
                         core.pool.put(b);
                     }
                 }
-            }
-            drop(role);
-            if let Some(work) = work {
-                inline::with_standby(self.standby.clone(), || core.run_inline(work));
-            }
-        }
+            },
+        );
     }
 
     /// The receive loop, run by the holder of the receive role until the
@@ -1114,7 +1103,7 @@ impl Transport for IbEngine {
         self.stop.store(true, Ordering::Release);
         self.send_signal.notify_all();
         self.recv_signal.notify_all();
-        self.standby.notify_all();
+        self.receiver.stopping();
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *self.threads.lock()) {
             if t.thread().id() != me {

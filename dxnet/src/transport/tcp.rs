@@ -31,8 +31,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::inline;
-use crate::core::park::{Idle, Signal};
+use crate::core::inline::ReceiveRole;
+use crate::core::park::Idle;
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{
     self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
@@ -152,10 +152,8 @@ pub struct TcpEngine {
     by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
     by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
     recv_registry: mio::Registry,
-    /// The receive role (see [`crate::core::inline`]).
-    receiver: Mutex<Receiver>,
-    /// The standby receive thread parks on this.
-    standby: Arc<Signal>,
+    /// The receive role of the two receive threads.
+    receiver: ReceiveRole<Receiver>,
     recv_waker: Waker,
     recv_sleeping: AtomicBool,
     send_registry: mio::Registry,
@@ -201,7 +199,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         by_token: Mutex::new(HashMap::new()),
         recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
         recv_waker: Waker::new(recv_poll.registry(), WAKER).map_err(io_err)?,
-        receiver: Mutex::new(Receiver {
+        receiver: ReceiveRole::new(Receiver {
             poll: recv_poll,
             events: Events::with_capacity(256),
             readable: VecDeque::new(),
@@ -209,7 +207,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             idle: Idle::new(core.park()),
             starved: false,
         }),
-        standby: Arc::new(Signal::new()),
         recv_sleeping: AtomicBool::new(false),
         send_registry: send_poll.registry().try_clone().map_err(io_err)?,
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
@@ -699,21 +696,8 @@ impl TcpEngine {
     /// Body of the two receive threads: the one holding the receive role
     /// receives; the other is the standby (see [`crate::core::inline`]).
     fn recv_thread(self: Arc<Self>, core: Arc<Core>) {
-        let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
-        while !self.stop.load(Ordering::Acquire) {
-            let Some(mut role) = self.receiver.try_lock() else {
-                // Standby: woken by an inline handler about to block, or
-                // periodically to take over from one that runs long.
-                self.standby
-                    .park_unless(|| self.stop.load(Ordering::Acquire), max_park);
-                continue;
-            };
-            let work = self.receive(&core, &mut role);
-            drop(role);
-            if let Some(work) = work {
-                inline::with_standby(self.standby.clone(), || core.run_inline(work));
-            }
-        }
+        self.receiver
+            .run(&core, &self.stop, |r| self.receive(&core, r), |_| {});
     }
 
     /// The receive loop, run by the holder of the receive role until the
@@ -1019,10 +1003,18 @@ impl TcpEngine {
         if conn.state() != ConnState::Open || st.blocked {
             return false;
         }
-        if let Some(tls) = &tc.tls {
-            return self.write_tls(core, tc, st, &mut tls.lock());
-        }
+        // With TLS, chunks are copied from the ring buffer into rustls
+        // (bounded by its buffer limit, so a chunk counts as sent once
+        // rustls holds it) and its records written out, pending records
+        // before new data.
+        let mut tls = tc.tls.as_ref().map(|t| t.lock());
         for _ in 0..SEND_ROUNDS {
+            if let Some(t) = tls.as_deref_mut() {
+                if let Err(e) = flush_tls(t, &tc.stream) {
+                    self.write_failed(core, conn, st, e);
+                    return false;
+                }
+            }
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
                 let units = conn.flow.take_units(u32::MAX);
                 let avail = conn.orb.unposted_len().min(MAX_CHUNK);
@@ -1034,12 +1026,17 @@ impl TcpEngine {
                 st.header_off = 0;
                 st.data_left = avail;
             }
-            // SAFETY: the send thread is the ring's only consumer; the
-            // slices are written out before `mark_completed` frees them.
+            // SAFETY: the caller holds the send state, so it is the ring's
+            // only consumer; the slices are written out (or copied into
+            // rustls) before `mark_completed` frees them.
             let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
             let hdr = &st.header[st.header_off..];
             let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
-            match (&tc.stream).write_vectored(&iov) {
+            let written = match tls.as_deref_mut() {
+                None => (&tc.stream).write_vectored(&iov),
+                Some(t) => t.writer().write_vectored(&iov),
+            };
+            match written {
                 Ok(n) => {
                     let h = n.min(hdr.len());
                     st.header_off += h;
@@ -1050,15 +1047,17 @@ impl TcpEngine {
                         st.data_left -= d;
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    st.blocked = true;
-                    return false;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    core.close_connection(conn, &format!("send failed: {e}"), true);
-                    return false;
+                    if !self.write_failed(core, conn, st, e) {
+                        return false;
+                    }
                 }
+            }
+        }
+        if let Some(t) = tls.as_deref_mut() {
+            if let Err(e) = flush_tls(t, &tc.stream) {
+                self.write_failed(core, conn, st, e);
+                return false;
             }
         }
         // Budget used: come back after the other connections.
@@ -1068,81 +1067,22 @@ impl TcpEngine {
             || conn.flow.pending_units() > 0
     }
 
-    /// [`TcpEngine::write_locked`] of a TLS connection: chunks are copied
-    /// from the ring buffer into rustls (bounded by its buffer limit, so a
-    /// chunk counts as sent once rustls holds it) and the records written
-    /// out; pending records go out before new data is taken.
-    fn write_tls(
+    /// Handles a failed write: a full socket waits for a writable event,
+    /// an interrupted call is retried (true), anything else closes the
+    /// connection.
+    fn write_failed(
         &self,
         core: &Core,
-        tc: &TcpConn,
+        conn: &Arc<Connection>,
         st: &mut SendState,
-        t: &mut rustls::Connection,
+        e: std::io::Error,
     ) -> bool {
-        let conn = &tc.conn;
-        // Writes pending records; false if the socket is full or failed.
-        let flush = |t: &mut rustls::Connection, st: &mut SendState| -> bool {
-            while t.wants_write() {
-                match t.write_tls(&mut &tc.stream) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        st.blocked = true;
-                        return false;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        core.close_connection(conn, &format!("send failed: {e}"), true);
-                        return false;
-                    }
-                }
-            }
-            true
-        };
-        for _ in 0..SEND_ROUNDS {
-            if !flush(t, st) {
-                return false;
-            }
-            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
-                let units = conn.flow.take_units(u32::MAX);
-                let avail = conn.orb.unposted_len().min(MAX_CHUNK);
-                let poke = tc.poke.swap(false, Ordering::AcqRel);
-                if avail == 0 && units == 0 && !poke {
-                    return false;
-                }
-                st.header = encode_chunk_header(avail as u32, units);
-                st.header_off = 0;
-                st.data_left = avail;
-            }
-            // SAFETY: the send thread (or a caller holding the send state)
-            // is the ring's only consumer; rustls copies the slices before
-            // `mark_completed` frees them.
-            let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
-            let hdr = &st.header[st.header_off..];
-            let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
-            match t.writer().write_vectored(&iov) {
-                Ok(n) => {
-                    let h = n.min(hdr.len());
-                    st.header_off += h;
-                    let d = n - h;
-                    if d > 0 {
-                        conn.orb.mark_posted(d);
-                        conn.orb.mark_completed(d);
-                        st.data_left -= d;
-                    }
-                }
-                Err(e) => {
-                    core.close_connection(conn, &format!("TLS send failed: {e}"), true);
-                    return false;
-                }
-            }
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => st.blocked = true,
+            std::io::ErrorKind::Interrupted => return true,
+            _ => core.close_connection(conn, &format!("send failed: {e}"), true),
         }
-        if !flush(t, st) {
-            return false;
-        }
-        st.data_left > 0
-            || st.header_off < CHUNK_HEADER_LEN
-            || conn.orb.unposted_len() > 0
-            || conn.flow.pending_units() > 0
+        false
     }
 }
 
@@ -1158,6 +1098,18 @@ enum ReadOutcome {
     Paused,
     /// The connection closed.
     Closed,
+}
+
+/// Writes a TLS connection's pending records to its socket.
+fn flush_tls(t: &mut rustls::Connection, mut stream: &TcpStream) -> std::io::Result<()> {
+    while t.wants_write() {
+        match t.write_tls(&mut stream) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn write_msg(s: &mut impl Write, m: &HandshakeMsg) -> std::io::Result<()> {
@@ -1298,7 +1250,7 @@ impl Transport for TcpEngine {
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.recv_waker.wake();
-        self.standby.notify_all();
+        self.receiver.stopping();
         let _ = self.send_waker.wake();
         let _ = self.listen_waker.wake();
         let me = std::thread::current().id();
