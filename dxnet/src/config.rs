@@ -66,9 +66,15 @@ pub struct ParkConfig {
     /// two-core machine, where spinning threads starve the working ones.
     pub max_spinning: Option<usize>,
     /// How long a blocking `request` busy-waits for its response before it
-    /// parks, in microseconds (the caller's own thread; outside the spinning
-    /// budget). Default 50.
+    /// parks, in microseconds, at least (the caller's own thread; it counts
+    /// as spinning, and idle threads park in its favour). Default 50.
     pub request_spin_us: u64,
+    /// Longest busy-wait of a blocking `request`, in microseconds: it waits
+    /// twice the recent round-trip time to the destination when that is
+    /// longer than `request_spin_us` (a slow network or emulated machine),
+    /// but never longer than this; round trips beyond it are not waited
+    /// for spinning at all. Default 1000.
+    pub request_spin_max_us: u64,
 }
 
 impl Default for ParkConfig {
@@ -79,6 +85,7 @@ impl Default for ParkConfig {
             max_park_ms: 100,
             max_spinning: None,
             request_spin_us: 50,
+            request_spin_max_us: 1000,
         }
     }
 }

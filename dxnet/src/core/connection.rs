@@ -96,9 +96,31 @@ pub struct Connection {
     /// The last response to this peer timed out: further responses are
     /// dropped instead of blocking a handler thread (see `Core::send_response`).
     pub responses_stalled: AtomicBool,
+    /// Estimate of the 80th percentile of the round-trip times of
+    /// blocking requests to this peer, in nanoseconds (0: none yet); sets
+    /// how long requesters busy-wait (see [`Connection::record_request_rtt`]).
+    pub request_rtt_ns: AtomicU64,
 }
 
 impl Connection {
+    /// Updates the round-trip estimate with one sample: a step of +1/32
+    /// when the sample is above it, -1/128 when below, so it settles where
+    /// 80 % of the samples lie below (a quantile, unlike a mean, is not
+    /// dragged up by the occasional millisecond outlier). Concurrent
+    /// updates may lose one another's step; that only slows the estimate.
+    pub fn record_request_rtt(&self, rtt: std::time::Duration) {
+        let sample = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let old = self.request_rtt_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else if sample > old {
+            old.saturating_add(old / 32 + 1)
+        } else {
+            old - old / 128
+        };
+        self.request_rtt_ns.store(new, Ordering::Relaxed);
+    }
+
     /// A new connection in state `Connecting`.
     pub fn new(
         peer: NodeId,
@@ -120,6 +142,7 @@ impl Connection {
             state_changed: Signal::new(),
             close_reason: Mutex::new(None),
             responses_stalled: AtomicBool::new(false),
+            request_rtt_ns: AtomicU64::new(0),
         }
     }
 

@@ -20,7 +20,7 @@
 //! still free, and becomes the standby otherwise.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,12 +30,39 @@ use crate::core::connection::Connection;
 use crate::core::park::Signal;
 use crate::core::{Core, InlineWork};
 
+/// What the holder of a receive role does next (see [`ReceiveRole::run`]).
+pub enum Turn {
+    /// Give the role up and handle this buffer on the calling thread.
+    Inline(InlineWork),
+    /// Give the role up and sleep (the transport's `sleep`) for at most
+    /// this long: the engine armed its wake-up source.
+    Sleep(Duration),
+    /// Give the role up to the requesters that receive themselves now
+    /// (see [`ReceiveRole::help`]); sleep meanwhile, looking again within
+    /// `park.yield_us`.
+    StepAside,
+    /// The engine stops.
+    Stop,
+}
+
 /// A transport's receive role (its poll set, or completion-queue state,
 /// `R`), shared by two receive threads: the holder receives, the other is
 /// the standby that takes over while the holder runs handlers inline.
+///
+/// Threads waiting for a response may take the role too while they wait
+/// ([`ReceiveRole::help`]): the receive threads then step aside, and the
+/// response is taken off the wire by the thread that waits for it, with no
+/// other thread running (what a hand-written busy-polling ping-pong does;
+/// on a machine with few cores each extra spinning thread slows the round
+/// trip, and a wake-up costs more than the round trip itself).
 pub struct ReceiveRole<R> {
     state: Mutex<R>,
     standby: Arc<Signal>,
+    /// Threads inside [`ReceiveRole::help`].
+    helpers: AtomicUsize,
+    /// Held by the one receive thread sleeping on the engine's wake-up
+    /// source (a completion channel must have at most one reader).
+    sleeper: Mutex<()>,
 }
 
 impl<R> ReceiveRole<R> {
@@ -44,37 +71,115 @@ impl<R> ReceiveRole<R> {
         Self {
             state: Mutex::new(state),
             standby: Arc::new(Signal::new()),
+            helpers: AtomicUsize::new(0),
+            sleeper: Mutex::new(()),
         }
     }
 
+    /// True while a waiting requester receives (the holder should return
+    /// [`Turn::Sleep`] when it finds nothing to do).
+    #[inline]
+    pub fn helpers_waiting(&self) -> bool {
+        self.helpers.load(Ordering::Acquire) > 0
+    }
+
     /// Body of each of the two receive threads, until `stop`: holding the
-    /// role, `receive` receives until it returns a buffer to handle inline
-    /// (or `None` when stopping); the role is given up for the inline run,
-    /// with the standby armed to take over if a handler blocks. Without the
-    /// role the thread is the standby: woken by such a handler, or every
-    /// `max_park` to take over from one that runs long. `on_stop` gets the
-    /// state once `stop` is seen while holding it.
+    /// role, `receive` receives until it returns a buffer to handle inline,
+    /// asks to sleep, or stops; the role is given up for the inline run,
+    /// with the standby armed to take over if a handler blocks, and while
+    /// sleeping. Without the role the thread is the standby: woken by such
+    /// a handler, or every `max_park` to take over from one that runs long.
+    /// `on_stop` gets the state once `stop` is seen while holding it.
     pub fn run(
         &self,
         core: &Arc<Core>,
         stop: &AtomicBool,
-        mut receive: impl FnMut(&mut R) -> Option<InlineWork>,
+        mut receive: impl FnMut(&mut R) -> Turn,
+        mut sleep: impl FnMut(Duration),
         mut on_stop: impl FnMut(&mut R),
     ) {
         let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
+        let grace = Duration::from_micros(core.config().park.yield_us.max(100));
         while !stop.load(Ordering::Acquire) {
+            if self.helpers_waiting() {
+                self.sleep_or_stand_by(stop, grace, max_park, &mut sleep);
+                continue;
+            }
             let Some(mut state) = self.state.try_lock() else {
                 self.standby
                     .park_unless(|| stop.load(Ordering::Acquire), max_park);
                 continue;
             };
-            let work = receive(&mut state);
+            let turn = receive(&mut state);
             if stop.load(Ordering::Acquire) {
                 on_stop(&mut state);
             }
             drop(state);
-            if let Some(work) = work {
-                with_standby(self.standby.clone(), || core.run_inline(work));
+            match turn {
+                Turn::Inline(work) => {
+                    with_standby(self.standby.clone(), || core.run_inline(work));
+                }
+                Turn::Sleep(d) => self.sleep_or_stand_by(stop, d, max_park, &mut sleep),
+                Turn::StepAside => self.sleep_or_stand_by(stop, grace, max_park, &mut sleep),
+                Turn::Stop => {}
+            }
+        }
+    }
+
+    /// One receive thread sleeps on the engine's wake-up source (at most
+    /// `d`), the other parks as the standby (at most `max_park`).
+    fn sleep_or_stand_by(
+        &self,
+        stop: &AtomicBool,
+        d: Duration,
+        max_park: Duration,
+        sleep: &mut impl FnMut(Duration),
+    ) {
+        match self.sleeper.try_lock() {
+            Some(_g) => sleep(d),
+            None => {
+                self.standby
+                    .park_unless(|| stop.load(Ordering::Acquire), max_park);
+            }
+        }
+    }
+
+    /// Called by a thread that waits for a response: takes the role while
+    /// it is free and calls `poll` (one pass over the receive queue, no
+    /// user code run: other messages go to the handler threads) until
+    /// `done` or `until`. The receive threads step aside meanwhile. When
+    /// the last helper leaves without its response (it is about to park),
+    /// `hand_back` runs once more with the role: it must re-arm the
+    /// engine's wake-up source so that the sleeping receive thread takes
+    /// over. A helper that got its response leaves without waking anyone:
+    /// the receive thread looks again within `park.yield_us` (its "grace"
+    /// sleep), and another request of the same thread usually comes first.
+    pub fn help(
+        &self,
+        done: &dyn Fn() -> bool,
+        until: std::time::Instant,
+        mut poll: impl FnMut(&mut R),
+        hand_back: impl FnOnce(&mut R),
+    ) {
+        self.helpers.fetch_add(1, Ordering::AcqRel);
+        let mut n = 0u32;
+        while !done() {
+            if let Some(mut st) = self.state.try_lock() {
+                poll(&mut st);
+            } else {
+                std::hint::spin_loop();
+            }
+            n = n.wrapping_add(1);
+            if n % 32 == 0 && std::time::Instant::now() >= until {
+                break;
+            }
+        }
+        let last = self.helpers.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last && !done() {
+            // Someone else holding the role now receives (a receive
+            // thread, or a new helper that hands back in turn).
+            if let Some(mut st) = self.state.try_lock() {
+                hand_back(&mut st);
             }
         }
     }

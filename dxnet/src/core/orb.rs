@@ -127,7 +127,12 @@ pub struct Orb {
     lock: Mutex<()>,
     cond: Condvar,
     tracker: ByteTracker,
+    /// Called when a producer blocks for space (see [`Orb::on_blocked`]).
+    blocked_hook: std::sync::OnceLock<BlockedHook>,
 }
+
+/// See [`Orb::on_blocked`].
+pub type BlockedHook = Box<dyn Fn() + Send + Sync>;
 
 // SAFETY: the only non-Sync part is the byte buffer. Producers write only
 // into spans they reserved through the CAS on `reserved` (disjoint, and not
@@ -188,7 +193,22 @@ impl Orb {
             lock: Mutex::new(()),
             cond: Condvar::new(),
             tracker: ByteTracker::new(cap),
+            blocked_hook: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets (once) what a producer that blocks for space calls, after it
+    /// registered as waiter: the engine's send thread, which may park long
+    /// while nobody waits, must then retire completed sends promptly.
+    /// Called under the ring's lock: it must not take locks that are held
+    /// while calling into the ring.
+    pub fn on_blocked(&self, hook: BlockedHook) {
+        let _ = self.blocked_hook.set(hook);
+    }
+
+    /// True if a producer waits for space.
+    pub fn has_waiters(&self) -> bool {
+        self.waiters.load(Ordering::SeqCst) != 0
     }
 
     /// The ring's size in bytes (a power of two).
@@ -367,6 +387,9 @@ impl Orb {
             if let Some(result) = ready {
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
                 return result;
+            }
+            if let Some(hook) = self.blocked_hook.get() {
+                hook();
             }
             let guard = sync::wait_until(&self.cond, guard, deadline);
             self.waiters.fetch_sub(1, Ordering::Relaxed);

@@ -117,10 +117,15 @@ impl Idle {
     }
 
     /// No work was found: which phase the thread is in now. Reads the clock
-    /// only every 64 polls to keep busy-polling cheap.
+    /// only every 64 polls to keep busy-polling cheap. A thread waiting for
+    /// a response ([`RequestSpin`]) takes its unit over the budget: idle
+    /// threads then park in its favour (its wait is on the critical path).
     pub fn phase(&mut self) -> IdlePhase {
         self.polls = self.polls.wrapping_add(1);
         if self.polls & 63 == 1 {
+            if self.spinning && SPINNING.load(Ordering::Relaxed) > self.budget {
+                self.release();
+            }
             let since = *self.idle_since.get_or_insert_with(Instant::now);
             let idle = since.elapsed();
             self.phase = if idle < self.yield_until && self.acquire() {
@@ -152,6 +157,26 @@ impl Idle {
             }
             IdlePhase::Park => true,
         }
+    }
+}
+
+/// A unit of the spinning budget held by a thread that busy-waits for a
+/// response, taken even over the budget (see [`Idle::phase`]); released on
+/// drop.
+#[derive(Debug)]
+pub struct RequestSpin(());
+
+impl RequestSpin {
+    /// Counts the calling thread as spinning until the guard drops.
+    pub fn claim() -> Self {
+        SPINNING.fetch_add(1, Ordering::Relaxed);
+        RequestSpin(())
+    }
+}
+
+impl Drop for RequestSpin {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -261,6 +286,7 @@ mod tests {
             max_park_ms: 1,
             max_spinning: None,
             request_spin_us: 0,
+            ..ParkConfig::default()
         });
         assert_eq!(idle.phase(), IdlePhase::Park);
         idle.reset();
@@ -270,6 +296,7 @@ mod tests {
             max_park_ms: 1,
             max_spinning: Some(max),
             request_spin_us: 0,
+            ..ParkConfig::default()
         };
         let mut idle = Idle::new(&cfg(usize::MAX));
         assert_eq!(idle.phase(), IdlePhase::Spin);
@@ -277,6 +304,29 @@ mod tests {
         // No spinning budget: park at once however long spinning is allowed.
         let mut none = Idle::new(&cfg(0));
         assert_eq!(none.phase(), IdlePhase::Park);
+    }
+
+    #[test]
+    fn idle_spinners_park_in_favour_of_requesters() {
+        // A budget far above what other tests hold at the same time (the
+        // count is process-wide).
+        const BUDGET: usize = 1000;
+        let mut idle = Idle::new(&ParkConfig {
+            spin_us: 10_000_000,
+            yield_us: 20_000_000,
+            max_spinning: Some(BUDGET),
+            ..ParkConfig::default()
+        });
+        assert_eq!(idle.phase(), IdlePhase::Spin);
+        let claims: Vec<_> = (0..BUDGET).map(|_| RequestSpin::claim()).collect();
+        // The next look at the clock (every 64 polls) sees the budget
+        // exceeded: the idle thread parks and gives its unit back.
+        let mut phases = (0..64).map(|_| idle.phase());
+        assert!(phases.any(|p| p == IdlePhase::Park));
+        assert!(!idle.spinning);
+        drop(claims);
+        let mut phases = (0..64).map(|_| idle.phase());
+        assert!(phases.any(|p| p == IdlePhase::Spin));
     }
 
     #[test]
@@ -290,6 +340,7 @@ mod tests {
             max_park_ms: 10_000,
             max_spinning: None,
             request_spin_us: 0,
+            ..ParkConfig::default()
         };
         let t = std::thread::spawn(move || {
             s2.wait_until(&cfg, Instant::now() + Duration::from_secs(60), || {

@@ -281,6 +281,34 @@ impl PendingResponse {
         }
     }
 
+    /// The node the request went to.
+    pub fn peer(&self) -> NodeId {
+        self.slot.peer
+    }
+
+    /// True once the outcome is known (a later wait returns at once).
+    #[inline]
+    pub fn is_done(&self) -> bool {
+        self.slot.done.load(Ordering::Acquire)
+    }
+
+    /// Time left until the request's deadline.
+    pub fn time_left(&self) -> Duration {
+        self.slot.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Busy-waits until the outcome is known or `until`.
+    pub fn spin_until(&self, until: Instant) {
+        let mut n = 0u32;
+        while !self.slot.done.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+            n = n.wrapping_add(1);
+            if n % 64 == 0 && Instant::now() >= until {
+                break;
+            }
+        }
+    }
+
     /// Blocks until the outcome is known or the deadline passes. Busy-waits
     /// up to `spin` first: a response that comes back within it is taken
     /// without a wake-up of this thread (a round trip is often shorter than

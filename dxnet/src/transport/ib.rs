@@ -39,7 +39,7 @@ use dxnet_verbs as ibv;
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::inline::ReceiveRole;
+use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::park::{Idle, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
@@ -105,9 +105,15 @@ pub struct IbEngine {
     /// The receive thread blocks on this when idle (an event per armed
     /// completion), so an arriving message wakes it at once.
     recv_channel: ibv::CompletionChannel,
-    /// The send thread is parked (requests and responses may then be
-    /// posted by the calling thread, see `try_flush`).
-    send_parked: AtomicBool,
+    /// The send thread is working through ready connections (otherwise
+    /// requests and responses are posted by the calling thread, see
+    /// `try_flush`).
+    send_busy: AtomicBool,
+    /// A post found the send queue full (the send thread then keeps
+    /// polling for completions rather than parking long).
+    sq_refused: AtomicBool,
+    /// `wake_sender` was called since the send thread last looked.
+    send_woken: AtomicBool,
     srq: ibv::SharedReceiveQueue,
     pool_mr: ibv::MemoryRegion,
     attr: ibv::ConnectAttr,
@@ -189,7 +195,9 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         send_cq,
         recv_cq,
         recv_channel,
-        send_parked: AtomicBool::new(false),
+        send_busy: AtomicBool::new(false),
+        sq_refused: AtomicBool::new(false),
+        send_woken: AtomicBool::new(false),
         srq,
         pool_mr,
         attr,
@@ -595,14 +603,21 @@ impl IbEngine {
         while !self.stop.load(Ordering::Acquire) {
             let mut worked = false;
             if self.outstanding_total.load(Ordering::Acquire) > 0 {
-                worked |= self.poll_send(&core, &mut wcs);
+                // Completions alone do not restart the idle clock: a thread
+                // that spins for them would take the spinning budget from
+                // the receive thread, whose spinning is what keeps round
+                // trips short.
+                self.poll_send(&core, &mut wcs, None);
                 if last_watch.elapsed() >= Duration::from_millis(100) {
                     last_watch = Instant::now();
                     self.watchdog(&core);
                 }
             }
             while let Some(peer) = core.wim.pop() {
-                worked = true;
+                if !worked {
+                    worked = true;
+                    self.send_busy.store(true, Ordering::SeqCst);
+                }
                 let ic = self.by_peer.lock().get(&peer).cloned();
                 if let Some(ic) = ic {
                     self.post(&core, &ic);
@@ -612,19 +627,36 @@ impl IbEngine {
                 idle.reset();
                 continue;
             }
+            self.send_busy.store(false, Ordering::SeqCst);
             if idle.step() {
-                // Completions outstanding: stay responsive to them.
-                let max = if self.outstanding_total.load(Ordering::Acquire) > 0 {
+                // Completions outstanding that someone waits for (a
+                // producer blocked on a full ring, a post refused for a
+                // full send queue): look again soon. Otherwise they wait
+                // for the next post or wake-up (inline posters retire them
+                // too, see `try_flush`): a timer per send would wake this
+                // thread thousands of times a second in a ping-pong.
+                // Cleared before the check: a wake after it is not lost.
+                self.send_woken.store(false, Ordering::SeqCst);
+                let pressure = self.outstanding_total.load(Ordering::Acquire) > 0
+                    && (self.sq_refused.swap(false, Ordering::AcqRel)
+                        || self
+                            .by_peer
+                            .lock()
+                            .values()
+                            .any(|ic| ic.conn.orb.has_waiters()));
+                let max = if pressure {
                     Duration::from_micros(200)
                 } else {
-                    idle.max_park
+                    idle.max_park.min(Duration::from_millis(100))
                 };
-                self.send_parked.store(true, Ordering::SeqCst);
                 self.send_signal.park_unless(
-                    || !core.wim.is_empty() || self.stop.load(Ordering::Acquire),
+                    || {
+                        !core.wim.is_empty()
+                            || self.send_woken.load(Ordering::SeqCst)
+                            || self.stop.load(Ordering::Acquire)
+                    },
                     max,
                 );
-                self.send_parked.store(false, Ordering::SeqCst);
             }
         }
     }
@@ -656,7 +688,16 @@ impl IbEngine {
         }
     }
 
-    fn poll_send(&self, core: &Core, wcs: &mut [ibv::WorkCompletion]) -> bool {
+    /// Retires send completions; connections with data left to post are
+    /// handed to the send thread, except `posting` (an inline poster about
+    /// to post its data itself: waking the send thread for it would cost a
+    /// wake-up per round trip).
+    fn poll_send(
+        &self,
+        core: &Core,
+        wcs: &mut [ibv::WorkCompletion],
+        posting: Option<NodeId>,
+    ) -> bool {
         let n = match self.send_cq.poll(wcs) {
             Ok(n) => n,
             Err(e) => {
@@ -697,7 +738,7 @@ impl IbEngine {
                 }
                 ic.conn.orb.unposted_len() > 0 || ic.conn.flow.pending_units() > 0
             };
-            if more {
+            if more && posting != Some(ic.conn.peer) {
                 core.on_write_interest(ic.conn.peer);
             }
         }
@@ -714,12 +755,17 @@ impl IbEngine {
         let mut st = ic.send.lock();
         let free = self.sq_size.saturating_sub(st.outstanding);
         if free == 0 {
-            return; // a completion will re-register interest
+            // A completion will re-register interest; the send thread
+            // must poll for it.
+            self.sq_refused.store(true, Ordering::Release);
+            return;
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;
-        // SAFETY: this send thread is the ring's only consumer, and the
-        // slices are handed to the device before `mark_completed` (called
-        // from this thread after their completion) frees their bytes.
+        // SAFETY: the ring's consumer side is used only under the
+        // connection's send lock (held here, by the send thread or an
+        // inline poster), and the slices are handed to the device before
+        // `mark_completed` (called under the same lock after their
+        // completion) frees their bytes.
         let (a, b) = unsafe { conn.orb.unposted(free as usize * self.max_recv_size) };
         let total = a.len() + b.len();
         if total == 0 && units == 0 {
@@ -806,6 +852,12 @@ impl IbEngine {
             &core,
             &self.stop,
             |r| self.receive(&core, r),
+            |d| {
+                if let Err(e) = self.recv_channel.wait_timeout(Some(d)) {
+                    tracing::error!("{}: waiting for receive completions failed: {e}", self.own);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            },
             |r| {
                 for bufs in r.posted.iter_mut() {
                     for b in bufs.drain(..) {
@@ -817,109 +869,30 @@ impl IbEngine {
     }
 
     /// The receive loop, run by the holder of the receive role until the
-    /// engine stops (`None`) or a buffer is to be handled inline.
-    fn receive(&self, core: &Arc<Core>, r: &mut IbReceiver) -> Option<InlineWork> {
-        let IbReceiver {
-            idle,
-            wcs,
-            posted,
-            empty_slots,
-            chain,
-            armed,
-        } = r;
-        let mut inline = None;
+    /// engine stops, a buffer is to be handled inline, the thread is to
+    /// sleep on the completion channel, or requesters receive themselves.
+    fn receive(&self, core: &Arc<Core>, r: &mut IbReceiver) -> Turn {
         while !self.stop.load(Ordering::Acquire) {
-            self.refill(core, posted, empty_slots, chain);
-            let n = match self.recv_cq.poll(wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::error!(
-                        "{}: polling the receive completion queue failed: {e}",
-                        self.own
-                    );
-                    return None;
-                }
-            };
-            for wc in &wcs[..n] {
-                let slot = wc.wr_id() as usize;
-                let bufs = std::mem::take(&mut posted[slot]);
-                empty_slots.push(slot);
-                let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
-                if !wc.is_success() {
-                    for b in bufs {
-                        core.pool.put(b);
-                    }
-                    if let (Some(ic), false) = (&ic, wc.is_flush()) {
-                        core.close_connection(
-                            &ic.conn,
-                            &format!("receive completion error: {}", wc.status_name()),
-                            true,
-                        );
-                    }
-                    continue;
-                }
-                let Some(ic) = ic else {
-                    for b in bufs {
-                        core.pool.put(b);
-                    }
-                    continue;
-                };
-                if ic.conn.state() == ConnState::Connecting {
-                    self.on_ready(core, ic.conn.peer.0, None);
-                }
-                let (src, units) = wire::decode_imm(wc.imm().unwrap_or(0));
-                if src != ic.conn.peer.0 {
-                    tracing::warn!(
-                        "{}: data on the queue pair of {} claims node {src}",
-                        self.own,
-                        ic.conn.peer
-                    );
-                }
-                if units > 0 {
-                    tracing::trace!(
-                        "{}: {units} flow-control units from {}",
-                        self.own,
-                        ic.conn.peer
-                    );
-                }
-                ic.conn.flow.on_confirm(units as u32);
-                let mut left = wc.byte_len() as usize;
-                for mut b in bufs {
-                    if left == 0 {
-                        core.pool.put(b);
-                        continue;
-                    }
-                    let take = left.min(b.capacity());
-                    b.push_segment(0..take);
-                    left -= take;
-                    // At most one buffer per turn is handled inline, after
-                    // the whole batch is delivered.
-                    if inline.is_none() {
-                        inline = core.deliver_or_inline(&ic.conn, b);
-                    } else {
-                        core.deliver(&ic.conn, b);
-                    }
-                }
-            }
-            if inline.is_some() {
-                idle.reset();
-                return inline;
+            let (n, inline) = self.poll_once(core, r, true);
+            if let Some(work) = inline {
+                r.idle.reset();
+                return Turn::Inline(work);
             }
             if n > 0 {
-                idle.reset();
+                r.idle.reset();
                 continue;
             }
-            if *armed {
+            if self.receiver.helpers_waiting() {
+                r.idle.reset();
+                return Turn::StepAside;
+            }
+            if r.armed {
                 // Sleep until the next completion (or max_park).
-                if let Err(e) = self.recv_channel.wait_timeout(Some(idle.max_park)) {
-                    tracing::error!("{}: waiting for receive completions failed: {e}", self.own);
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                *armed = false;
-                continue;
+                r.armed = false;
+                return Turn::Sleep(r.idle.max_park);
             }
-            if idle.step() {
-                if !empty_slots.is_empty() && core.pool.available() < self.sges_per_recv {
+            if r.idle.step() {
+                if !r.empty_slots.is_empty() && core.pool.available() < self.sges_per_recv {
                     // Receive queue not full and no buffers: wait for
                     // handlers to return some (`wake_receiver`).
                     self.recv_signal.park_unless(
@@ -941,11 +914,104 @@ impl IbEngine {
                 } else {
                     // Poll once more before sleeping: a completion may have
                     // arrived before the queue was armed.
-                    *armed = true;
+                    r.armed = true;
                 }
             }
         }
-        None
+        Turn::Stop
+    }
+
+    /// One pass over the receive queue: refill it, take up to a batch of
+    /// completions and deliver their buffers. With `inline_ok`, one small
+    /// buffer may come back for the caller to handle inline (see
+    /// [`Core::deliver_or_inline`]). Returns the number of completions.
+    fn poll_once(
+        &self,
+        core: &Arc<Core>,
+        r: &mut IbReceiver,
+        inline_ok: bool,
+    ) -> (usize, Option<InlineWork>) {
+        let IbReceiver {
+            wcs,
+            posted,
+            empty_slots,
+            chain,
+            ..
+        } = r;
+        let mut inline = None;
+        self.refill(core, posted, empty_slots, chain);
+        let n = match self.recv_cq.poll(wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(
+                    "{}: polling the receive completion queue failed: {e}",
+                    self.own
+                );
+                return (0, None);
+            }
+        };
+        for wc in &wcs[..n] {
+            let slot = wc.wr_id() as usize;
+            let bufs = std::mem::take(&mut posted[slot]);
+            empty_slots.push(slot);
+            let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+            if !wc.is_success() {
+                for b in bufs {
+                    core.pool.put(b);
+                }
+                if let (Some(ic), false) = (&ic, wc.is_flush()) {
+                    core.close_connection(
+                        &ic.conn,
+                        &format!("receive completion error: {}", wc.status_name()),
+                        true,
+                    );
+                }
+                continue;
+            }
+            let Some(ic) = ic else {
+                for b in bufs {
+                    core.pool.put(b);
+                }
+                continue;
+            };
+            if ic.conn.state() == ConnState::Connecting {
+                self.on_ready(core, ic.conn.peer.0, None);
+            }
+            let (src, units) = wire::decode_imm(wc.imm().unwrap_or(0));
+            if src != ic.conn.peer.0 {
+                tracing::warn!(
+                    "{}: data on the queue pair of {} claims node {src}",
+                    self.own,
+                    ic.conn.peer
+                );
+            }
+            if units > 0 {
+                tracing::trace!(
+                    "{}: {units} flow-control units from {}",
+                    self.own,
+                    ic.conn.peer
+                );
+            }
+            ic.conn.flow.on_confirm(units as u32);
+            let mut left = wc.byte_len() as usize;
+            for mut b in bufs {
+                if left == 0 {
+                    core.pool.put(b);
+                    continue;
+                }
+                let take = left.min(b.capacity());
+                b.push_segment(0..take);
+                left -= take;
+                // At most one buffer per turn is handled inline, after
+                // the whole batch is delivered.
+                if inline_ok && inline.is_none() {
+                    inline = core.deliver_or_inline(&ic.conn, b);
+                } else {
+                    core.deliver(&ic.conn, b);
+                }
+            }
+        }
+        (n, inline)
     }
 
     /// Posts receive work requests for empty slots while the pool has buffers.
@@ -1067,12 +1133,13 @@ impl Transport for IbEngine {
     }
 
     fn wake_sender(&self) {
+        self.send_woken.store(true, Ordering::SeqCst);
         self.send_signal.notify_one();
     }
 
     fn try_flush(&self, peer: NodeId) -> bool {
-        if !self.send_parked.load(Ordering::SeqCst) {
-            return false; // the send thread is awake and aggregates
+        if self.send_busy.load(Ordering::SeqCst) {
+            return false; // the send thread is at work and aggregates
         }
         let Some(core) = self.core.upgrade() else {
             return false;
@@ -1089,7 +1156,7 @@ impl Transport for IbEngine {
         if self.outstanding_total.load(Ordering::Acquire) > 0 {
             let mut wcs: [ibv::WorkCompletion; 8] =
                 std::array::from_fn(|_| ibv::WorkCompletion::default());
-            self.poll_send(&core, &mut wcs);
+            self.poll_send(&core, &mut wcs, Some(peer));
         }
         self.post(&core, &ic);
         true
@@ -1097,6 +1164,31 @@ impl Transport for IbEngine {
 
     fn wake_receiver(&self) {
         self.recv_signal.notify_one();
+    }
+
+    fn receive_while_waiting(&self, done: &dyn Fn() -> bool, until: Instant) -> bool {
+        let Some(core) = self.core.upgrade() else {
+            return false;
+        };
+        self.receiver.help(
+            done,
+            until,
+            |r| {
+                self.poll_once(&core, r, false);
+            },
+            |r| {
+                // The requester is about to park: the sleeping receive
+                // thread must wake for the next completion.
+                if let Err(e) = self.recv_cq.req_notify(false) {
+                    tracing::error!(
+                        "{}: arming the receive completion queue failed: {e}",
+                        self.own
+                    );
+                }
+                self.poll_once(&core, r, false);
+            },
+        );
+        true
     }
 
     fn shutdown(&self) {

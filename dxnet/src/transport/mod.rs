@@ -38,6 +38,14 @@ pub trait Transport: Send + Sync + 'static {
     fn try_flush(&self, _peer: NodeId) -> bool {
         false
     }
+    /// The calling thread waits for a response (`done()` tells when it is
+    /// in) and may busy-wait until `until`: an engine that can receive on
+    /// this thread meanwhile (see [`crate::core::inline::ReceiveRole::help`])
+    /// does so and returns true (whether or not the response came); false:
+    /// not supported, the caller spins as usual.
+    fn receive_while_waiting(&self, _done: &dyn Fn() -> bool, _until: Instant) -> bool {
+        false
+    }
     /// Receive buffers or incoming-queue room came free: a receiver that
     /// stopped for lack of them may go on.
     fn wake_receiver(&self);

@@ -31,7 +31,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::inline::ReceiveRole;
+use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::park::Idle;
 use crate::core::pool::RecvBuffer;
 use crate::core::wire::{
@@ -696,8 +696,13 @@ impl TcpEngine {
     /// Body of the two receive threads: the one holding the receive role
     /// receives; the other is the standby (see [`crate::core::inline`]).
     fn recv_thread(self: Arc<Self>, core: Arc<Core>) {
-        self.receiver
-            .run(&core, &self.stop, |r| self.receive(&core, r), |_| {});
+        self.receiver.run(
+            &core,
+            &self.stop,
+            |r| self.receive(&core, r).map_or(Turn::Stop, Turn::Inline),
+            |_| {}, // `receive` never asks to sleep
+            |_| {},
+        );
     }
 
     /// The receive loop, run by the holder of the receive role until the
