@@ -209,7 +209,8 @@ impl BufferPool {
         buf.clear();
         debug_assert_eq!(buf.capacity(), self.buffer_size);
         let _ = self.free.push(buf);
-        self.starved.swap(false, Ordering::SeqCst)
+        // A load first: the swap (a locked write) only when someone starved.
+        self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst)
     }
 
     /// Buffers currently free.

@@ -4,7 +4,9 @@
 //! caller's [`PendingResponse`]. A response, a connection failure, a timeout
 //! or shutdown completes the slot exactly once; the first wins.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
@@ -18,7 +20,10 @@ use crate::{Error, NodeId, Result};
 const SHARDS: usize = 64;
 
 /// One lock's share of the pending requests.
-type Shard = Mutex<HashMap<u32, Arc<Slot>>>;
+/// FxHash: keys are our own sequential request ids (a peer's response can
+/// only look one up, never insert), so SipHash's flooding resistance buys
+/// nothing, and the lookup is on every response's path.
+type Shard = Mutex<FxHashMap<u32, Arc<Slot>>>;
 
 /// What a completed request holds: the encoded response payload or why none
 /// came.
@@ -81,7 +86,9 @@ impl RequestTable {
     pub fn new() -> Arc<Self> {
         let table = Arc::new(Self {
             next_id: AtomicU32::new(1),
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
             closed: AtomicBool::new(false),
             timer: Timer::default(),
         });

@@ -28,6 +28,8 @@
 //!   rediscovers the node.
 
 use std::collections::{HashMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -59,6 +61,8 @@ const CLOSE_LINGER: Duration = Duration::from_millis(200);
 struct IbConn {
     conn: Arc<Connection>,
     qp: ibv::QueuePair,
+    /// Largest send this queue pair takes inline (0: none).
+    max_inline: usize,
     /// The connection's ring buffer, registered once.
     orb_mr: ibv::MemoryRegion,
     local: ibv::Endpoint,
@@ -92,6 +96,9 @@ struct IbReceiver {
     chain: ibv::RecvChain,
     /// The completion queue is armed: sleep on the channel next.
     armed: bool,
+    /// Scratch space of `refill`.
+    sges: Vec<ibv::Sge>,
+    filled: Vec<usize>,
 }
 
 /// The InfiniBand engine of one node.
@@ -120,11 +127,17 @@ pub struct IbEngine {
     gid_index: Option<u32>,
     sq_size: u32,
     sges_per_recv: usize,
+    /// Inline data asked for per queue pair (`ib.max_inline_data`).
+    max_inline_data: u32,
 
     max_recv_size: usize,
     secret: Option<Vec<u8>>,
-    by_peer: Mutex<HashMap<u16, Arc<IbConn>>>,
-    by_qpn: Mutex<HashMap<u32, Arc<IbConn>>>,
+    // Looked up for every post and completion: FxHash (a multiply) rather
+    // than SipHash, whose DoS resistance the keys (our own peers' ids and
+    // queue-pair numbers) do not need; measured in the Soft-RoCE VM as a
+    // visible part of a round trip.
+    by_peer: Mutex<FxHashMap<u16, Arc<IbConn>>>,
+    by_qpn: Mutex<FxHashMap<u32, Arc<IbConn>>>,
     /// Connections whose queue pair waits for the peer's accept.
     pending: Mutex<HashMap<u16, Arc<IbConn>>>,
     /// Accepted connections waiting for the requester's "ready".
@@ -204,10 +217,11 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         gid_index: gid_index.map(u32::from),
         sq_size: ib.sq_size,
         sges_per_recv: sges,
+        max_inline_data: ib.max_inline_data,
         max_recv_size: cfg.recv_buffer_size * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
-        by_peer: Mutex::new(HashMap::new()),
-        by_qpn: Mutex::new(HashMap::new()),
+        by_peer: Mutex::new(FxHashMap::default()),
+        by_qpn: Mutex::new(FxHashMap::default()),
         pending: Mutex::new(HashMap::new()),
         awaiting: Mutex::new(HashMap::new()),
         udp,
@@ -221,6 +235,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             empty_slots: (0..recv_wrs).collect(),
             chain: ibv::RecvChain::with_capacity(recv_wrs, recv_wrs * ib.sges_per_recv as usize),
             armed: false,
+            sges: Vec::with_capacity(ib.sges_per_recv as usize),
+            filled: Vec::with_capacity(recv_wrs),
         }),
         outstanding_total: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -267,9 +283,8 @@ impl IbEngine {
 
     /// A queue pair for `conn` in state INIT, its ring buffer registered.
     fn create_ibconn(&self, conn: &Arc<Connection>) -> std::result::Result<Arc<IbConn>, String> {
-        let qp = self
-            .pd
-            .create_rc_qp(&ibv::QpInit {
+        let create = |max_inline_data| {
+            self.pd.create_rc_qp(&ibv::QpInit {
                 send_cq: &self.send_cq,
                 recv_cq: &self.recv_cq,
                 srq: Some(&self.srq),
@@ -278,11 +293,23 @@ impl IbEngine {
                     max_recv_wr: 1,
                     max_send_sge: 2,
                     max_recv_sge: 1,
-                    max_inline_data: 0,
+                    max_inline_data,
                 },
                 sq_sig_all: false,
             })
-            .map_err(|e| e.to_string())?;
+        };
+        let qp = match create(self.max_inline_data) {
+            Ok(qp) => qp,
+            Err(e) if self.max_inline_data > 0 => {
+                tracing::debug!(
+                    "{}: no queue pair with {} bytes of inline data ({e}); without",
+                    self.own,
+                    self.max_inline_data
+                );
+                create(0).map_err(|e| e.to_string())?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         qp.to_init(self.attr.port, self.attr.access)
             .map_err(|e| e.to_string())?;
         // SAFETY: the ring buffer's memory never moves and lives as long as
@@ -305,6 +332,7 @@ impl IbEngine {
         .map_err(|e| e.to_string())?;
         Ok(Arc::new(IbConn {
             conn: conn.clone(),
+            max_inline: qp.caps().max_inline_data.min(self.max_inline_data) as usize,
             qp,
             orb_mr,
             local,
@@ -809,11 +837,16 @@ impl IbEngine {
                     _ => &[],
                 };
                 let imm = if wrs == 0 { imm_first } else { imm_rest };
-                let flags = if last {
+                let mut flags = if last {
                     ibv::SendFlags::SIGNALED
                 } else {
                     ibv::SendFlags::NONE
                 };
+                let bytes: usize = pieces.iter().map(|p| p.2).sum();
+                if bytes <= ic.max_inline {
+                    // Copied into the request at post time.
+                    flags = flags | ibv::SendFlags::INLINE;
+                }
                 st_chain.push(conn.id, ibv::SendOp::SendWithImm(imm), sl, flags);
                 wrs += 1;
                 Ok(())
@@ -936,10 +969,12 @@ impl IbEngine {
             posted,
             empty_slots,
             chain,
+            sges,
+            filled,
             ..
         } = r;
         let mut inline = None;
-        self.refill(core, posted, empty_slots, chain);
+        self.refill(core, posted, empty_slots, chain, sges, filled);
         let n = match self.recv_cq.poll(wcs) {
             Ok(n) => n,
             Err(e) => {
@@ -996,7 +1031,9 @@ impl IbEngine {
             let mut left = wc.byte_len() as usize;
             for mut b in bufs {
                 if left == 0 {
-                    core.pool.put(b);
+                    // No data: kept for the slot's next work request (as if
+                    // returned to the pool and taken again, minus the cost).
+                    posted[slot].push(b);
                     continue;
                 }
                 let take = left.min(b.capacity());
@@ -1014,28 +1051,39 @@ impl IbEngine {
         (n, inline)
     }
 
-    /// Posts receive work requests for empty slots while the pool has buffers.
+    /// Posts receive work requests for empty slots while the pool has
+    /// buffers: each slot's buffers that got no data last time are posted
+    /// again, topped up from the pool. `sges` and `filled` are scratch
+    /// space (no allocation per call).
     fn refill(
         &self,
         core: &Core,
         posted: &mut [Vec<RecvBuffer>],
         empty: &mut Vec<usize>,
         chain: &mut ibv::RecvChain,
+        sges: &mut Vec<ibv::Sge>,
+        filled: &mut Vec<usize>,
     ) {
         if empty.is_empty() {
             return;
         }
         chain.clear();
+        filled.clear();
         let base = self.pool_mr.addr() as usize;
-        let mut filled = Vec::new();
-        let mut sges = Vec::with_capacity(self.sges_per_recv);
         while let Some(&slot) = empty.last() {
-            if core.pool.available() < self.sges_per_recv {
+            let need = self.sges_per_recv.saturating_sub(posted[slot].len());
+            if core.pool.available() < need {
                 break;
             }
-            sges.clear();
-            for _ in 0..self.sges_per_recv {
+            while posted[slot].len() < self.sges_per_recv {
                 let Some(b) = core.pool.get() else { break };
+                posted[slot].push(b);
+            }
+            if posted[slot].len() < self.sges_per_recv {
+                break; // taken meanwhile; the slot keeps what it has
+            }
+            sges.clear();
+            for b in &posted[slot] {
                 let off = b.addr() as usize - base;
                 match self.pool_mr.sge(off, b.capacity() as u32) {
                     Ok(s) => sges.push(s),
@@ -1044,7 +1092,6 @@ impl IbEngine {
                         self.own
                     ),
                 }
-                posted[slot].push(b);
             }
             if sges.len() < self.sges_per_recv {
                 for b in posted[slot].drain(..) {
@@ -1053,7 +1100,7 @@ impl IbEngine {
                 break;
             }
             empty.pop();
-            chain.push(slot as u64, &sges);
+            chain.push(slot as u64, sges);
             filled.push(slot);
         }
         if filled.is_empty() {
@@ -1061,7 +1108,7 @@ impl IbEngine {
         }
         if let Err(e) = self.srq.post_recv(chain) {
             tracing::error!("{}: posting receive work requests failed: {e}", self.own);
-            for slot in filled {
+            for &slot in filled.iter() {
                 for b in posted[slot].drain(..) {
                     core.pool.put(b);
                 }
@@ -1147,13 +1194,14 @@ impl Transport for IbEngine {
         let Some(ic) = self.by_peer.lock().get(&peer.0).cloned() else {
             return false;
         };
-        // The parked send thread does not poll send completions: retire
-        // those of earlier inline posts here, or the send queue fills up
-        // (`sq_size` round trips) and the next post waits for the send
-        // thread's periodic wake-up (measured: every 20th round trip stalled
-        // ~100 ms, 206 round trips/s). Safe beside the send thread: chains
+        // The idle send thread does not poll send completions: retire
+        // those of earlier inline posts here once half the send queue is in
+        // use (in batches: polling on every post was a visible part of a
+        // round trip), or the send queue fills up (`sq_size` round trips)
+        // and the next post waits for the send thread (measured: every 20th
+        // round trip stalled ~100 ms). Safe beside the send thread: chains
         // complete in queue order under the connection's send lock.
-        if self.outstanding_total.load(Ordering::Acquire) > 0 {
+        if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
             let mut wcs: [ibv::WorkCompletion; 8] =
                 std::array::from_fn(|_| ibv::WorkCompletion::default());
             self.poll_send(&core, &mut wcs, Some(peer));
