@@ -20,9 +20,9 @@
 //! still free, and becomes the standby otherwise.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -63,6 +63,10 @@ pub struct ReceiveRole<R> {
     /// Held by the one receive thread sleeping on the engine's wake-up
     /// source (a completion channel must have at most one reader).
     sleeper: Mutex<()>,
+    /// When the last helper left with its response, in µs since `epoch`
+    /// (0: not recently, or it left without).
+    last_help_us: AtomicU64,
+    epoch: Instant,
 }
 
 impl<R> ReceiveRole<R> {
@@ -73,6 +77,8 @@ impl<R> ReceiveRole<R> {
             standby: Arc::new(Signal::new()),
             helpers: AtomicUsize::new(0),
             sleeper: Mutex::new(()),
+            last_help_us: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -83,25 +89,43 @@ impl<R> ReceiveRole<R> {
         self.helpers.load(Ordering::Acquire) > 0
     }
 
+    /// True if a helper left with its response less than `d` ago.
+    fn helped_within(&self, d: Duration) -> bool {
+        let at = self.last_help_us.load(Ordering::Acquire);
+        at != 0
+            && (self.epoch.elapsed().as_micros() as u64).saturating_sub(at) < d.as_micros() as u64
+    }
+
     /// Body of each of the two receive threads, until `stop`: holding the
     /// role, `receive` receives until it returns a buffer to handle inline,
     /// asks to sleep, or stops; the role is given up for the inline run,
     /// with the standby armed to take over if a handler blocks, and while
     /// sleeping. Without the role the thread is the standby: woken by such
     /// a handler, or every `max_park` to take over from one that runs long.
+    /// While requesters receive themselves (and for `park.yield_us` after
+    /// one left with its response: the next request of a ping-pong comes
+    /// sooner), the thread only `peek`s once every `park.yield_us` (one
+    /// pass, nothing handled inline) instead of taking the role: taking it
+    /// back and forth costs a wake-up and a spinning thread each time.
     /// `on_stop` gets the state once `stop` is seen while holding it.
     pub fn run(
         &self,
         core: &Arc<Core>,
         stop: &AtomicBool,
         mut receive: impl FnMut(&mut R) -> Turn,
+        mut peek: impl FnMut(&mut R),
         mut sleep: impl FnMut(Duration),
         mut on_stop: impl FnMut(&mut R),
     ) {
         let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
         let grace = Duration::from_micros(core.config().park.yield_us.max(100));
         while !stop.load(Ordering::Acquire) {
-            if self.helpers_waiting() {
+            if self.helpers_waiting() || self.helped_within(grace) {
+                if !self.helpers_waiting() {
+                    if let Some(mut state) = self.state.try_lock() {
+                        peek(&mut state);
+                    }
+                }
                 self.sleep_or_stand_by(stop, grace, max_park, &mut sleep);
                 continue;
             }
@@ -174,8 +198,14 @@ impl<R> ReceiveRole<R> {
                 break;
             }
         }
+        let got = done();
+        // Before the count drops: a receive thread that sees no helper
+        // must see this too.
+        let now = (self.epoch.elapsed().as_micros() as u64).max(1);
+        self.last_help_us
+            .store(if got { now } else { 0 }, Ordering::Release);
         let last = self.helpers.fetch_sub(1, Ordering::AcqRel) == 1;
-        if last && !done() {
+        if last && !got {
             // Someone else holding the role now receives (a receive
             // thread, or a new helper that hands back in turn).
             if let Some(mut st) = self.state.try_lock() {

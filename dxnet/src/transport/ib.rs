@@ -885,6 +885,9 @@ impl IbEngine {
             &core,
             &self.stop,
             |r| self.receive(&core, r),
+            |r| {
+                self.poll_once(&core, r, false);
+            },
             |d| {
                 if let Err(e) = self.recv_channel.wait_timeout(Some(d)) {
                     tracing::error!("{}: waiting for receive completions failed: {e}", self.own);

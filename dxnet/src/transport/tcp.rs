@@ -700,6 +700,7 @@ impl TcpEngine {
             &core,
             &self.stop,
             |r| self.receive(&core, r).map_or(Turn::Stop, Turn::Inline),
+            |_| {}, // no helpers on TCP: never called
             |_| {}, // `receive` never asks to sleep
             |_| {},
         );
