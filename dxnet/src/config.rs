@@ -423,6 +423,14 @@ mod tests {
         assert_eq!(j.handler_threads, 4);
         assert_eq!(j.park.spin_us, 0);
         assert_eq!(j.park.yield_us, ParkConfig::default().yield_us);
+        assert_eq!(j.park.request_spin_max_us, 1000);
+        assert_eq!(j.ib.max_inline_data, 128);
+        let j = Config::from_json(
+            r#"{"node_id":1,"park":{"request_spin_max_us":300},"ib":{"max_inline_data":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(j.park.request_spin_max_us, 300);
+        assert_eq!(j.ib.max_inline_data, 0);
     }
 
     #[test]

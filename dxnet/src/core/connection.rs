@@ -298,3 +298,41 @@ impl ConnectionTable {
         self.slots.iter().filter_map(|s| s.load_full()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn conn() -> Connection {
+        Connection::new(
+            NodeId(2),
+            1,
+            4096,
+            FlowControl::new(1 << 20, 1 << 16),
+            1 << 20,
+        )
+    }
+
+    /// The round-trip estimate settles near the 80th percentile: one
+    /// 5 ms outlier in ten 70 µs round trips leaves it near 70 µs (a mean
+    /// would be ~560 µs and make every requester spin ten times longer).
+    #[test]
+    fn request_rtt_estimate_is_a_quantile_not_a_mean() {
+        let c = conn();
+        c.record_request_rtt(Duration::from_micros(300));
+        assert_eq!(c.request_rtt_ns.load(Ordering::Relaxed), 300_000);
+        for i in 0..5000 {
+            let us = if i % 10 == 9 { 5000 } else { 70 };
+            c.record_request_rtt(Duration::from_micros(us));
+        }
+        let est = c.request_rtt_ns.load(Ordering::Relaxed);
+        assert!((60_000..=120_000).contains(&est), "estimate {est} ns");
+        // Mostly long round trips: the estimate follows them up.
+        for _ in 0..2000 {
+            c.record_request_rtt(Duration::from_millis(3));
+        }
+        let est = c.request_rtt_ns.load(Ordering::Relaxed);
+        assert!(est >= 2_500_000, "estimate {est} ns");
+    }
+}

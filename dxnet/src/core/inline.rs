@@ -322,7 +322,178 @@ pub fn before_blocking() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU32;
     use std::time::Duration;
+
+    use crossbeam::channel::{Receiver, Sender};
+
+    /// A fake receive queue: items (ids) arrive on a channel; receiving
+    /// one counts it as delivered.
+    struct FakeQueue {
+        rx: Receiver<usize>,
+        delivered: Arc<Vec<AtomicU32>>,
+    }
+
+    impl FakeQueue {
+        /// One pass: delivers what is there; returns how many.
+        fn poll(&mut self) -> usize {
+            let mut n = 0;
+            while let Ok(id) = self.rx.try_recv() {
+                self.delivered[id].fetch_add(1, Ordering::SeqCst);
+                n += 1;
+            }
+            n
+        }
+    }
+
+    /// Receive threads (`ReceiveRole::run`) and helpers (`help`) share the
+    /// role under load: every item is delivered exactly once, helpers that
+    /// give up hand back and their item still arrives (a receive thread
+    /// takes over), and nothing hangs.
+    #[test]
+    fn helpers_and_receive_threads_deliver_every_item_once() {
+        const HELPERS: usize = 3;
+        const PER_HELPER: usize = 300;
+        const STRAY: usize = 2000;
+        let total = HELPERS * PER_HELPER + STRAY;
+        let core = Core::start(crate::Config {
+            node_id: 1,
+            transport: crate::config::TransportKind::Loopback,
+            park: crate::config::ParkConfig {
+                yield_us: 200,
+                max_park_ms: 2,
+                ..Default::default()
+            },
+            ..crate::Config::default()
+        })
+        .unwrap();
+        let (tx, rx): (Sender<usize>, Receiver<usize>) = crossbeam::channel::unbounded();
+        let delivered: Arc<Vec<AtomicU32>> =
+            Arc::new((0..total).map(|_| AtomicU32::new(0)).collect());
+        let role = Arc::new(ReceiveRole::new(FakeQueue {
+            rx,
+            delivered: delivered.clone(),
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let receivers: Vec<_> = (0..2)
+            .map(|_| {
+                let (role, core, stop) = (role.clone(), core.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let r2 = role.clone();
+                    let mut idle = 0u32;
+                    role.run(
+                        &core,
+                        &stop,
+                        |q| loop {
+                            if stop.load(Ordering::Acquire) {
+                                return Turn::Stop;
+                            }
+                            if q.poll() > 0 {
+                                idle = 0;
+                                continue;
+                            }
+                            if r2.helpers_waiting() {
+                                return Turn::StepAside;
+                            }
+                            idle += 1;
+                            if idle > 100 {
+                                idle = 0;
+                                return Turn::Sleep(Duration::from_micros(300));
+                            }
+                            std::thread::yield_now();
+                        },
+                        |q| {
+                            q.poll();
+                        },
+                        std::thread::sleep,
+                        |q| {
+                            q.poll();
+                        },
+                    )
+                })
+            })
+            .collect();
+        // Stray items (messages nobody waits for) arrive throughout.
+        let stray = {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for i in 0..STRAY {
+                    tx.send(HELPERS * PER_HELPER + i).unwrap();
+                    if i % 16 == 0 {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+            })
+        };
+        let helpers: Vec<_> = (0..HELPERS)
+            .map(|h| {
+                let (role, tx, delivered) = (role.clone(), tx.clone(), delivered.clone());
+                std::thread::spawn(move || {
+                    let mut handed_back = 0;
+                    for k in 0..PER_HELPER {
+                        let id = h * PER_HELPER + k;
+                        // Every 4th "response" comes late: the helper gives
+                        // up first (a receive thread must deliver it).
+                        let late = k % 4 == 0;
+                        if !late {
+                            tx.send(id).unwrap();
+                        } else {
+                            let tx = tx.clone();
+                            std::thread::spawn(move || {
+                                std::thread::sleep(Duration::from_micros(300));
+                                tx.send(id).unwrap();
+                            });
+                        }
+                        let done = || delivered[id].load(Ordering::SeqCst) > 0;
+                        let until = std::time::Instant::now() + Duration::from_micros(100);
+                        role.help(
+                            &done,
+                            until,
+                            |q| {
+                                q.poll();
+                            },
+                            |q| {
+                                handed_back += 1;
+                                q.poll();
+                            },
+                        );
+                        // Then wait as a parked requester would: only the
+                        // receive threads can deliver it now.
+                        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                        while !done() {
+                            assert!(
+                                std::time::Instant::now() < deadline,
+                                "item {id} never delivered"
+                            );
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                    }
+                    handed_back
+                })
+            })
+            .collect();
+        let handed_back: usize = helpers.into_iter().map(|h| h.join().unwrap()).sum();
+        stray.join().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while delivered.iter().any(|d| d.load(Ordering::SeqCst) == 0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stray items never delivered"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Release);
+        role.stopping();
+        for r in receivers {
+            r.join().unwrap();
+        }
+        for (id, d) in delivered.iter().enumerate() {
+            assert_eq!(d.load(Ordering::SeqCst), 1, "item {id}");
+        }
+        // Late items made helpers give up, and some of them handed back.
+        assert!(handed_back > 0);
+        core.shutdown();
+    }
 
     #[test]
     fn standby_is_woken_once_and_only_inside() {

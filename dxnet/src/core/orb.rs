@@ -867,6 +867,38 @@ mod tests {
         }
     }
 
+    /// A producer that blocks for space calls the blocked hook (after it
+    /// registered as waiter): the consumer, told so, completes posted
+    /// bytes and the producer goes on. Without the hook call nobody would
+    /// complete them here and the write would time out.
+    #[test]
+    fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
+        let orb = Arc::new(Orb::new(4096));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let tx = std::sync::Mutex::new(tx);
+        orb.on_blocked(Box::new(move || {
+            let _ = tx.lock().unwrap().send(());
+        }));
+        put(&orb, &[1; 4000]).unwrap();
+        // SAFETY: single consumer; nothing is read after completion.
+        let n = unsafe { orb.unposted(usize::MAX) }.0.len();
+        orb.mark_posted(n);
+        assert!(rx.try_recv().is_err(), "no producer blocked yet");
+        let o2 = orb.clone();
+        let producer = std::thread::spawn(move || {
+            o2.write_message(1000, Instant::now() + Duration::from_secs(30), &nop, |w| {
+                w.write_all(&[2; 1000])
+            })
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the blocked producer called the hook");
+        assert!(orb.has_waiters());
+        orb.mark_completed(n);
+        assert_eq!(producer.join().unwrap(), Ok(()));
+        assert!(!orb.has_waiters());
+        assert_eq!(take(&orb, usize::MAX), vec![2; 1000]);
+    }
+
     #[test]
     fn unposted_respects_max_and_pieces_are_written_across_the_wrap() {
         let orb = Orb::new(4096);
