@@ -70,10 +70,10 @@ pub struct ParkConfig {
     /// as spinning, and idle threads park in its favour). Default 50.
     pub request_spin_us: u64,
     /// Longest busy-wait of a blocking `request`, in microseconds: it waits
-    /// twice the recent round-trip time to the destination when that is
-    /// longer than `request_spin_us` (a slow network or emulated machine),
-    /// but never longer than this; round trips beyond it are not waited
-    /// for spinning at all. Default 1000.
+    /// four times the recent round-trip time to the destination (an
+    /// estimate of its 80th percentile) when that is longer than
+    /// `request_spin_us` (a slow network or emulated machine), but never
+    /// longer than this. Default 1000.
     pub request_spin_max_us: u64,
 }
 
