@@ -341,7 +341,12 @@ impl PendingResponse {
 
     /// Blocks until the outcome is known or the deadline passes.
     pub fn wait(self) -> Outcome {
-        if !self.slot.done.load(Ordering::Acquire) {
+        if self.slot.done.load(Ordering::Acquire) {
+            // Usually so after a busy-wait: no thread to register.
+            if let Some(o) = self.take_done() {
+                return o;
+            }
+        } else {
             crate::core::inline::before_blocking();
         }
         loop {
