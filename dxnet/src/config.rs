@@ -109,8 +109,11 @@ pub struct IbConfig {
     pub send_cq_size: u32,
     /// Receive completion queue size. Default 400.
     pub recv_cq_size: u32,
-    /// Scatter-gather entries (pool buffers) per receive work request.
-    /// Default 4.
+    /// Scatter-gather entries (pool buffers) per receive work request: the
+    /// largest receive is `recv_buffer_size` times this. Default 1: with
+    /// 64 KiB buffers, one per request measured 1.18× the 64 B message
+    /// rate of four (same 64 KiB throughput, round trips ~4 % shorter;
+    /// Soft-RoCE VM, 3 alternating rounds); more suit small buffers.
     pub sges_per_recv: u32,
     /// Sends of at most this many bytes are copied into the work request
     /// (`IBV_SEND_INLINE`) instead of read by the device from the ring
@@ -130,7 +133,7 @@ impl Default for IbConfig {
             srq_size: 200,
             send_cq_size: 400,
             recv_cq_size: 400,
-            sges_per_recv: 4,
+            sges_per_recv: 1,
             max_inline_data: 128,
         }
     }

@@ -68,6 +68,9 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
     with_test_identities(&mut c);
     c.park.spin_us = 20;
     c.park.yield_us = 200;
+    // Both receive layouts: several buffers per receive work request (and
+    // so sends sliced at 4 × 16 KiB) in the 4-node tests, one in the others.
+    c.ib.sges_per_recv = if n >= 4 { 4 } else { 1 };
     c
 }
 
