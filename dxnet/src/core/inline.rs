@@ -22,7 +22,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -63,10 +63,12 @@ pub struct ReceiveRole<R> {
     /// Held by the one receive thread sleeping on the engine's wake-up
     /// source (a completion channel must have at most one reader).
     sleeper: Mutex<()>,
-    /// When the last helper left with its response, in µs since `epoch`
-    /// (0: not recently, or it left without).
-    last_help_us: AtomicU64,
-    epoch: Instant,
+    /// Counts helpers that left with their response (a clock read per
+    /// request costs more than this on emulated machines).
+    helped: AtomicU64,
+    /// A helper left without its response (it parks): receive threads go
+    /// back to receiving at once.
+    resume: AtomicBool,
 }
 
 impl<R> ReceiveRole<R> {
@@ -77,8 +79,8 @@ impl<R> ReceiveRole<R> {
             standby: Arc::new(Signal::new()),
             helpers: AtomicUsize::new(0),
             sleeper: Mutex::new(()),
-            last_help_us: AtomicU64::new(0),
-            epoch: Instant::now(),
+            helped: AtomicU64::new(0),
+            resume: AtomicBool::new(false),
         }
     }
 
@@ -87,13 +89,6 @@ impl<R> ReceiveRole<R> {
     #[inline]
     pub fn helpers_waiting(&self) -> bool {
         self.helpers.load(Ordering::Acquire) > 0
-    }
-
-    /// True if a helper left with its response less than `d` ago.
-    fn helped_within(&self, d: Duration) -> bool {
-        let at = self.last_help_us.load(Ordering::Acquire);
-        at != 0
-            && (self.epoch.elapsed().as_micros() as u64).saturating_sub(at) < d.as_micros() as u64
     }
 
     /// Body of each of the two receive threads, until `stop`: holding the
@@ -119,8 +114,14 @@ impl<R> ReceiveRole<R> {
     ) {
         let max_park = Duration::from_millis(core.config().park.max_park_ms.max(1));
         let grace = Duration::from_micros(core.config().park.yield_us.max(100));
+        // `helped` as of this thread's last look: a change means a helper
+        // got its response since (within about one grace period).
+        let mut seen = self.helped.load(Ordering::Acquire);
         while !stop.load(Ordering::Acquire) {
-            if self.helpers_waiting() || self.helped_within(grace) {
+            let helped = self.helped.load(Ordering::Acquire);
+            let recent = std::mem::replace(&mut seen, helped) != helped
+                && !self.resume.swap(false, Ordering::AcqRel);
+            if self.helpers_waiting() || recent {
                 if !self.helpers_waiting() {
                     if let Some(mut state) = self.state.try_lock() {
                         peek(&mut state);
@@ -200,10 +201,12 @@ impl<R> ReceiveRole<R> {
         }
         let got = done();
         // Before the count drops: a receive thread that sees no helper
-        // must see this too.
-        let now = (self.epoch.elapsed().as_micros() as u64).max(1);
-        self.last_help_us
-            .store(if got { now } else { 0 }, Ordering::Release);
+        // sees this too.
+        if got {
+            self.helped.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.resume.store(true, Ordering::Release);
+        }
         let last = self.helpers.fetch_sub(1, Ordering::AcqRel) == 1;
         if last && !got {
             // Someone else holding the role now receives (a receive

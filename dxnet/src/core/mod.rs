@@ -427,7 +427,7 @@ impl Core {
     ) -> Result<PendingResponse> {
         let len = codec::encoded_len(req)?;
         let (id, pending) = self.requests.insert(dest, timeout)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = pending.deadline();
         self.send_frame(
             dest,
             R::TYPE,
@@ -469,7 +469,7 @@ impl Core {
         inline::before_blocking();
         {
             let _spin = park::RequestSpin::claim();
-            let until = start + spin.min(p.time_left());
+            let until = (start + spin).min(p.deadline());
             let helped = self
                 .transport()
                 .is_some_and(|t| t.receive_while_waiting(&|| p.is_done(), until));

@@ -299,9 +299,9 @@ impl PendingResponse {
         self.slot.done.load(Ordering::Acquire)
     }
 
-    /// Time left until the request's deadline.
-    pub fn time_left(&self) -> Duration {
-        self.slot.deadline.saturating_duration_since(Instant::now())
+    /// When the request times out.
+    pub fn deadline(&self) -> Instant {
+        self.slot.deadline
     }
 
     /// Busy-waits until the outcome is known or `until`.
