@@ -209,8 +209,11 @@ impl BufferPool {
         buf.clear();
         debug_assert_eq!(buf.capacity(), self.buffer_size);
         let _ = self.free.push(buf);
-        // A load first: the swap (a locked write) only when someone starved.
-        self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst)
+        // A read-modify-write, not a load first: it orders the push above
+        // before the read of the flag (a plain load may pass the push's
+        // store, and a receiver that starved meanwhile would never be
+        // woken: seen as stalled reception in tests/inline.rs).
+        self.starved.swap(false, Ordering::SeqCst)
     }
 
     /// Buffers currently free.
