@@ -419,7 +419,11 @@ impl PendingResponse {
 
 impl Drop for PendingResponse {
     fn drop(&mut self) {
-        // An abandoned request must not stay in the table.
+        // An abandoned request must not stay in the table. A completed one
+        // is gone from it already (every completion removes it first).
+        if self.slot.done.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(t) = self.table.upgrade() {
             t.remove(self.id);
         }
