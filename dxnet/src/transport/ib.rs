@@ -13,13 +13,19 @@
 //!   ring learns what was posted (`mark_posted`) and, from the send
 //!   completions, what was sent (`mark_completed`). The send completion
 //!   queue is polled in batches only while completions are outstanding.
+//!   Requests and responses are posted by their own thread whenever the
+//!   send thread is not at work (`try_flush`); sends up to
+//!   `ib.max_inline_data` go inline.
 //! - Immediate data of every send: source node id and flow-control units; a
 //!   zero-length send with immediate data carries flow control alone.
 //! - Receive thread: keeps the shared receive queue full with chained work
 //!   requests of `sges_per_recv` buffers each from the node's pool (one
 //!   registration for the whole pool); polls the receive completion queue in
 //!   batches; buffers that received data go in order to the incoming queue,
-//!   the others straight back to the pool.
+//!   the others stay with their work request's slot and are posted again.
+//! - A thread waiting for a response receives itself meanwhile
+//!   (`receive_while_waiting`, see `ReceiveRole::help`): one busy-polling
+//!   thread per side in a ping-pong, as in perftest.
 //! - Connection thread: a job queue (create, close) and a UDP socket on the
 //!   node-map address: requests and accepts exchange QPN, PSN, LID, GID,
 //!   node id, instance id and flow-control window, authenticated with the
@@ -28,8 +34,6 @@
 //!   rediscovers the node.
 
 use std::collections::{HashMap, VecDeque};
-
-use rustc_hash::FxHashMap;
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -39,6 +43,7 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{Receiver, Sender};
 use dxnet_verbs as ibv;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
