@@ -153,7 +153,11 @@ fn messages_behind_a_blocked_handler_run_after_it_in_order() {
         let (l, me) = (log.clone(), Arc::downgrade(&nodes[1]));
         nodes[1]
             .register_request(move |src, r: LoggedRelay| {
-                // Blocks on a request back to the sender, then logs -1.
+                // Busy first (the Seq messages queue up behind it as
+                // separate buffers, more than the connection's share of the
+                // incoming queue), then blocks on a request back to the
+                // sender, then logs -1.
+                std::thread::sleep(Duration::from_millis(50));
                 let me = me.upgrade().expect("node alive");
                 let got = me.request(src, &SlowGet(r.0), T).expect("nested request");
                 l.lock().unwrap().push(-1);

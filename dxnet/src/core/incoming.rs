@@ -62,11 +62,20 @@ impl IncomingQueue {
     /// receiver then, as for [`IncomingQueue::has_room`]). So one connection
     /// (e.g. a peer ignoring flow control whose requests are slow to answer)
     /// cannot fill the queue and stop the reception of every other one.
+    ///
+    /// Never while the connection's handler is blocked inside dxnet
+    /// (decode-ahead, see `Core::owner_blocking`): the response it waits for
+    /// may be behind the queued data, so reading must go on (what it reads
+    /// is bounded by the peer's flow-control window). Found as a rare 3 s
+    /// request timeout in `tests/inline.rs` under CPU load: with 4 buffers
+    /// queued when the handler blocked, the connection stayed "over its
+    /// share" and its response was never read.
     pub fn over_share(&self, conn: &Connection) -> bool {
         let over = || {
             let inbox = conn.inbox.lock();
-            inbox.items.len() >= (self.max_buffers / 4).max(1)
-                || inbox.bytes >= (self.max_bytes / 4).max(1)
+            !inbox.owner_blocked
+                && (inbox.items.len() >= (self.max_buffers / 4).max(1)
+                    || inbox.bytes >= (self.max_bytes / 4).max(1))
         };
         if !over() {
             return false;

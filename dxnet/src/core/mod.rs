@@ -1131,6 +1131,11 @@ impl Core {
                 inbox.items.push_back(it);
             }
         }
+        // A receiver that paused this connection (over its share of the
+        // incoming queue) reads it again now (see `IncomingQueue::over_share`).
+        if let Some(t) = self.transport() {
+            t.wake_receiver();
+        }
         self.after_decode_ahead(conn, freed, failed);
     }
 
