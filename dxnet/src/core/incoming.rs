@@ -63,19 +63,20 @@ impl IncomingQueue {
     /// (e.g. a peer ignoring flow control whose requests are slow to answer)
     /// cannot fill the queue and stop the reception of every other one.
     ///
-    /// Never while the connection's handler is blocked inside dxnet
-    /// (decode-ahead, see `Core::owner_blocking`): the response it waits for
-    /// may be behind the queued data, so reading must go on (what it reads
-    /// is bounded by the peer's flow-control window). Found as a rare 3 s
-    /// request timeout in `tests/inline.rs` under CPU load: with 4 buffers
-    /// queued when the handler blocked, the connection stayed "over its
-    /// share" and its response was never read.
+    /// While the connection's handler is blocked inside dxnet (decode-ahead,
+    /// see `Core::owner_blocking`) its queued data is one item, which never
+    /// counts as over the share by number (however small the queue): the
+    /// response the handler waits for may be behind it, so reading goes
+    /// on, bounded by bytes. (Found as a rare 3 s request timeout in
+    /// `tests/inline.rs` under CPU load: with 4 buffers queued when the
+    /// handler blocked, the connection stayed over its share and its
+    /// response was never read.)
     pub fn over_share(&self, conn: &Connection) -> bool {
         let over = || {
             let inbox = conn.inbox.lock();
-            !inbox.owner_blocked
-                && (inbox.items.len() >= (self.max_buffers / 4).max(1)
-                    || inbox.bytes >= (self.max_bytes / 4).max(1))
+            let n = inbox.items.len();
+            (n >= (self.max_buffers / 4).max(1) && !(inbox.owner_blocked && n <= 1))
+                || inbox.bytes >= (self.max_bytes / 4).max(1)
         };
         if !over() {
             return false;
@@ -113,6 +114,13 @@ impl IncomingQueue {
     pub fn added(&self, len: usize) {
         self.buffers.fetch_add(1, Ordering::AcqRel);
         self.bytes.fetch_add(len, Ordering::AcqRel);
+    }
+
+    /// Accounts for `n` queued items merged into others (the count drops).
+    pub fn merged(&self, n: usize) {
+        if n > 0 {
+            self.buffers.fetch_sub(n, Ordering::AcqRel);
+        }
     }
 
     /// Accounts for queued items whose bytes changed from `old` to `new`

@@ -1110,25 +1110,30 @@ impl Core {
                 return;
             }
             inbox.owner_blocked = true;
-            for _ in 0..inbox.items.len() {
-                let it = inbox.items.pop_front().expect("counted");
-                let it = match it {
-                    Incoming::Decoded(v) => Incoming::Decoded(v),
-                    raw => {
-                        let old = raw.data_len();
-                        let new = match self.decode_ahead(conn, &mut dec, raw, &mut freed) {
-                            Ok(v) => v,
-                            Err(e) => {
-                                failed = Some(e);
-                                Vec::new()
-                            }
-                        };
-                        self.incoming.resized(old, new.len());
-                        inbox.bytes = inbox.bytes - old + new.len();
-                        Incoming::Decoded(new)
+            // Everything queued becomes one item (decoded ahead, in order):
+            // the connection then holds one item of the incoming queue,
+            // below its share, and its receiver reads on — the response
+            // the handler waits for may be behind the queued buffers
+            // (see `IncomingQueue::over_share`). Bytes still count.
+            let k = inbox.items.len();
+            if k > 0 {
+                let mut merged: Vec<u8> = Vec::new();
+                let mut old = 0;
+                for it in std::mem::take(&mut inbox.items) {
+                    old += it.data_len();
+                    match it {
+                        Incoming::Decoded(v) if merged.is_empty() => merged = v,
+                        Incoming::Decoded(v) => merged.extend_from_slice(&v),
+                        raw => match self.decode_ahead(conn, &mut dec, raw, &mut freed) {
+                            Ok(v) => merged.extend_from_slice(&v),
+                            Err(e) => failed = Some(e),
+                        },
                     }
-                };
-                inbox.items.push_back(it);
+                }
+                self.incoming.resized(old, merged.len());
+                self.incoming.merged(k - 1);
+                inbox.bytes = inbox.bytes - old + merged.len();
+                inbox.items.push_back(Incoming::Decoded(merged));
             }
         }
         // A receiver that paused this connection (over its share of the
