@@ -54,7 +54,11 @@ if [ $HOST_TESTS = 1 ]; then
 fi
 
 say "building the tests and examples for the VM"
-cargo build -p dxnet-verbs --examples
+# The example's path from cargo's own report (the order of the artifacts in
+# `cargo test --message-format=json` varies: an example may come first).
+rc_pingpong=$(cargo build -p dxnet-verbs --examples --message-format=json |
+    grep '"name":"rc_pingpong"' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n 1)
+[ -x "$rc_pingpong" ] || { echo "test-ib.sh: rc_pingpong example not built" >&2; exit 1; }
 tests_json=$(cargo test -p dxnet-verbs --no-run --message-format=json)
 STAGE="$ROOT/target/ib-vm/test"
 rm -rf "$STAGE"
@@ -71,9 +75,7 @@ cargo test -p dxnet --test ib --no-run --message-format=json |
 while read -r exe; do
     cp "$exe" "$STAGE/tests/dxnet-ib"
 done
-EXAMPLES_DIR=$(echo "$tests_json" | grep -o '"executable":"[^"]*"' | head -n 1 | cut -d'"' -f4)
-EXAMPLES_DIR=${EXAMPLES_DIR%/deps/*}/examples
-cp "$EXAMPLES_DIR/rc_pingpong" "$STAGE/programs/rc_pingpong"
+cp "$rc_pingpong" "$STAGE/programs/rc_pingpong"
 ls "$STAGE/tests" | grep -q . || { echo "test-ib.sh: no test binaries found" >&2; exit 1; }
 
 say "running in the RDMA VM: $(ls "$STAGE/tests" "$STAGE/programs" | grep -v : | tr '\n' ' ')"
