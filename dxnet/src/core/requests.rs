@@ -316,29 +316,6 @@ impl PendingResponse {
         }
     }
 
-    /// Blocks until the outcome is known or the deadline passes. Busy-waits
-    /// up to `spin` first: a response that comes back within it is taken
-    /// without a wake-up of this thread (a round trip is often shorter than
-    /// a wake-up on a small machine).
-    pub fn wait_spinning(self, spin: Duration) -> Outcome {
-        if !self.slot.done.load(Ordering::Acquire) {
-            crate::core::inline::before_blocking();
-        }
-        if !spin.is_zero() {
-            let end = Instant::now()
-                + spin.min(self.slot.deadline.saturating_duration_since(Instant::now()));
-            let mut n = 0u32;
-            while !self.slot.done.load(Ordering::Acquire) {
-                std::hint::spin_loop();
-                n = n.wrapping_add(1);
-                if n % 64 == 0 && Instant::now() >= end {
-                    break;
-                }
-            }
-        }
-        self.wait()
-    }
-
     /// Blocks until the outcome is known or the deadline passes.
     pub fn wait(self) -> Outcome {
         if self.slot.done.load(Ordering::Acquire) {
