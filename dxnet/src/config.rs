@@ -65,15 +65,17 @@ pub struct ParkConfig {
     /// at once. Default (`None`): a quarter of the cores, i.e. none on a
     /// two-core machine, where spinning threads starve the working ones.
     pub max_spinning: Option<usize>,
-    /// How long a blocking `request` busy-waits for its response before it
-    /// parks, in microseconds, at least (the caller's own thread; it counts
-    /// as spinning, and idle threads park in its favour). Default 50.
+    /// How long a blocking `request` to a slow peer busy-waits for its
+    /// response before it parks, in microseconds (the caller's own thread;
+    /// it counts as spinning, and idle threads park in its favour).
+    /// Default 50.
     pub request_spin_us: u64,
-    /// Longest busy-wait of a blocking `request`, in microseconds: it waits
-    /// four times the recent round-trip time to the destination (an
-    /// estimate of its 80th percentile) when that is longer than
-    /// `request_spin_us` (a slow network or emulated machine), but never
-    /// longer than this. Default 1000.
+    /// How long a blocking `request` busy-waits for its response before it
+    /// parks, in microseconds, while at least half of the recent requests
+    /// to that peer got their response within this time; to slower peers
+    /// it waits `request_spin_us` (every 8th request still this long, to
+    /// notice when the peer is fast again). A response that comes while
+    /// the requester spins needs no wake-up. Default 1000.
     pub request_spin_max_us: u64,
 }
 

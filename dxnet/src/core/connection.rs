@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::core::decoder::Decoder;
 use crate::core::flow::FlowControl;
 use crate::core::orb::Orb;
-use crate::core::park::Signal;
+use crate::core::park::{RequestSpinPolicy, Signal};
 use crate::core::pool::RecvBuffer;
 use crate::NodeId;
 
@@ -96,31 +96,11 @@ pub struct Connection {
     /// The last response to this peer timed out: further responses are
     /// dropped instead of blocking a handler thread (see `Core::send_response`).
     pub responses_stalled: AtomicBool,
-    /// Estimate of the 80th percentile of the round-trip times of
-    /// blocking requests to this peer, in nanoseconds (0: none yet); sets
-    /// how long requesters busy-wait (see [`Connection::record_request_rtt`]).
-    pub request_rtt_ns: AtomicU64,
+    /// How long blocking requests to this peer busy-wait.
+    pub request_spin: RequestSpinPolicy,
 }
 
 impl Connection {
-    /// Updates the round-trip estimate with one sample: a step of +1/32
-    /// when the sample is above it, -1/128 when below, so it settles where
-    /// 80 % of the samples lie below (a quantile, unlike a mean, is not
-    /// dragged up by the occasional millisecond outlier). Concurrent
-    /// updates may lose one another's step; that only slows the estimate.
-    pub fn record_request_rtt(&self, rtt: std::time::Duration) {
-        let sample = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let old = self.request_rtt_ns.load(Ordering::Relaxed);
-        let new = if old == 0 {
-            sample
-        } else if sample > old {
-            old.saturating_add(old / 32 + 1)
-        } else {
-            old - old / 128
-        };
-        self.request_rtt_ns.store(new, Ordering::Relaxed);
-    }
-
     /// A new connection in state `Connecting`.
     pub fn new(
         peer: NodeId,
@@ -142,7 +122,7 @@ impl Connection {
             state_changed: Signal::new(),
             close_reason: Mutex::new(None),
             responses_stalled: AtomicBool::new(false),
-            request_rtt_ns: AtomicU64::new(0),
+            request_spin: RequestSpinPolicy::default(),
         }
     }
 
@@ -296,43 +276,5 @@ impl ConnectionTable {
     /// All installed connections (a snapshot).
     pub fn all(&self) -> Vec<Arc<Connection>> {
         self.slots.iter().filter_map(|s| s.load_full()).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn conn() -> Connection {
-        Connection::new(
-            NodeId(2),
-            1,
-            4096,
-            FlowControl::new(1 << 20, 1 << 16),
-            1 << 20,
-        )
-    }
-
-    /// The round-trip estimate settles near the 80th percentile: one
-    /// 5 ms outlier in ten 70 µs round trips leaves it near 70 µs (a mean
-    /// would be ~560 µs and make every requester spin ten times longer).
-    #[test]
-    fn request_rtt_estimate_is_a_quantile_not_a_mean() {
-        let c = conn();
-        c.record_request_rtt(Duration::from_micros(300));
-        assert_eq!(c.request_rtt_ns.load(Ordering::Relaxed), 300_000);
-        for i in 0..5000 {
-            let us = if i % 10 == 9 { 5000 } else { 70 };
-            c.record_request_rtt(Duration::from_micros(us));
-        }
-        let est = c.request_rtt_ns.load(Ordering::Relaxed);
-        assert!((60_000..=120_000).contains(&est), "estimate {est} ns");
-        // Mostly long round trips: the estimate follows them up.
-        for _ in 0..2000 {
-            c.record_request_rtt(Duration::from_millis(3));
-        }
-        let est = c.request_rtt_ns.load(Ordering::Relaxed);
-        assert!(est >= 2_500_000, "estimate {est} ns");
     }
 }

@@ -444,27 +444,18 @@ impl Core {
     /// Blocks until `p`'s outcome is known: busy-waits first (a response
     /// that arrives meanwhile is taken without waking this thread; on an
     /// engine that supports it this thread even receives it itself, see
-    /// `ReceiveRole::help`), then parks. The busy-wait lasts
-    /// `park.request_spin_us`, or four times the estimated 80th percentile
-    /// of the round-trip time to the destination when that is longer (2×
-    /// left ~10 % of the Soft-RoCE VM's round trips to the slow path, p95
-    /// 0.8–1.5 ms; 4×: 0.3–0.7 ms), up to `park.request_spin_max_us`.
-    /// Measured with dxnet-bench pingpong: on this 2-core VM spinning halves
-    /// a 64 B TCP round trip (62 µs → 26 µs); in the Soft-RoCE VM, where a
-    /// round trip takes ~80 µs, a fixed 50 µs missed most responses
-    /// (p50 ~0.5–0.8 ms vs ~85 µs when waiting long enough).
+    /// `ReceiveRole::help`), then parks. How long: [`park::RequestSpinPolicy`].
     pub fn wait_response(&self, p: PendingResponse) -> Outcome {
         let park = &self.config.park;
-        let base = Duration::from_micros(park.request_spin_us);
-        if base.is_zero() || p.is_done() {
+        if park.request_spin_us == 0 || p.is_done() {
             return p.wait();
         }
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
         let max = Duration::from_micros(park.request_spin_max_us.max(park.request_spin_us));
-        let spin = conn.as_ref().map_or(base, |c| {
-            Duration::from_nanos(c.request_rtt_ns.load(Ordering::Relaxed).saturating_mul(4))
-                .clamp(base, max)
+        let spin = conn.as_ref().map_or(max, |c| {
+            c.request_spin
+                .spin(park.request_spin_us, park.request_spin_max_us)
         });
         inline::before_blocking();
         {
@@ -477,11 +468,11 @@ impl Core {
                 p.spin_until(until);
             }
         }
-        let out = p.wait();
-        if let (Ok(_), Some(c)) = (&out, &conn) {
-            c.record_request_rtt(start.elapsed());
+        if let Some(c) = &conn {
+            let full = spin >= max && start + spin <= p.deadline();
+            c.request_spin.record(full, p.is_done());
         }
-        out
+        p.wait()
     }
 
     fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
