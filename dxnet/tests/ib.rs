@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,9 +23,6 @@ struct Ping(u64);
 struct Pong(u64);
 dxnet::message!(Pong, 13, 2);
 dxnet::request!(Ping, 13, 1 => Pong);
-#[derive(Serialize, Deserialize, Debug)]
-struct Done(u16);
-dxnet::message!(Done, 13, 3);
 
 /// Logs to stderr when RUST_LOG is set.
 fn init_log() {
@@ -98,12 +95,7 @@ fn child_ib_node() {
     })
     .unwrap();
     node.register_request(|_, p: Ping| Pong(p.0 * 2)).unwrap();
-    let done = Arc::new(AtomicU64::new(0));
-    let d = done.clone();
-    node.register(move |_, _: Done| {
-        d.fetch_add(1, Ordering::SeqCst);
-    })
-    .unwrap();
+    let done = register_done(&node);
     let peers: Vec<u16> = (0..n).filter(|&p| p != id).collect();
     for &p in &peers {
         until_reachable("ping", || {
@@ -116,20 +108,9 @@ fn child_ib_node() {
             let node = node.clone();
             let peers = &peers;
             s.spawn(move || {
-                let mut seq = vec![0u64; n as usize];
-                for i in 0..per * peers.len() as u64 {
-                    let dest = peers[(i % peers.len() as u64) as usize];
-                    let sq = seq[dest as usize];
-                    seq[dest as usize] += 1;
-                    let len = size_for(i ^ (t as u64) << 40 ^ (id as u64) << 50, max);
-                    let m = Data {
-                        from: id,
-                        thread: t,
-                        seq: sq,
-                        payload: pattern(id, t, sq, len),
-                    };
-                    node.send(NodeId(dest), &m).unwrap();
-                }
+                send_checked(&node, t, per * peers.len() as u64, max, |i| {
+                    peers[(i % peers.len() as u64) as usize]
+                })
             });
         }
         // Many requests outstanding at once.
@@ -166,12 +147,7 @@ fn child_ib_node() {
         chk.received.load(Ordering::SeqCst) >= expect
     });
     chk.assert_ok();
-    for &p in &peers {
-        node.send(NodeId(p), &Done(id)).unwrap();
-    }
-    wait_for(120, "done from all", || {
-        done.load(Ordering::SeqCst) == peers.len() as u64
-    });
+    end_barrier(&node, &peers, &done);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(chk.received.load(Ordering::SeqCst), expect, "no duplicates");
     println!("CHILD OK received={expect} hwm_kib={}", hwm_kib());

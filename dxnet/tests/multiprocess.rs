@@ -22,10 +22,6 @@ struct Ping(u16);
 struct Pong(u16);
 dxnet::message!(Pong, 11, 2);
 dxnet::request!(Ping, 11, 1 => Pong);
-/// "I received everything": sent to every node at the end.
-#[derive(Serialize, Deserialize, Debug)]
-struct Done(u16);
-dxnet::message!(Done, 11, 3);
 
 fn child_config(id: u16, n: u16, base: u16) -> Config {
     let mut c = fc_config(id, n, base);
@@ -59,14 +55,10 @@ fn child_all_to_all() {
     let c = chk.clone();
     node.register(move |src, m: Data| c.check(src, &m)).unwrap();
     node.register_request(|_, p: Ping| Pong(p.0)).unwrap();
-    let done = Arc::new(AtomicU64::new(0));
-    let d = done.clone();
-    node.register(move |_, _: Done| {
-        d.fetch_add(1, Ordering::SeqCst);
-    })
-    .unwrap();
+    let done = register_done(&node);
+    let peers: Vec<u16> = (0..n).filter(|&p| p != id).collect();
     // Start barrier: every peer answers a ping.
-    for p in (0..n).filter(|&p| p != id) {
+    for &p in &peers {
         until_reachable("ping", || {
             node.request(NodeId(p), &Ping(id), Duration::from_secs(2))
         });
@@ -76,20 +68,9 @@ fn child_all_to_all() {
         for t in 0..threads {
             let node = node.clone();
             s.spawn(move || {
-                let mut seq = vec![0u64; n as usize];
-                for i in 0..per * (n as u64 - 1) {
-                    let dest = ((id as u64 + 1 + i % (n as u64 - 1)) % n as u64) as u16;
-                    let sq = seq[dest as usize];
-                    seq[dest as usize] += 1;
-                    let len = size_for(i ^ (t as u64) << 40 ^ (id as u64) << 50, max);
-                    let m = Data {
-                        from: id,
-                        thread: t,
-                        seq: sq,
-                        payload: pattern(id, t, sq, len),
-                    };
-                    node.send(NodeId(dest), &m).unwrap();
-                }
+                send_checked(&node, t, per * (n as u64 - 1), max, |i| {
+                    ((id as u64 + 1 + i % (n as u64 - 1)) % n as u64) as u16
+                })
             });
         }
     });
@@ -98,13 +79,7 @@ fn child_all_to_all() {
         chk.received.load(Ordering::SeqCst) >= expect
     });
     chk.assert_ok();
-    // End barrier: nobody exits while others may still send to it.
-    for p in (0..n).filter(|&p| p != id) {
-        node.send(NodeId(p), &Done(id)).unwrap();
-    }
-    wait_for(120, "done from all", || {
-        done.load(Ordering::SeqCst) == n as u64 - 1
-    });
+    end_barrier(&node, &peers, &done);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(chk.received.load(Ordering::SeqCst), expect, "no duplicates");
     println!("CHILD OK received={}", chk.received.load(Ordering::SeqCst));

@@ -21,6 +21,63 @@ pub struct Data {
 }
 dxnet::message!(Data, 10, 1);
 
+/// "I received everything": sent to every peer at the end of a multi-node
+/// test (see [`end_barrier`]).
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Done(pub u16);
+dxnet::message!(Done, 10, 3);
+
+/// Counts the [`Done`] messages `node` receives.
+pub fn register_done(node: &Node) -> Arc<AtomicU64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let d = done.clone();
+    node.register(move |_, _: Done| {
+        d.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    done
+}
+
+/// End barrier: tells every peer that this node received everything, then
+/// waits until every peer said so too (`done` from [`register_done`]), so
+/// that nobody exits while others may still send to it.
+pub fn end_barrier(node: &Node, peers: &[u16], done: &AtomicU64) {
+    for &p in peers {
+        node.send(NodeId(p), &Done(node.id().0)).unwrap();
+    }
+    wait_for(120, "done from all", || {
+        done.load(Ordering::SeqCst) == peers.len() as u64
+    });
+}
+
+/// Sends `count` checked [`Data`] messages from thread `thread` of this
+/// node, the `i`-th to `dest_of(i)`, numbered per destination, of
+/// [`size_for`] sizes up to `max`.
+pub fn send_checked(
+    node: &Node,
+    thread: u16,
+    count: u64,
+    max: usize,
+    dest_of: impl Fn(u64) -> u16,
+) {
+    let id = node.id().0;
+    let mut seq: HashMap<u16, u64> = HashMap::new();
+    for i in 0..count {
+        let dest = dest_of(i);
+        let next = seq.entry(dest).or_insert(0);
+        let sq = *next;
+        *next += 1;
+        let len = size_for(i ^ (thread as u64) << 40 ^ (id as u64) << 50, max);
+        let m = Data {
+            from: id,
+            thread,
+            seq: sq,
+            payload: pattern(id, thread, sq, len),
+        };
+        node.send(NodeId(dest), &m).unwrap();
+    }
+}
+
 pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
     let mut x =
         (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
