@@ -452,11 +452,10 @@ impl Core {
         }
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
-        let max = Duration::from_micros(park.request_spin_max_us.max(park.request_spin_us));
-        let spin = conn.as_ref().map_or(max, |c| {
-            c.request_spin
-                .spin(park.request_spin_us, park.request_spin_max_us)
-        });
+        let spin = conn.as_ref().map_or_else(
+            || park::RequestSpinPolicy::full(park),
+            |c| c.request_spin.spin(park),
+        );
         inline::before_blocking();
         {
             let _spin = park::RequestSpin::claim();
@@ -469,8 +468,8 @@ impl Core {
             }
         }
         if let Some(c) = &conn {
-            let full = spin >= max && start + spin <= p.deadline();
-            c.request_spin.record(full, p.is_done());
+            let spun = spin.min(p.deadline().saturating_duration_since(start));
+            c.request_spin.record(park, spun, p.is_done());
         }
         p.wait()
     }

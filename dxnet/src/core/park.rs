@@ -315,26 +315,30 @@ impl RequestSpinPolicy {
     /// Every how many requests to a slow peer one waits the full length.
     pub const PROBE_EVERY: u32 = 8;
 
-    /// How long the next request busy-waits, given `park.request_spin_us`
-    /// and `park.request_spin_max_us`.
-    pub fn spin(&self, spin_us: u64, max_us: u64) -> Duration {
-        let max = Duration::from_micros(max_us.max(spin_us));
+    /// The full-length wait: `park.request_spin_max_us` (at least
+    /// `park.request_spin_us`); also the wait when no policy applies yet.
+    pub fn full(park: &ParkConfig) -> Duration {
+        Duration::from_micros(park.request_spin_max_us.max(park.request_spin_us))
+    }
+
+    /// How long the next request busy-waits.
+    pub fn spin(&self, park: &ParkConfig) -> Duration {
         if self.answered.load(Ordering::Relaxed) >= ALL / 2
             || self.slow_requests.fetch_add(1, Ordering::Relaxed) % Self::PROBE_EVERY == 0
         {
-            max
+            Self::full(park)
         } else {
-            Duration::from_micros(spin_us)
+            Duration::from_micros(park.request_spin_us)
         }
     }
 
-    /// Records how a busy-wait ended: `answered` if the response came
-    /// meanwhile; `full` if it waited the whole `spin` result at its
-    /// maximum. A short wait without response says nothing about whether
-    /// a full one would have paid, so it is not counted. Concurrent updates
-    /// may lose one another's step; that only slows the average.
-    pub fn record(&self, full: bool, answered: bool) {
-        if !(full || answered) {
+    /// Records how a busy-wait of `spun` ended: `answered` if the response
+    /// came meanwhile. A wait shorter than [`Self::full`] without response
+    /// says nothing about whether a full one would have paid, so it is not
+    /// counted. Concurrent updates may lose one another's step; that only
+    /// slows the average.
+    pub fn record(&self, park: &ParkConfig, spun: Duration, answered: bool) {
+        if !answered && spun < Self::full(park) {
             return;
         }
         let old = self.answered.load(Ordering::Relaxed);
@@ -356,14 +360,21 @@ mod tests {
     /// Spins of `n` requests to a peer answering within `rtt` (`None`: not
     /// within any wait), as the requester would record them.
     fn requests(p: &RequestSpinPolicy, n: usize, rtt: Option<Duration>) -> Vec<Duration> {
-        let max = Duration::from_micros(1000);
         (0..n)
             .map(|_| {
-                let spin = p.spin(50, 1000);
-                p.record(spin >= max, rtt.is_some_and(|r| r <= spin));
+                let spin = p.spin(&park(50, 1000));
+                p.record(&park(50, 1000), spin, rtt.is_some_and(|r| r <= spin));
                 spin
             })
             .collect()
+    }
+
+    fn park(request_spin_us: u64, request_spin_max_us: u64) -> ParkConfig {
+        ParkConfig {
+            request_spin_us,
+            request_spin_max_us,
+            ..ParkConfig::default()
+        }
     }
 
     #[test]
@@ -404,7 +415,7 @@ mod tests {
         let spins = requests(&p, 100, Some(us(10)));
         assert_eq!(spins[50..], [us(1000); 50]);
         // A maximum below the minimum is raised to it.
-        assert_eq!(RequestSpinPolicy::default().spin(200, 100), us(200));
+        assert_eq!(RequestSpinPolicy::default().spin(&park(200, 100)), us(200));
     }
 
     #[test]
