@@ -10,7 +10,7 @@ use crate::device::{Context, Gid, LinkLayer, Mtu};
 use crate::error::{Error, Result};
 use crate::ffi;
 use crate::pd::{AccessFlags, PdInner, ProtectionDomain};
-use crate::wr::{RecvChain, SendChain};
+use crate::wr::{RecvChain, SendChain, SendFlags, SendOp};
 
 pub(crate) struct SrqInner {
     pd: Arc<PdInner>,
@@ -576,6 +576,55 @@ impl QueuePair {
                 call: "ibv_post_send",
                 errno: ffi::ret_to_errno(ret),
                 bad_index: chain.index_of(bad),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts one send request whose payload `data` is copied into the work
+    /// request (`IBV_SEND_INLINE`): `data` needs no memory registration and
+    /// may be reused as soon as this returns. At most the QP's
+    /// `max_inline_data` bytes (the provider refuses more). `signaled`: the
+    /// request produces a work completion.
+    pub fn post_send_inline(
+        &self,
+        wr_id: u64,
+        op: SendOp,
+        data: &[u8],
+        signaled: bool,
+    ) -> Result<()> {
+        if data.len() > self.caps.max_inline_data as usize {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes inline, the queue pair takes at most {}",
+                data.len(),
+                self.caps.max_inline_data
+            )));
+        }
+        let mut sge = ffi::ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let mut flags = SendFlags::INLINE;
+        if signaled {
+            flags = flags | SendFlags::SIGNALED;
+        }
+        let mut wr = SendChain::raw_wr(wr_id, op, flags);
+        if !data.is_empty() {
+            wr.num_sge = 1;
+            wr.sg_list = &mut sge;
+        }
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: live QP; `wr` is a single request (next = NULL) whose one
+        // SGE points at `data`, which is borrowed for this call. With
+        // IBV_SEND_INLINE the provider copies those bytes into the send
+        // queue during the call and never reads them (or the lkey) later.
+        let ret = unsafe { ffi::post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(Error::Post {
+                call: "ibv_post_send",
+                errno: ffi::ret_to_errno(ret),
+                bad_index: 0,
             });
         }
         Ok(())

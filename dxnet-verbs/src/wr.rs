@@ -150,9 +150,18 @@ impl SendChain {
         sges: &[Sge],
         flags: SendFlags,
     ) -> &mut SendChain {
+        let mut wr = Self::raw_wr(wr_id, op, flags);
+        wr.num_sge = sges.len() as i32;
+        self.first_sge.push(self.sges.len());
+        self.sges.extend(sges.iter().map(|s| s.raw));
+        self.wrs.push(wr);
+        self
+    }
+
+    /// An unlinked work request without SGEs.
+    pub(crate) fn raw_wr(wr_id: u64, op: SendOp, flags: SendFlags) -> ffi::ibv_send_wr {
         let mut wr = ffi::ibv_send_wr {
             wr_id,
-            num_sge: sges.len() as i32,
             send_flags: flags.0,
             ..Default::default()
         };
@@ -176,10 +185,7 @@ impl SendChain {
                 wr.imm_data = imm.to_be();
             }
         }
-        self.first_sge.push(self.sges.len());
-        self.sges.extend(sges.iter().map(|s| s.raw));
-        self.wrs.push(wr);
-        self
+        wr
     }
 
     /// Number of work requests.

@@ -109,6 +109,10 @@ pub enum HeaderError {
         /// Configured limit.
         max: usize,
     },
+    /// A unit that must hold whole messages (a standalone send) ends inside
+    /// one.
+    #[error("standalone send ends inside a message")]
+    Truncated,
 }
 
 impl MessageHeader {

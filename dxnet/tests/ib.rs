@@ -95,6 +95,8 @@ fn child_ib_node() {
     })
     .unwrap();
     node.register_request(|_, p: Ping| Pong(p.0 * 2)).unwrap();
+    let steps: u64 = env_parse("STEPS");
+    let step_log = register_step_log(&node);
     let done = register_done(&node);
     let peers: Vec<u16> = (0..n).filter(|&p| p != id).collect();
     for &p in &peers {
@@ -111,6 +113,17 @@ fn child_ib_node() {
                 send_checked(&node, t, per * peers.len() as u64, max, |i| {
                     peers[(i % peers.len() as u64) as usize]
                 })
+            });
+        }
+        // Requests and messages of one thread in send order (standalone
+        // frames beside the ring buffer).
+        for t in 0..if steps > 0 { 3 } else { 0 } {
+            let node = node.clone();
+            let peers = &peers;
+            s.spawn(move || {
+                for &p in peers {
+                    send_steps(&node, NodeId(p), t, steps, 40_000);
+                }
             });
         }
         // Many requests outstanding at once.
@@ -147,13 +160,25 @@ fn child_ib_node() {
         chk.received.load(Ordering::SeqCst) >= expect
     });
     chk.assert_ok();
+    for &p in &peers {
+        wait_for(300, "all steps", || step_log.complete(p, 3, steps));
+        step_log.assert_in_order(p, 3, steps);
+    }
     end_barrier(&node, &peers, &done);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(chk.received.load(Ordering::SeqCst), expect, "no duplicates");
     println!("CHILD OK received={expect} hwm_kib={}", hwm_kib());
 }
 
-fn run(n: u16, threads: u16, per: u64, max: usize, reqs: u64, slow_us: u64) -> Vec<String> {
+fn run(
+    n: u16,
+    threads: u16,
+    per: u64,
+    max: usize,
+    reqs: u64,
+    slow_us: u64,
+    steps: u64,
+) -> Vec<String> {
     let base = base_port(n);
     let kids: Vec<_> = (0..n)
         .map(|id| {
@@ -168,6 +193,7 @@ fn run(n: u16, threads: u16, per: u64, max: usize, reqs: u64, slow_us: u64) -> V
                     ("MAX", max.to_string()),
                     ("REQS", reqs.to_string()),
                     ("SLOW_US", slow_us.to_string()),
+                    ("STEPS", steps.to_string()),
                     ("RDMA_DEV", std::env::var("RDMA_DEV").unwrap_or_default()),
                     (
                         "RDMA_GID_INDEX",
@@ -186,7 +212,7 @@ fn ib_two_nodes_random_sizes_up_to_mibs() {
         return;
     }
     // 1 B .. 3 MiB: larger than the 1 MiB ring and the 64 KiB receive size.
-    for out in run(2, 2, 20, 3 << 20, 0, 0) {
+    for out in run(2, 2, 20, 3 << 20, 0, 0, 0) {
         assert!(out.contains("CHILD OK received=40"), "{out}");
     }
 }
@@ -196,7 +222,7 @@ fn ib_two_nodes_sixteen_threads_and_requests() {
     if device().is_none() {
         return;
     }
-    for out in run(2, 16, 30, 8 << 10, 2000, 0) {
+    for out in run(2, 16, 30, 8 << 10, 2000, 0, 1500) {
         assert!(out.contains("CHILD OK received=480"), "{out}");
     }
 }
@@ -206,7 +232,7 @@ fn ib_four_nodes_all_to_all() {
     if device().is_none() {
         return;
     }
-    for out in run(4, 2, 30, 64 << 10, 200, 0) {
+    for out in run(4, 2, 30, 64 << 10, 200, 0, 0) {
         assert!(out.contains("CHILD OK received=180"), "{out}");
     }
 }
@@ -218,7 +244,7 @@ fn ib_slow_receiver_stays_bounded() {
     }
     // Node 1 sends 4 threads × 300 messages of up to 64 KiB to node 0,
     // which handles each slowly; flow control bounds node 0's memory.
-    let outs = run(2, 4, 300, 64 << 10, 0, 300);
+    let outs = run(2, 4, 300, 64 << 10, 0, 300, 0);
     assert!(outs[1].contains("CHILD OK received=0"), "{}", outs[1]);
     assert!(outs[0].contains("CHILD OK received=1200"), "{}", outs[0]);
 }

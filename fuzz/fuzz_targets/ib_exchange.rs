@@ -77,10 +77,13 @@ fuzz_target!(|data: &[u8]| {
         );
     }
 
-    // RDMA immediate data (source id, flow-control units) of 4 bytes.
+    // RDMA immediate data (source id, flow-control units, flags) of 4 bytes.
     if let Some(imm) = data.get(..4) {
         let imm = u32::from_le_bytes(imm.try_into().unwrap());
-        let (src, units) = decode_imm(imm);
-        assert_eq!(decode_imm(encode_imm(src, units)), (src, units));
+        let (src, units, flags) = decode_imm(imm);
+        assert_eq!(
+            decode_imm(encode_imm(src, units) | u32::from(flags)),
+            (src, units, flags)
+        );
     }
 });

@@ -36,5 +36,6 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(m, max);
             assert!(len as usize > max);
         }
+        Err(HeaderError::Truncated) => panic!("header decoding reported a truncated unit"),
     }
 });

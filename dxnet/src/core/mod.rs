@@ -49,7 +49,7 @@ use crate::message::{
     type_key, MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN,
 };
 use crate::node::NodeStats;
-use crate::transport::Transport;
+use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, Message, NodeId, Request, Result};
 
 use connection::{ConnState, Connection, ConnectionTable, Incoming};
@@ -593,6 +593,37 @@ impl Core {
                 FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
             })?;
         let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
+        // A small request or response goes out at once, outside the ring
+        // buffer, where the engine has such a path (InfiniBand): encoded on
+        // the stack first, and into the ring after all if the engine
+        // declines (see `Transport::send_standalone`).
+        let mut small = [0u8; STANDALONE_FRAME_MAX];
+        let mut fill = Some(fill);
+        if urgent && total <= STANDALONE_FRAME_MAX {
+            if let Some(t) = self.transport().filter(|t| total <= t.standalone_max()) {
+                small[..HEADER_LEN].copy_from_slice(&hb);
+                let mut rest: &mut [u8] = &mut small[HEADER_LEN..total];
+                let encoded = fill.take().map_or(Ok(()), |f| f(&mut rest)).and_then(|()| {
+                    if rest.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::other(
+                            "serialized size differs from computed size",
+                        ))
+                    }
+                });
+                if let Err(e) = encoded {
+                    // Nothing was written: give the window back.
+                    conn.flow.on_confirm_bytes(total as u64);
+                    return Err(Error::Decode(format!("cannot serialize message: {e}")));
+                }
+                if t.send_standalone(self, conn, &small[..total]) {
+                    self.stats.msgs_sent.add(1);
+                    self.stats.bytes_sent.add(total as u64);
+                    return Ok(());
+                }
+            }
+        }
         let notify = || {
             if urgent {
                 self.on_urgent_write_interest(dest)
@@ -600,10 +631,15 @@ impl Core {
                 self.on_write_interest(dest)
             }
         };
-        let res = conn.orb.write_message(total, deadline, &notify, |w| {
-            w.write_all(&hb)?;
-            fill(w)
-        });
+        let res = conn
+            .orb
+            .write_message(total, deadline, &notify, |w| match fill {
+                Some(fill) => {
+                    w.write_all(&hb)?;
+                    fill(w)
+                }
+                None => w.write_all(&small[..total]),
+            });
         match res {
             Ok(()) => {
                 self.stats.msgs_sent.add(1);
@@ -1008,6 +1044,13 @@ impl Core {
         if !only_responses {
             return Err(buf);
         }
+        if buf.is_standalone() {
+            // Outside the stream and responses only (which are not ordered
+            // with the connection's other messages): nothing to serialize
+            // with the connection's handler or decoder.
+            self.process_item(conn, Incoming::Pooled(buf));
+            return Ok(());
+        }
         {
             // Take the connection like a handler thread would.
             let mut inbox = conn.inbox.lock();
@@ -1158,6 +1201,7 @@ impl Core {
             }
         };
         let res = match &item {
+            Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
             Incoming::Pooled(b) => b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg)),
             Incoming::Local(v) | Incoming::Decoded(v) => dec.feed(v, &mut on_msg),
         };
@@ -1169,6 +1213,23 @@ impl Core {
             self.on_write_interest(conn.peer);
         }
         res.map(|()| out)
+    }
+
+    /// Decodes a standalone buffer (whole messages outside the stream, see
+    /// [`RecvBuffer::mark_standalone`]) with a decoder of its own.
+    fn feed_standalone(
+        &self,
+        b: &RecvBuffer,
+        on_msg: &mut impl FnMut(&MessageHeader, &[u8]),
+    ) -> std::result::Result<(), crate::message::HeaderError> {
+        let mut dec = Decoder::new(self.config.max_message_size);
+        b.segments()
+            .try_for_each(|seg| dec.feed(seg, &mut *on_msg))?;
+        if dec.is_idle() {
+            Ok(())
+        } else {
+            Err(crate::message::HeaderError::Truncated)
+        }
     }
 
     fn after_decode_ahead(
@@ -1258,6 +1319,9 @@ impl Core {
                 pending.push(PendingMessage { header: *h, at });
             };
             match &item {
+                // Whole messages outside the stream: its decoder is
+                // neither needed nor touched.
+                Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
                 Incoming::Pooled(b) => {
                     let mut dec = conn.decoder.lock();
                     b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg))

@@ -35,6 +35,9 @@ pub struct RecvBuffer {
     index: u32,
     _arena: Arc<Arena>,
     segments: Vec<Range<u32>>,
+    /// Holds whole messages outside the connection's byte stream (see
+    /// [`RecvBuffer::mark_standalone`]).
+    standalone: bool,
 }
 
 // SAFETY: a RecvBuffer is the only handle to its slice of the arena, which
@@ -114,9 +117,23 @@ impl RecvBuffer {
             .sum()
     }
 
-    /// Forgets the segments (buffer reuse).
+    /// Marks the received bytes as whole messages sent outside the
+    /// connection's byte stream (an RDMA send posted directly, see
+    /// `core::wire::IMM_STANDALONE`): they are decoded on their own, and the
+    /// stream's reassembly state is neither used nor changed.
+    pub fn mark_standalone(&mut self) {
+        self.standalone = true;
+    }
+
+    /// See [`RecvBuffer::mark_standalone`].
+    pub fn is_standalone(&self) -> bool {
+        self.standalone
+    }
+
+    /// Forgets the segments and the standalone mark (buffer reuse).
     pub fn clear(&mut self) {
         self.segments.clear();
+        self.standalone = false;
     }
 }
 
@@ -169,6 +186,7 @@ impl BufferPool {
                 index: i as u32,
                 _arena: arena.clone(),
                 segments: Vec::new(),
+                standalone: false,
             });
         }
         Self {

@@ -11,7 +11,7 @@ use crate::core::identity::Identity;
 use sha2::Sha256;
 
 /// Protocol version; peers with another version are rejected.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Magic at the start of every handshake message.
 pub const HANDSHAKE_MAGIC: [u8; 8] = *b"DXNETrs\0";
 
@@ -516,15 +516,21 @@ fn exchange_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
     }
 }
 
-/// Immediate data of an RDMA send: source node id (16 bits) and
-/// flow-control units (8 bits); the low byte is reserved.
+/// Immediate data of an RDMA send: source node id (16 bits),
+/// flow-control units (8 bits) and flags (8 bits, [`IMM_STANDALONE`]; the
+/// other bits must be zero).
 pub fn encode_imm(src: u16, fc_units: u8) -> u32 {
     (src as u32) << 16 | (fc_units as u32) << 8
 }
 
-/// Decodes [`encode_imm`] into (source node id, flow-control units).
-pub fn decode_imm(imm: u32) -> (u16, u8) {
-    ((imm >> 16) as u16, (imm >> 8) as u8)
+/// Flag of the immediate data: the send carries whole messages outside the
+/// connection's byte stream (posted directly, not from the ring buffer), to
+/// be decoded on their own; stream bytes around it are not affected.
+pub const IMM_STANDALONE: u32 = 0x01;
+
+/// Decodes [`encode_imm`] into (source node id, flow-control units, flags).
+pub fn decode_imm(imm: u32) -> (u16, u8, u8) {
+    ((imm >> 16) as u16, (imm >> 8) as u8, imm as u8)
 }
 
 #[cfg(test)]
@@ -638,7 +644,11 @@ mod tests {
             Err(HandshakeError::Auth),
             "unsigned"
         );
-        assert_eq!(decode_imm(encode_imm(0xBEEF, 200)), (0xBEEF, 200));
+        assert_eq!(decode_imm(encode_imm(0xBEEF, 200)), (0xBEEF, 200, 0));
+        assert_eq!(
+            decode_imm(encode_imm(0xBEEF, 7) | IMM_STANDALONE),
+            (0xBEEF, 7, IMM_STANDALONE as u8)
+        );
     }
 
     #[test]

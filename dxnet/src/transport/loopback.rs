@@ -16,7 +16,7 @@ use crate::core::connection::{ConnState, Connection};
 use crate::core::park::{Idle, Signal};
 use crate::core::wire::Status;
 use crate::core::Core;
-use crate::transport::Transport;
+use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
 /// Buffers one send-thread round moves for a connection before it serves
@@ -40,6 +40,9 @@ struct Link {
     local: Arc<Connection>,
     remote: Arc<Connection>,
     remote_engine: Weak<LoopbackEngine>,
+    /// Held while moving data to the peer (the send thread's round, a
+    /// standalone frame): deliveries of one direction stay in order.
+    send: Mutex<()>,
 }
 
 /// The loopback engine of one node.
@@ -145,6 +148,7 @@ impl LoopbackEngine {
             return false;
         };
         let orb = &link.local.orb;
+        let _send = link.send.lock();
         for _ in 0..ROUND_BUFFERS {
             if orb.unposted_len() == 0 {
                 return false;
@@ -200,6 +204,7 @@ impl Transport for LoopbackEngine {
                         local: conn.clone(),
                         remote: rconn.clone(),
                         remote_engine: Arc::downgrade(&remote_engine),
+                        send: Mutex::new(()),
                     }),
                 );
                 remote_engine.links.lock().insert(
@@ -214,6 +219,7 @@ impl Transport for LoopbackEngine {
                             .get(&self.own.0)
                             .cloned()
                             .unwrap_or_default(),
+                        send: Mutex::new(()),
                     }),
                 );
                 rcore.opened(&rconn, core.instance, core.fc_window, core.fc_unit);
@@ -252,6 +258,44 @@ impl Transport for LoopbackEngine {
                 rcore.close_connection(&l.remote, "peer closed the connection", true);
             }
         }
+    }
+
+    fn standalone_max(&self) -> usize {
+        STANDALONE_FRAME_MAX
+    }
+
+    /// Copies the frame into a receive buffer of the peer and delivers it
+    /// marked standalone, without a send-thread hop, when this direction
+    /// has no unsent ring-buffer bytes (under the link's send lock, which
+    /// the send thread's round holds too: earlier messages were delivered
+    /// before).
+    fn send_standalone(&self, _core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
+        let Some(link) = self.links.lock().get(&conn.peer.0).cloned() else {
+            return false;
+        };
+        if !Arc::ptr_eq(&link.local, conn) || !conn.is_alive() {
+            return false;
+        }
+        let Some(rcore) = link.remote_engine.upgrade().and_then(|e| e.core.upgrade()) else {
+            return false;
+        };
+        let _send = link.send.lock();
+        if conn.orb.unposted_len() > 0 || !rcore.incoming.has_room() {
+            return false;
+        }
+        let Some(mut buf) = rcore.pool.get() else {
+            return false;
+        };
+        if frame.len() > buf.capacity() {
+            rcore.pool.put(buf);
+            return false;
+        }
+        link.remote.flow.on_confirm(conn.flow.take_units(u32::MAX));
+        buf.space()[..frame.len()].copy_from_slice(frame);
+        buf.push_segment(0..frame.len());
+        buf.mark_standalone();
+        rcore.deliver(&link.remote, buf);
+        true
     }
 
     fn wake_sender(&self) {

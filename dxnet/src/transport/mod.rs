@@ -21,6 +21,10 @@ pub mod loopback;
 pub mod tcp;
 pub mod tls;
 
+/// Upper bound of [`Transport::standalone_max`]: the core encodes such a
+/// frame on the stack first.
+pub const STANDALONE_FRAME_MAX: usize = 256;
+
 /// What the core needs from a transport engine.
 pub trait Transport: Send + Sync + 'static {
     /// Establishes `conn` (state Connecting) to `conn.peer`, blocking until
@@ -36,6 +40,22 @@ pub trait Transport: Send + Sync + 'static {
     /// thread (one thread hop less on an idle node); returns true if it took
     /// care of the data. Under load the send thread aggregates as usual.
     fn try_flush(&self, _peer: NodeId) -> bool {
+        false
+    }
+    /// Largest frame (message header and payload) that
+    /// [`Transport::send_standalone`] takes; 0: the engine has no such path.
+    fn standalone_max(&self) -> usize {
+        0
+    }
+    /// Sends `frame` (one whole request or response message; its
+    /// flow-control window is taken) to `conn`'s peer at once, outside the
+    /// connection's ring buffer, if the engine can do so now without
+    /// reordering it behind this thread's earlier messages (the ring
+    /// buffer holds no unsent bytes) and without its send thread (idle).
+    /// False: nothing was sent; the caller writes the frame into the ring
+    /// buffer as usual. Saves the ring-buffer round on a latency-bound
+    /// request/response (see the InfiniBand engine).
+    fn send_standalone(&self, _core: &Core, _conn: &Arc<Connection>, _frame: &[u8]) -> bool {
         false
     }
     /// The calling thread waits for a response (`done()` tells when it is

@@ -27,6 +27,105 @@ dxnet::message!(Data, 10, 1);
 pub struct Done(pub u16);
 dxnet::message!(Done, 10, 3);
 
+/// One step of a sender thread of [`send_steps`]: (thread, sequence
+/// number, padding).
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+pub struct Step(pub u16, pub u64, pub Vec<u8>);
+dxnet::message!(Step, 10, 4);
+/// A step sent as a request.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+pub struct StepReq(pub u16, pub u64);
+/// The answer to a [`StepReq`].
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+pub struct StepAck(pub u64);
+dxnet::message!(StepAck, 10, 6);
+dxnet::request!(StepReq, 10, 5 => StepAck);
+
+/// The steps a node received, per (source node, thread), in arrival order.
+#[derive(Default)]
+pub struct StepLog(Mutex<HashMap<(u16, u16), Vec<u64>>>);
+
+impl StepLog {
+    fn push(&self, src: NodeId, thread: u16, seq: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .entry((src.0, thread))
+            .or_default()
+            .push(seq);
+    }
+
+    /// Whether `threads` threads of `src` delivered `steps` steps each.
+    pub fn complete(&self, src: u16, threads: u16, steps: u64) -> bool {
+        let log = self.0.lock().unwrap();
+        (0..threads).all(|t| log.get(&(src, t)).map_or(0, |v| v.len() as u64) >= steps)
+    }
+
+    /// Every thread's steps came exactly once and in send order.
+    pub fn assert_in_order(&self, src: u16, threads: u16, steps: u64) {
+        let log = self.0.lock().unwrap();
+        let expect: Vec<u64> = (0..steps).collect();
+        for t in 0..threads {
+            assert!(
+                log.get(&(src, t)).map_or(&[][..], |v| &v[..]) == &expect[..],
+                "steps of node {src} thread {t} out of order, lost or duplicated"
+            );
+        }
+    }
+}
+
+/// Logs the [`Step`]s and [`StepReq`]s `node` receives (answering the
+/// requests).
+pub fn register_step_log(node: &Node) -> Arc<StepLog> {
+    let log = Arc::new(StepLog::default());
+    let l = log.clone();
+    node.register(move |src, Step(t, seq, _pad)| l.push(src, t, seq))
+        .unwrap();
+    let l = log.clone();
+    node.register_request(move |src, StepReq(t, seq)| {
+        l.push(src, t, seq);
+        StepAck(seq)
+    })
+    .unwrap();
+    log
+}
+
+/// Sends `steps` steps of `thread` to `dest`: about a third as requests not
+/// waited for at once (up to 16 outstanding), the rest as plain messages
+/// with up to `max_pad` bytes of padding. Small requests may leave outside
+/// the ring buffer (standalone frames) while this thread's earlier
+/// messages still wait in it: the receiver's [`StepLog`] shows whether
+/// send order held.
+pub fn send_steps(node: &Node, dest: NodeId, thread: u16, steps: u64, max_pad: usize) {
+    let mut pending = std::collections::VecDeque::new();
+    for seq in 0..steps {
+        let r = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        if r % 3 == 0 {
+            let h = node
+                .request_async(dest, &StepReq(thread, seq), Duration::from_secs(60))
+                .unwrap();
+            pending.push_back((seq, h));
+            if pending.len() > 16 {
+                let (seq, h) = pending.pop_front().unwrap();
+                assert_eq!(h.wait().unwrap(), StepAck(seq));
+            }
+        } else {
+            // Every fifth message up to `max_pad` (split across receive
+            // buffers), the others small.
+            let len = if r % 5 == 1 {
+                r % (max_pad as u64 + 1)
+            } else {
+                r % 200
+            };
+            let pad = vec![thread as u8; len as usize];
+            node.send(dest, &Step(thread, seq, pad)).unwrap();
+        }
+    }
+    for (seq, h) in pending {
+        assert_eq!(h.wait().unwrap(), StepAck(seq));
+    }
+}
+
 /// Counts the [`Done`] messages `node` receives.
 pub fn register_done(node: &Node) -> Arc<AtomicU64> {
     let done = Arc::new(AtomicU64::new(0));
