@@ -123,7 +123,9 @@ impl Node {
         req: &R,
         timeout: Duration,
     ) -> Result<R::Response> {
-        self.request_async(dest, req, timeout)?.wait()
+        let pending = self.core.send_request(dest, req, timeout)?;
+        let bytes = self.core.wait_response(pending)?;
+        crate::core::codec::decode::<R::Response>(&bytes)
     }
 
     /// Sends request `req` and returns a handle to wait for the response

@@ -476,59 +476,25 @@ impl Core {
 
     fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
         let len = codec::encoded_len(resp)?;
-        let res = self.send_frame(
+        self.send_frame(
             dest,
             M::TYPE,
             M::SUBTYPE,
             FLAG_RESPONSE,
             id,
             len,
-            self.response_deadline(dest),
+            None,
             |w| codec::encode_into(w, resp),
-        );
-        self.response_done(dest, &res);
-        res
+        )
     }
 
     fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
         let payload = [code, t, s];
-        let deadline = self.response_deadline(dest);
-        let res = self.send_frame(
-            dest,
-            t,
-            s,
-            FLAG_RESPONSE | FLAG_ERROR,
-            id,
-            3,
-            deadline,
-            |w| w.write_all(&payload),
-        );
-        self.response_done(dest, &res);
+        let res = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, None, |w| {
+            w.write_all(&payload)
+        });
         if let Err(e) = res {
             tracing::debug!("error response to {dest} not sent: {e}");
-        }
-    }
-
-    /// Responses are sent by handler threads. Once a response to `dest`
-    /// timed out (a peer that does not read, or ignores flow control), the
-    /// next ones are tried without waiting until one fits again: otherwise
-    /// such a peer, sending requests, would hold a handler thread for
-    /// `send_timeout_ms` per request and its unprocessed buffers would fill
-    /// the incoming queue of every connection.
-    fn response_deadline(&self, dest: NodeId) -> Option<Instant> {
-        let g = self.connections.guard(dest);
-        let stalled = g
-            .as_ref()
-            .is_some_and(|c| c.responses_stalled.load(Ordering::Relaxed));
-        stalled.then(Instant::now)
-    }
-
-    fn response_done(&self, dest: NodeId, res: &Result<()>) {
-        if let Some(c) = self.connections.guard(dest).as_ref() {
-            let stalled = matches!(res, Err(Error::Timeout(_)));
-            if c.responses_stalled.load(Ordering::Relaxed) != stalled {
-                c.responses_stalled.store(stalled, Ordering::Relaxed);
-            }
         }
     }
 
@@ -585,6 +551,44 @@ impl Core {
             }
         };
         conn.touch(self.tick(now));
+        // Responses are sent by handler threads. Once a response to this
+        // peer timed out (a peer that does not read, or ignores flow
+        // control), the next ones are tried without waiting until one fits
+        // again: otherwise such a peer, sending requests, would hold a
+        // handler thread for `send_timeout_ms` per request and its
+        // unprocessed buffers would fill the incoming queue of every
+        // connection.
+        let response = flags & FLAG_RESPONSE != 0;
+        let deadline = if response && conn.responses_stalled.load(Ordering::Relaxed) {
+            now
+        } else {
+            deadline
+        };
+        let res = self.send_frame_on(conn, dest, &hb, total, flags, deadline, fill);
+        if response {
+            let stalled = matches!(res, Err(Error::Timeout(_)));
+            if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
+                conn.responses_stalled.store(stalled, Ordering::Relaxed);
+            }
+        }
+        res
+    }
+
+    /// [`Core::send_frame`] once the connection is known and open.
+    #[allow(clippy::too_many_arguments)]
+    fn send_frame_on<F>(
+        &self,
+        conn: &Arc<Connection>,
+        dest: NodeId,
+        hb: &[u8; HEADER_LEN],
+        total: usize,
+        flags: u8,
+        deadline: Instant,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
         let open = || conn.state() == ConnState::Open;
         conn.flow
             .acquire(total as u64, deadline, &self.config.park, open)
@@ -601,7 +605,7 @@ impl Core {
         let mut fill = Some(fill);
         if urgent && total <= STANDALONE_FRAME_MAX {
             if let Some(t) = self.transport().filter(|t| total <= t.standalone_max()) {
-                small[..HEADER_LEN].copy_from_slice(&hb);
+                small[..HEADER_LEN].copy_from_slice(hb);
                 let mut rest: &mut [u8] = &mut small[HEADER_LEN..total];
                 let encoded = fill.take().map_or(Ok(()), |f| f(&mut rest)).and_then(|()| {
                     if rest.is_empty() {
@@ -635,7 +639,7 @@ impl Core {
             .orb
             .write_message(total, deadline, &notify, |w| match fill {
                 Some(fill) => {
-                    w.write_all(&hb)?;
+                    w.write_all(hb)?;
                     fill(w)
                 }
                 None => w.write_all(&small[..total]),
