@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crossbeam::queue::ArrayQueue;
+use smallvec::SmallVec;
 
 /// The memory of all buffers of a pool. Each [`RecvBuffer`] keeps it alive.
 struct Arena {
@@ -34,7 +35,11 @@ pub struct RecvBuffer {
     len: usize,
     index: u32,
     _arena: Arc<Arena>,
-    segments: Vec<Range<u32>>,
+    /// Inline (no heap block per buffer): a received message's bookkeeping
+    /// then touches the buffer handle itself, not one more cache line and
+    /// page elsewhere (per message, under full CPU emulation a TLB miss is
+    /// a visible cost). TCP chunks may need more: they spill to the heap.
+    segments: SmallVec<[Range<u32>; 2]>,
     /// Holds whole messages outside the connection's byte stream (see
     /// [`RecvBuffer::mark_standalone`]).
     standalone: bool,
@@ -138,7 +143,7 @@ impl RecvBuffer {
 }
 
 /// Appends message-stream ranges to a buffer (adjacent ranges merge).
-pub struct SegmentSink<'a>(&'a mut Vec<Range<u32>>);
+pub struct SegmentSink<'a>(&'a mut SmallVec<[Range<u32>; 2]>);
 
 impl SegmentSink<'_> {
     /// Marks `range` as message-stream bytes.
@@ -185,7 +190,7 @@ impl BufferPool {
                 len: size,
                 index: i as u32,
                 _arena: arena.clone(),
-                segments: Vec::new(),
+                segments: SmallVec::new(),
                 standalone: false,
             });
         }

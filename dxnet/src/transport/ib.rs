@@ -104,6 +104,10 @@ struct IbReceiver {
     /// Scratch space of `refill`.
     sges: Vec<ibv::Sge>,
     filled: Vec<usize>,
+    /// The buffers of a completed work request while they are delivered:
+    /// swapped with the slot's vector, so that neither is reallocated per
+    /// completion.
+    taken: Vec<RecvBuffer>,
 }
 
 /// The InfiniBand engine of one node.
@@ -236,12 +240,15 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         receiver: ReceiveRole::new(IbReceiver {
             idle: Idle::new(core.park()),
             wcs: vec![ibv::WorkCompletion::default(); POLL_BATCH],
-            posted: (0..recv_wrs).map(|_| Vec::new()).collect(),
+            posted: (0..recv_wrs)
+                .map(|_| Vec::with_capacity(ib.sges_per_recv as usize))
+                .collect(),
             empty_slots: (0..recv_wrs).collect(),
             chain: ibv::RecvChain::with_capacity(recv_wrs, recv_wrs * ib.sges_per_recv as usize),
             armed: false,
             sges: Vec::with_capacity(ib.sges_per_recv as usize),
             filled: Vec::with_capacity(recv_wrs),
+            taken: Vec::with_capacity(ib.sges_per_recv as usize),
         }),
         outstanding_total: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -979,6 +986,7 @@ impl IbEngine {
             chain,
             sges,
             filled,
+            taken,
             ..
         } = r;
         let mut inline = None;
@@ -995,85 +1003,91 @@ impl IbEngine {
         };
         for wc in &wcs[..n] {
             let slot = wc.wr_id() as usize;
-            let bufs = std::mem::take(&mut posted[slot]);
+            let mut bufs = std::mem::replace(&mut posted[slot], std::mem::take(taken));
             empty_slots.push(slot);
-            let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
-            if !wc.is_success() {
-                for b in bufs {
-                    core.pool.put(b);
+            'wc: {
+                let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+                if !wc.is_success() {
+                    for b in bufs.drain(..) {
+                        core.pool.put(b);
+                    }
+                    if let (Some(ic), false) = (&ic, wc.is_flush()) {
+                        core.close_connection(
+                            &ic.conn,
+                            &format!("receive completion error: {}", wc.status_name()),
+                            true,
+                        );
+                    }
+                    break 'wc;
                 }
-                if let (Some(ic), false) = (&ic, wc.is_flush()) {
-                    core.close_connection(
-                        &ic.conn,
-                        &format!("receive completion error: {}", wc.status_name()),
-                        true,
+                let Some(ic) = ic else {
+                    for b in bufs.drain(..) {
+                        core.pool.put(b);
+                    }
+                    break 'wc;
+                };
+                if ic.conn.state() == ConnState::Connecting {
+                    self.on_ready(core, ic.conn.peer.0, None);
+                }
+                let (src, units, flags) = wire::decode_imm(wc.imm().unwrap_or(0));
+                let standalone = u32::from(flags) == wire::IMM_STANDALONE;
+                let len = wc.byte_len() as usize;
+                let bad = if u32::from(flags) & !wire::IMM_STANDALONE != 0 {
+                    Some(format!("unknown immediate-data flags {flags:#04x}"))
+                } else if standalone && bufs.first().map_or(true, |b| len > b.capacity()) {
+                    Some(format!("a standalone send of {len} bytes"))
+                } else {
+                    None
+                };
+                if let Some(why) = bad {
+                    for b in bufs.drain(..) {
+                        core.pool.put(b);
+                    }
+                    core.close_connection(&ic.conn, &format!("protocol error: {why}"), true);
+                    break 'wc;
+                }
+                if src != ic.conn.peer.0 {
+                    tracing::warn!(
+                        "{}: data on the queue pair of {} claims node {src}",
+                        self.own,
+                        ic.conn.peer
                     );
                 }
-                continue;
-            }
-            let Some(ic) = ic else {
-                for b in bufs {
-                    core.pool.put(b);
+                if units > 0 {
+                    tracing::trace!(
+                        "{}: {units} flow-control units from {}",
+                        self.own,
+                        ic.conn.peer
+                    );
                 }
-                continue;
-            };
-            if ic.conn.state() == ConnState::Connecting {
-                self.on_ready(core, ic.conn.peer.0, None);
-            }
-            let (src, units, flags) = wire::decode_imm(wc.imm().unwrap_or(0));
-            let standalone = u32::from(flags) == wire::IMM_STANDALONE;
-            let len = wc.byte_len() as usize;
-            let bad = if u32::from(flags) & !wire::IMM_STANDALONE != 0 {
-                Some(format!("unknown immediate-data flags {flags:#04x}"))
-            } else if standalone && bufs.first().map_or(true, |b| len > b.capacity()) {
-                Some(format!("a standalone send of {len} bytes"))
-            } else {
-                None
-            };
-            if let Some(why) = bad {
-                for b in bufs {
-                    core.pool.put(b);
-                }
-                core.close_connection(&ic.conn, &format!("protocol error: {why}"), true);
-                continue;
-            }
-            if src != ic.conn.peer.0 {
-                tracing::warn!(
-                    "{}: data on the queue pair of {} claims node {src}",
-                    self.own,
-                    ic.conn.peer
-                );
-            }
-            if units > 0 {
-                tracing::trace!(
-                    "{}: {units} flow-control units from {}",
-                    self.own,
-                    ic.conn.peer
-                );
-            }
-            ic.conn.flow.on_confirm(units as u32);
-            let mut left = len;
-            for mut b in bufs {
-                if left == 0 {
-                    // No data: kept for the slot's next work request (as if
-                    // returned to the pool and taken again, minus the cost).
-                    posted[slot].push(b);
-                    continue;
-                }
-                let take = left.min(b.capacity());
-                b.push_segment(0..take);
-                if standalone {
-                    b.mark_standalone();
-                }
-                left -= take;
-                // At most one buffer per turn is handled inline, after
-                // the whole batch is delivered.
-                if inline_ok && inline.is_none() {
-                    inline = core.deliver_or_inline(&ic.conn, b);
-                } else {
-                    core.deliver(&ic.conn, b);
+                ic.conn.flow.on_confirm(units as u32);
+                let mut left = len;
+                for mut b in bufs.drain(..) {
+                    if left == 0 {
+                        // No data: kept for the slot's next work request (as if
+                        // returned to the pool and taken again, minus the cost).
+                        posted[slot].push(b);
+                        continue;
+                    }
+                    let take = left.min(b.capacity());
+                    b.push_segment(0..take);
+                    if standalone {
+                        b.mark_standalone();
+                    }
+                    left -= take;
+                    // At most one buffer per turn is handled inline, after
+                    // the whole batch is delivered.
+                    if inline_ok && inline.is_none() {
+                        inline = core.deliver_or_inline(&ic.conn, b);
+                    } else {
+                        core.deliver(&ic.conn, b);
+                    }
                 }
             }
+            for b in bufs.drain(..) {
+                core.pool.put(b);
+            }
+            *taken = bufs;
         }
         (n, inline)
     }
