@@ -403,9 +403,17 @@ impl Core {
     /// Sends a typed message.
     pub fn send_message<M: Message>(&self, dest: NodeId, msg: &M) -> Result<()> {
         let len = codec::encoded_len(msg)?;
-        self.send_frame(dest, M::TYPE, M::SUBTYPE, 0, 0, len, None, |w| {
-            codec::encode_into(w, msg)
-        })
+        self.send_frame(
+            dest,
+            M::TYPE,
+            M::SUBTYPE,
+            0,
+            0,
+            len,
+            None,
+            Instant::now(),
+            |w| codec::encode_into(w, msg),
+        )
     }
 
     /// Sends raw bytes as a message.
@@ -413,7 +421,7 @@ impl Core {
         if t == 0 {
             return Err(Error::Config("message type 0 is reserved for dxnet".into()));
         }
-        self.send_frame(dest, t, s, 0, 0, payload.len(), None, |w| {
+        self.send_frame(dest, t, s, 0, 0, payload.len(), None, Instant::now(), |w| {
             w.write_all(payload)
         })
     }
@@ -426,7 +434,8 @@ impl Core {
         timeout: Duration,
     ) -> Result<PendingResponse> {
         let len = codec::encoded_len(req)?;
-        let (id, pending) = self.requests.insert(dest, timeout)?;
+        let now = Instant::now();
+        let (id, pending) = self.requests.insert_at(dest, now, timeout)?;
         let deadline = pending.deadline();
         self.send_frame(
             dest,
@@ -436,6 +445,7 @@ impl Core {
             id,
             len,
             Some(deadline),
+            now,
             |w| codec::encode_into(w, req),
         )?;
         Ok(pending)
@@ -484,22 +494,33 @@ impl Core {
             id,
             len,
             None,
+            Instant::now(),
             |w| codec::encode_into(w, resp),
         )
     }
 
     fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
         let payload = [code, t, s];
-        let res = self.send_frame(dest, t, s, FLAG_RESPONSE | FLAG_ERROR, id, 3, None, |w| {
-            w.write_all(&payload)
-        });
+        let res = self.send_frame(
+            dest,
+            t,
+            s,
+            FLAG_RESPONSE | FLAG_ERROR,
+            id,
+            3,
+            None,
+            Instant::now(),
+            |w| w.write_all(&payload),
+        );
         if let Err(e) = res {
             tracing::debug!("error response to {dest} not sent: {e}");
         }
     }
 
     /// Serializes one message (header + payload of `payload_len` bytes
-    /// written by `fill`) into the destination's ring buffer.
+    /// written by `fill`) into the destination's ring buffer, or sends a
+    /// small request or response at once (see
+    /// [`Transport::send_standalone`]). `now`: the caller's clock reading.
     #[allow(clippy::too_many_arguments)]
     fn send_frame<F>(
         &self,
@@ -510,6 +531,7 @@ impl Core {
         request_id: u32,
         payload_len: usize,
         deadline: Option<Instant>,
+        now: Instant,
         fill: F,
     ) -> Result<()>
     where
@@ -534,7 +556,6 @@ impl Core {
         let mut hb = [0u8; HEADER_LEN];
         header.encode(&mut hb);
         let total = HEADER_LEN + payload_len;
-        let now = Instant::now();
         let send_deadline = now + Duration::from_millis(self.config.send_timeout_ms);
         let deadline = deadline.map_or(send_deadline, |d| d.min(send_deadline));
 

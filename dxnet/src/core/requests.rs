@@ -125,12 +125,24 @@ impl RequestTable {
         peer: NodeId,
         timeout: Duration,
     ) -> Result<(u32, PendingResponse)> {
+        self.insert_at(peer, Instant::now(), timeout)
+    }
+
+    /// [`RequestTable::insert`] for a request sent at `now` (the caller's
+    /// clock reading, also used for the send: one clock read less per
+    /// request, which costs ~0.1 µs under CPU emulation).
+    pub fn insert_at(
+        self: &Arc<Self>,
+        peer: NodeId,
+        now: Instant,
+        timeout: Duration,
+    ) -> Result<(u32, PendingResponse)> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
         let slot = Arc::new(Slot {
             peer,
-            deadline: Instant::now() + timeout,
+            deadline: now + timeout,
             state: Mutex::new(SlotState::Waiting {
                 waker: None,
                 thread: None,
