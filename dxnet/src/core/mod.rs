@@ -585,7 +585,7 @@ impl Core {
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, flags, deadline, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, flags, deadline, now, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -605,6 +605,7 @@ impl Core {
         total: usize,
         flags: u8,
         deadline: Instant,
+        now: Instant,
         fill: F,
     ) -> Result<()>
     where
@@ -642,7 +643,7 @@ impl Core {
                     conn.flow.on_confirm_bytes(total as u64);
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
-                if t.send_standalone(self, conn, &small[..total]) {
+                if t.send_standalone(self, conn, &small[..total], now) {
                     self.stats.msgs_sent.add(1);
                     self.stats.bytes_sent.add(total as u64);
                     return Ok(());

@@ -1267,7 +1267,13 @@ impl Transport for IbEngine {
     /// message the ring has split across posts cannot have this frame
     /// land between its parts in the peer's stream (it is not part of the
     /// stream).
-    fn send_standalone(&self, core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
+    fn send_standalone(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        frame: &[u8],
+        now: Instant,
+    ) -> bool {
         if self.send_busy.load(Ordering::SeqCst) {
             return false; // the send thread is at work and aggregates
         }
@@ -1298,7 +1304,7 @@ impl Transport for IbEngine {
         {
             Ok(()) => {
                 st.outstanding += 1;
-                st.chains.push_back((0, 1, Instant::now()));
+                st.chains.push_back((0, 1, now));
                 self.outstanding_total.fetch_add(1, Ordering::AcqRel);
                 true
             }
