@@ -125,7 +125,9 @@ impl Node {
     ) -> Result<R::Response> {
         let pending = self.core.send_request(dest, req, timeout)?;
         let bytes = self.core.wait_response(pending)?;
-        crate::core::codec::decode::<R::Response>(&bytes)
+        let resp = crate::core::codec::decode::<R::Response>(&bytes);
+        crate::core::requests::recycle_payload(bytes);
+        resp
     }
 
     /// Sends request `req` and returns a handle to wait for the response
@@ -167,7 +169,9 @@ impl<T: Message> ResponseHandle<T> {
     /// connection fails.
     pub fn wait(self) -> Result<T> {
         let bytes = self.core.wait_response(self.inner)?;
-        crate::core::codec::decode::<T>(&bytes)
+        let resp = crate::core::codec::decode::<T>(&bytes);
+        crate::core::requests::recycle_payload(bytes);
+        resp
     }
 
     /// The response if it has arrived, without blocking.

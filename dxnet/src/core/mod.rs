@@ -1402,12 +1402,13 @@ impl Core {
 
     fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
         if h.flags & FLAG_RESPONSE != 0 {
-            let outcome = if h.flags & FLAG_ERROR != 0 {
-                Err(remote_error(h, payload))
+            let completed = if h.flags & FLAG_ERROR != 0 {
+                self.requests
+                    .complete(h.request_id, src, Err(remote_error(h, payload)))
             } else {
-                Ok(payload.to_vec())
+                self.requests.complete_payload(h.request_id, src, payload)
             };
-            if !self.requests.complete(h.request_id, src, outcome) {
+            if !completed {
                 tracing::debug!(
                     "{}: response {} from {src} matches no pending request",
                     self.own,

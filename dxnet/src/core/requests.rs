@@ -48,9 +48,49 @@ enum SlotState {
     Waiting {
         waker: Option<Waker>,
         thread: Option<Thread>,
+        /// Storage for the response payload (a recycled buffer, see
+        /// [`recycle_payload`]).
+        buf: Vec<u8>,
     },
     Done(Outcome),
     Taken,
+}
+
+/// Payload buffers kept for reuse are at most this large.
+const KEEP_PAYLOAD: usize = 64 << 10;
+
+std::thread_local! {
+    /// A completed request's slot, for this thread's next request, and a
+    /// response payload buffer: a blocking round trip then allocates
+    /// nothing in the request table (an allocation and its release cost
+    /// ~0.1 µs each under CPU emulation, and touch more memory).
+    static SPARE_SLOT: std::cell::RefCell<Option<Arc<Slot>>> = const { std::cell::RefCell::new(None) };
+    static SPARE_PAYLOAD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Hands a response payload (from [`PendingResponse::wait`] and friends),
+/// once decoded, back for the calling thread's next request.
+pub fn recycle_payload(mut buf: Vec<u8>) {
+    if buf.capacity() <= KEEP_PAYLOAD {
+        buf.clear();
+        let _ = SPARE_PAYLOAD.try_with(|b| {
+            if let Ok(mut b) = b.try_borrow_mut() {
+                if b.capacity() < buf.capacity() {
+                    *b = buf;
+                }
+            }
+        });
+    }
+}
+
+fn spare_payload() -> Vec<u8> {
+    SPARE_PAYLOAD
+        .try_with(|b| {
+            b.try_borrow_mut()
+                .map(|mut b| std::mem::take(&mut *b))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
 }
 
 #[derive(Debug)]
@@ -65,9 +105,26 @@ struct Slot {
 impl Slot {
     /// Completes the slot; false if it was already complete.
     fn complete(&self, outcome: Outcome) -> bool {
+        self.complete_with(|_| outcome)
+    }
+
+    /// Completes the slot with `payload`, copied into its buffer.
+    fn complete_payload(&self, payload: &[u8]) -> bool {
+        self.complete_with(|mut buf| {
+            buf.clear();
+            buf.extend_from_slice(payload);
+            Ok(buf)
+        })
+    }
+
+    /// Completes the slot with the outcome `f` makes of its payload buffer
+    /// (only called while the slot is waiting); false if it was already
+    /// complete.
+    fn complete_with(&self, f: impl FnOnce(Vec<u8>) -> Outcome) -> bool {
         let mut st = self.state.lock();
-        match std::mem::replace(&mut *st, SlotState::Done(outcome)) {
-            SlotState::Waiting { waker, thread } => {
+        match std::mem::replace(&mut *st, SlotState::Taken) {
+            SlotState::Waiting { waker, thread, buf } => {
+                *st = SlotState::Done(f(buf));
                 self.done.store(true, Ordering::Release);
                 drop(st);
                 if let Some(w) = waker {
@@ -140,15 +197,32 @@ impl RequestTable {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
-        let slot = Arc::new(Slot {
-            peer,
-            deadline: now + timeout,
-            state: Mutex::new(SlotState::Waiting {
-                waker: None,
-                thread: None,
+        let waiting = SlotState::Waiting {
+            waker: None,
+            thread: None,
+            buf: spare_payload(),
+        };
+        let spare = SPARE_SLOT
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()))
+            .ok()
+            .flatten();
+        let slot = match spare {
+            Some(mut slot) => {
+                // Unique: stored only when no one else held it.
+                let s = Arc::get_mut(&mut slot).expect("a spare slot is unshared");
+                s.peer = peer;
+                s.deadline = now + timeout;
+                *s.state.get_mut() = waiting;
+                *s.done.get_mut() = false;
+                slot
+            }
+            None => Arc::new(Slot {
+                peer,
+                deadline: now + timeout,
+                state: Mutex::new(waiting),
+                done: AtomicBool::new(false),
             }),
-            done: AtomicBool::new(false),
-        });
+        };
         loop {
             let seq = self.next_id.fetch_add(1, Ordering::Relaxed);
             let id = seq << SHARD_BITS | THREAD_SHARD.with(|s| *s);
@@ -164,7 +238,7 @@ impl RequestTable {
                 id,
                 PendingResponse {
                     id,
-                    slot,
+                    slot: Some(slot),
                     table: Arc::downgrade(self),
                     timer_armed: false,
                 },
@@ -184,6 +258,19 @@ impl RequestTable {
             }
         };
         slot.is_some_and(|s| s.complete(outcome))
+    }
+
+    /// Completes request `id` from `from` with a response `payload` (copied
+    /// into the slot's recycled buffer); see [`RequestTable::complete`].
+    pub fn complete_payload(&self, id: u32, from: NodeId, payload: &[u8]) -> bool {
+        let slot = {
+            let mut shard = self.shard(id).lock();
+            match shard.get(&id) {
+                Some(s) if s.peer == from => shard.remove(&id),
+                _ => None,
+            }
+        };
+        slot.is_some_and(|s| s.complete_payload(payload))
     }
 
     /// Fails every request pending on `peer` (its connection broke).
@@ -290,19 +377,24 @@ fn timer_loop(table: Weak<RequestTable>) {
 #[derive(Debug)]
 pub struct PendingResponse {
     id: u32,
-    slot: Arc<Slot>,
+    /// Always `Some` until dropped (taken in `drop` for reuse).
+    slot: Option<Arc<Slot>>,
     table: Weak<RequestTable>,
     timer_armed: bool,
 }
 
 impl PendingResponse {
+    fn slot(&self) -> &Slot {
+        self.slot.as_deref().expect("slot present until drop")
+    }
+
     /// The request id.
     pub fn id(&self) -> u32 {
         self.id
     }
 
     fn take_done(&self) -> Option<Outcome> {
-        let mut st = self.slot.state.lock();
+        let mut st = self.slot().state.lock();
         if matches!(*st, SlotState::Done(_)) {
             match std::mem::replace(&mut *st, SlotState::Taken) {
                 SlotState::Done(o) => Some(o),
@@ -317,24 +409,24 @@ impl PendingResponse {
 
     /// The node the request went to.
     pub fn peer(&self) -> NodeId {
-        self.slot.peer
+        self.slot().peer
     }
 
     /// True once the outcome is known (a later wait returns at once).
     #[inline]
     pub fn is_done(&self) -> bool {
-        self.slot.done.load(Ordering::Acquire)
+        self.slot().done.load(Ordering::Acquire)
     }
 
     /// When the request times out.
     pub fn deadline(&self) -> Instant {
-        self.slot.deadline
+        self.slot().deadline
     }
 
     /// Busy-waits until the outcome is known or `until`.
     pub fn spin_until(&self, until: Instant) {
         let mut n = 0u32;
-        while !self.slot.done.load(Ordering::Acquire) {
+        while !self.slot().done.load(Ordering::Acquire) {
             std::hint::spin_loop();
             n = n.wrapping_add(1);
             if n % 64 == 0 && Instant::now() >= until {
@@ -345,7 +437,7 @@ impl PendingResponse {
 
     /// Blocks until the outcome is known or the deadline passes.
     pub fn wait(self) -> Outcome {
-        if self.slot.done.load(Ordering::Acquire) {
+        if self.slot().done.load(Ordering::Acquire) {
             // Usually so after a busy-wait: no thread to register.
             if let Some(o) = self.take_done() {
                 return o;
@@ -355,7 +447,7 @@ impl PendingResponse {
         }
         loop {
             {
-                let mut st = self.slot.state.lock();
+                let mut st = self.slot().state.lock();
                 if let SlotState::Waiting { thread, .. } = &mut *st {
                     *thread = Some(std::thread::current());
                 }
@@ -364,15 +456,15 @@ impl PendingResponse {
                 return o;
             }
             let now = Instant::now();
-            if now >= self.slot.deadline {
+            if now >= self.slot().deadline {
                 if let Some(t) = self.table.upgrade() {
                     t.expire(self.id);
                 } else {
-                    self.slot.complete(Err(Error::Shutdown));
+                    self.slot().complete(Err(Error::Shutdown));
                 }
                 return self.take_done().unwrap_or(Err(Error::Timeout("request")));
             }
-            std::thread::park_timeout(self.slot.deadline - now);
+            std::thread::park_timeout(self.slot().deadline - now);
         }
     }
 
@@ -381,7 +473,7 @@ impl PendingResponse {
         if let Some(o) = self.take_done() {
             return Some(o);
         }
-        if Instant::now() >= self.slot.deadline {
+        if Instant::now() >= self.slot().deadline {
             if let Some(t) = self.table.upgrade() {
                 t.expire(self.id);
             }
@@ -393,7 +485,7 @@ impl PendingResponse {
     /// `Future` support: the outcome, or registers the waker.
     pub fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Outcome> {
         {
-            let mut st = self.slot.state.lock();
+            let mut st = self.slot().state.lock();
             if let SlotState::Waiting { waker, .. } = &mut *st {
                 match waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
@@ -411,7 +503,7 @@ impl PendingResponse {
                     t.timer
                         .heap
                         .lock()
-                        .push(std::cmp::Reverse((self.slot.deadline, self.id)));
+                        .push(std::cmp::Reverse((self.slot().deadline, self.id)));
                     t.timer.cv.notify_all();
                 }
                 None => return Poll::Ready(Err(Error::Shutdown)),
@@ -425,11 +517,22 @@ impl Drop for PendingResponse {
     fn drop(&mut self) {
         // An abandoned request must not stay in the table. A completed one
         // is gone from it already (every completion removes it first).
-        if self.slot.done.load(Ordering::Acquire) {
+        if !self.slot().done.load(Ordering::Acquire) {
+            if let Some(t) = self.table.upgrade() {
+                t.remove(self.id);
+            }
             return;
         }
-        if let Some(t) = self.table.upgrade() {
-            t.remove(self.id);
+        // Complete, so out of the table: reuse the slot for this thread's
+        // next request if nobody else holds it.
+        if let Some(mut slot) = self.slot.take() {
+            if Arc::get_mut(&mut slot).is_some() {
+                let _ = SPARE_SLOT.try_with(|s| {
+                    if let Ok(mut s) = s.try_borrow_mut() {
+                        s.get_or_insert(slot);
+                    }
+                });
+            }
         }
     }
 }
@@ -463,6 +566,36 @@ mod tests {
         assert_eq!(t.pending(), 0);
         t.close();
         assert!(t.insert(NodeId(1), Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn slots_and_payload_buffers_are_reused_per_thread() {
+        let t = RequestTable::new();
+        let (id1, p1) = t.insert(NodeId(1), Duration::from_secs(10)).unwrap();
+        let slot1 = Arc::as_ptr(p1.slot.as_ref().unwrap());
+        assert!(t.complete_payload(id1, NodeId(1), &[7; 100]));
+        let bytes = p1.wait().unwrap();
+        assert_eq!(bytes, vec![7; 100]);
+        let buf1 = bytes.as_ptr();
+        recycle_payload(bytes);
+        let (id2, p2) = t.insert(NodeId(2), Duration::from_secs(10)).unwrap();
+        assert_ne!(id1, id2);
+        assert_eq!(Arc::as_ptr(p2.slot.as_ref().unwrap()), slot1, "slot reused");
+        assert_eq!(p2.peer(), NodeId(2));
+        assert!(!p2.is_done(), "a reused slot starts waiting");
+        assert!(
+            !t.complete_payload(id1, NodeId(1), &[1]),
+            "a stale id completes nothing"
+        );
+        assert!(t.complete_payload(id2, NodeId(2), &[9; 10]));
+        let bytes = p2.wait().unwrap();
+        assert_eq!(bytes, vec![9; 10]);
+        assert_eq!(bytes.as_ptr(), buf1, "payload buffer reused");
+        // A handle dropped before completion is removed, not reused.
+        let (_, p3) = t.insert(NodeId(3), Duration::from_secs(10)).unwrap();
+        drop(p3);
+        assert_eq!(t.pending(), 0);
+        t.close();
     }
 
     #[test]
