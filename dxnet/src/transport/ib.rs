@@ -939,7 +939,7 @@ impl IbEngine {
                 r.armed = false;
                 return Turn::Sleep(r.idle.max_park);
             }
-            if r.idle.step() {
+            if r.idle.step_polling() {
                 if !r.empty_slots.is_empty() && core.pool.available() < self.sges_per_recv {
                     // Receive queue not full and no buffers: wait for
                     // handlers to return some (`wake_receiver`).
