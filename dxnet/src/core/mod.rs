@@ -1073,8 +1073,9 @@ impl Core {
         if buf.is_standalone() {
             // Outside the stream and responses only (which are not ordered
             // with the connection's other messages): nothing to serialize
-            // with the connection's handler or decoder.
-            self.process_item(conn, Incoming::Pooled(buf));
+            // with the connection's handler or decoder, and the headers
+            // were just checked: complete them straight away.
+            self.complete_standalone_responses(conn, buf);
             return Ok(());
         }
         {
@@ -1099,6 +1100,44 @@ impl Core {
             self.incoming.reschedule(conn.clone());
         }
         Ok(())
+    }
+
+    /// Completes the responses of a standalone buffer that holds nothing
+    /// else (checked by the caller) and returns the buffer: the requester's
+    /// own path when it receives its response itself (see
+    /// `ReceiveRole::help`), so kept short.
+    fn complete_standalone_responses(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
+        let mut processed = 0u64;
+        let mut count = 0u64;
+        if let Some(seg) = buf.segments().next() {
+            let mut pos = 0;
+            while seg.len() - pos >= HEADER_LEN {
+                let Ok(h) = MessageHeader::decode(
+                    seg[pos..pos + HEADER_LEN]
+                        .try_into()
+                        .expect("header length"),
+                    self.config.max_message_size,
+                ) else {
+                    break; // checked by the caller
+                };
+                let end = pos + HEADER_LEN + h.payload_len as usize;
+                let Some(payload) = seg.get(pos + HEADER_LEN..end) else {
+                    break;
+                };
+                self.dispatch(conn.peer, &h, payload);
+                processed += (end - pos) as u64;
+                count += 1;
+                pos = end;
+            }
+        }
+        self.stats.msgs_received.add(count);
+        self.stats.bytes_received.add(processed);
+        if self.pool.put(buf) {
+            self.resources_freed();
+        }
+        if conn.id != 0 && conn.flow.on_processed(processed) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
     }
 
     /// Transports call this when a receive resource frees up (for local
