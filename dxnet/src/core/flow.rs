@@ -136,19 +136,28 @@ impl FlowControl {
     /// Receiver: `bytes` were processed; true if a new unit became due (the
     /// caller then registers write interest so it is sent).
     pub fn on_processed(&self, bytes: u64) -> bool {
-        // Only the handler thread that owns the connection calls this.
-        let p = self.processed.load(Ordering::Relaxed) + bytes;
-        if p >= self.own_unit {
+        // Several threads may report at once: the handler holding the
+        // connection, and a receiving thread completing responses that
+        // arrived outside the stream (standalone). Every byte is added
+        // once; whole units are taken out by exactly one of them.
+        let mut p = self.processed.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        while p >= self.own_unit {
             let units = p / self.own_unit;
-            self.processed
-                .store(p - units * self.own_unit, Ordering::Relaxed);
-            self.pending_units
-                .fetch_add(units.min(u32::MAX as u64) as u32, Ordering::AcqRel);
-            true
-        } else {
-            self.processed.store(p, Ordering::Relaxed);
-            false
+            match self.processed.compare_exchange_weak(
+                p,
+                p - units * self.own_unit,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.pending_units
+                        .fetch_add(units.min(u32::MAX as u64) as u32, Ordering::AcqRel);
+                    return true;
+                }
+                Err(cur) => p = cur,
+            }
         }
+        false
     }
 
     /// Receiver: takes up to `max` due units for sending.
@@ -215,5 +224,34 @@ mod tests {
         f.untake_units(2);
         assert_eq!(f.pending_units(), 2);
         assert_eq!(FlowControl::unit_for(1000, 1.0), 999);
+    }
+
+    /// A handler thread and receiving threads report processed bytes at
+    /// the same time (responses outside the stream): none may be lost, or
+    /// the sender's window would shrink for good.
+    #[test]
+    fn processed_bytes_from_several_threads_add_up() {
+        let f = std::sync::Arc::new(FlowControl::new(1 << 20, 1000));
+        let threads: u64 = 4;
+        let per: u64 = 400_000;
+        let start = std::sync::Barrier::new(threads as usize);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let f = f.clone();
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    for i in 0..per {
+                        f.on_processed(1 + (i * 7 + t) % 97);
+                    }
+                });
+            }
+        });
+        let total: u64 = (0..threads)
+            .map(|t| (0..per).map(|i| 1 + (i * 7 + t) % 97).sum::<u64>())
+            .sum();
+        let units = u64::from(f.take_units(u32::MAX));
+        assert_eq!(units, total / 1000);
+        assert_eq!(f.processed.load(Ordering::Relaxed), total % 1000);
     }
 }
