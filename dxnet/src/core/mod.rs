@@ -623,10 +623,12 @@ impl Core {
         // buffer, where the engine has such a path (InfiniBand): encoded on
         // the stack first, and into the ring after all if the engine
         // declines (see `Transport::send_standalone`).
-        let mut small = [0u8; STANDALONE_FRAME_MAX];
+        let mut small;
+        let mut encoded_frame: Option<&[u8]> = None;
         let mut fill = Some(fill);
         if urgent && total <= STANDALONE_FRAME_MAX {
             if let Some(t) = self.transport().filter(|t| total <= t.standalone_max()) {
+                small = [0u8; STANDALONE_FRAME_MAX];
                 small[..HEADER_LEN].copy_from_slice(hb);
                 let mut rest: &mut [u8] = &mut small[HEADER_LEN..total];
                 let encoded = fill.take().map_or(Ok(()), |f| f(&mut rest)).and_then(|()| {
@@ -648,6 +650,7 @@ impl Core {
                     self.stats.bytes_sent.add(total as u64);
                     return Ok(());
                 }
+                encoded_frame = Some(&small[..total]);
             }
         }
         let notify = || {
@@ -657,15 +660,16 @@ impl Core {
                 self.on_write_interest(dest)
             }
         };
-        let res = conn
-            .orb
-            .write_message(total, deadline, &notify, |w| match fill {
-                Some(fill) => {
-                    w.write_all(hb)?;
-                    fill(w)
-                }
-                None => w.write_all(&small[..total]),
-            });
+        let res =
+            conn.orb
+                .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {
+                    (Some(fill), _) => {
+                        w.write_all(hb)?;
+                        fill(w)
+                    }
+                    (None, Some(frame)) => w.write_all(frame),
+                    (None, None) => unreachable!("a frame is either encoded or still to fill"),
+                });
         match res {
             Ok(()) => {
                 self.stats.msgs_sent.add(1);
