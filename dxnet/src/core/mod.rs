@@ -620,7 +620,7 @@ impl Core {
             })?;
         let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
         // A small request or response goes out at once, outside the ring
-        // buffer, where the engine has such a path (InfiniBand): encoded on
+        // buffer, where the engine has such a path (InfiniBand, loopback): encoded on
         // the stack first, and into the ring after all if the engine
         // declines (see `Transport::send_standalone`).
         let mut small;
