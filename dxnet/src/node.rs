@@ -124,10 +124,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<R::Response> {
         let pending = self.core.send_request(dest, req, timeout)?;
-        let bytes = self.core.wait_response(pending)?;
-        let resp = crate::core::codec::decode::<R::Response>(&bytes);
-        crate::core::requests::recycle_payload(bytes);
-        resp
+        decode_response(self.core.wait_response(pending)?)
     }
 
     /// Sends request `req` and returns a handle to wait for the response
@@ -168,17 +165,12 @@ impl<T: Message> ResponseHandle<T> {
     /// Blocks until the response arrives, the request times out, or its
     /// connection fails.
     pub fn wait(self) -> Result<T> {
-        let bytes = self.core.wait_response(self.inner)?;
-        let resp = crate::core::codec::decode::<T>(&bytes);
-        crate::core::requests::recycle_payload(bytes);
-        resp
+        decode_response(self.core.wait_response(self.inner)?)
     }
 
     /// The response if it has arrived, without blocking.
     pub fn try_take(&mut self) -> Option<Result<T>> {
-        self.inner
-            .try_take()
-            .map(|r| r.and_then(|b| crate::core::codec::decode::<T>(&b)))
+        self.inner.try_take().map(|r| r.and_then(decode_response))
     }
 }
 
@@ -187,8 +179,16 @@ impl<T: Message> Future for ResponseHandle<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         match this.inner.poll_take(cx) {
-            Poll::Ready(r) => Poll::Ready(r.and_then(|b| crate::core::codec::decode::<T>(&b))),
+            Poll::Ready(r) => Poll::Ready(r.and_then(decode_response)),
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// Decodes a response payload and hands its buffer back for the thread's
+/// next request (see `core::requests::recycle_payload`).
+fn decode_response<T: Message>(bytes: Vec<u8>) -> Result<T> {
+    let resp = crate::core::codec::decode::<T>(&bytes);
+    crate::core::requests::recycle_payload(bytes);
+    resp
 }

@@ -1052,19 +1052,10 @@ impl Core {
                     let mut pos = 0;
                     let mut ok = true;
                     while ok && pos < seg.len() {
-                        ok = seg.len() - pos >= HEADER_LEN
-                            && match MessageHeader::decode(
-                                seg[pos..pos + HEADER_LEN]
-                                    .try_into()
-                                    .expect("header length"),
-                                self.config.max_message_size,
-                            ) {
-                                Ok(h) if h.flags & FLAG_RESPONSE != 0 => {
-                                    pos += HEADER_LEN + h.payload_len as usize;
-                                    pos <= seg.len()
-                                }
-                                _ => false,
-                            };
+                        match message_at(seg, pos, self.config.max_message_size) {
+                            Some((h, end)) if h.flags & FLAG_RESPONSE != 0 => pos = end,
+                            _ => ok = false,
+                        }
                     }
                     ok
                 }
@@ -1115,20 +1106,8 @@ impl Core {
         let mut count = 0u64;
         if let Some(seg) = buf.segments().next() {
             let mut pos = 0;
-            while seg.len() - pos >= HEADER_LEN {
-                let Ok(h) = MessageHeader::decode(
-                    seg[pos..pos + HEADER_LEN]
-                        .try_into()
-                        .expect("header length"),
-                    self.config.max_message_size,
-                ) else {
-                    break; // checked by the caller
-                };
-                let end = pos + HEADER_LEN + h.payload_len as usize;
-                let Some(payload) = seg.get(pos + HEADER_LEN..end) else {
-                    break;
-                };
-                self.dispatch(conn.peer, &h, payload);
+            while let Some((h, end)) = message_at(seg, pos, self.config.max_message_size) {
+                self.dispatch(conn.peer, &h, &seg[pos + HEADER_LEN..end]);
                 processed += (end - pos) as u64;
                 count += 1;
                 pos = end;
@@ -1570,6 +1549,16 @@ impl Core {
             }
         }
     }
+}
+
+/// The whole message starting at `pos` of `seg`: its header and where it
+/// ends; `None` if the header is invalid or the message does not end
+/// within `seg`.
+fn message_at(seg: &[u8], pos: usize, max_payload: usize) -> Option<(MessageHeader, usize)> {
+    let header: &[u8; HEADER_LEN] = seg.get(pos..pos + HEADER_LEN)?.try_into().ok()?;
+    let h = MessageHeader::decode(header, max_payload).ok()?;
+    let end = pos + HEADER_LEN + h.payload_len as usize;
+    (end <= seg.len()).then_some((h, end))
 }
 
 fn run_receiver(own: NodeId, f: &MessageFn, src: NodeId, key: u16, payload: &[u8]) {

@@ -250,27 +250,24 @@ impl RequestTable {
     /// request is pending (late after a timeout, or a forged id from another
     /// node, which is ignored).
     pub fn complete(&self, id: u32, from: NodeId, outcome: Outcome) -> bool {
-        let slot = {
-            let mut shard = self.shard(id).lock();
-            match shard.get(&id) {
-                Some(s) if s.peer == from => shard.remove(&id),
-                _ => None,
-            }
-        };
-        slot.is_some_and(|s| s.complete(outcome))
+        self.take_pending(id, from)
+            .is_some_and(|s| s.complete(outcome))
     }
 
     /// Completes request `id` from `from` with a response `payload` (copied
     /// into the slot's recycled buffer); see [`RequestTable::complete`].
     pub fn complete_payload(&self, id: u32, from: NodeId, payload: &[u8]) -> bool {
-        let slot = {
-            let mut shard = self.shard(id).lock();
-            match shard.get(&id) {
-                Some(s) if s.peer == from => shard.remove(&id),
-                _ => None,
-            }
-        };
-        slot.is_some_and(|s| s.complete_payload(payload))
+        self.take_pending(id, from)
+            .is_some_and(|s| s.complete_payload(payload))
+    }
+
+    /// Removes and returns request `id` if it is pending on `from`.
+    fn take_pending(&self, id: u32, from: NodeId) -> Option<Arc<Slot>> {
+        let mut shard = self.shard(id).lock();
+        match shard.get(&id) {
+            Some(s) if s.peer == from => shard.remove(&id),
+            _ => None,
+        }
     }
 
     /// Fails every request pending on `peer` (its connection broke).

@@ -888,6 +888,29 @@ impl IbEngine {
         }
     }
 
+    /// The connection to `peer` for a post on the calling thread (see
+    /// [`Transport::try_flush`], [`Transport::send_standalone`]); `None`
+    /// while the send thread is at work (it aggregates) or without one.
+    /// The idle send thread does not poll send completions: they are
+    /// retired here once half the send queue is in use (in batches: polling
+    /// on every post was a visible part of a round trip), or the send queue
+    /// fills up (`sq_size` round trips) and the next post waits for the
+    /// send thread (measured: every 20th round trip stalled ~100 ms). Safe
+    /// beside the send thread: chains complete in queue order under the
+    /// connection's send lock.
+    fn inline_poster(&self, core: &Core, peer: NodeId) -> Option<Arc<IbConn>> {
+        if self.send_busy.load(Ordering::SeqCst) {
+            return None;
+        }
+        let ic = self.by_peer.lock().get(&peer.0).cloned()?;
+        if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
+            let mut wcs: [ibv::WorkCompletion; 8] =
+                std::array::from_fn(|_| ibv::WorkCompletion::default());
+            self.poll_send(core, &mut wcs, Some(peer));
+        }
+        Some(ic)
+    }
+
     // ----- receive thread -----------------------------------------------------
 
     /// Body of the two receive threads: the one holding the receive role
@@ -1226,27 +1249,12 @@ impl Transport for IbEngine {
     }
 
     fn try_flush(&self, peer: NodeId) -> bool {
-        if self.send_busy.load(Ordering::SeqCst) {
-            return false; // the send thread is at work and aggregates
-        }
         let Some(core) = self.core.upgrade() else {
             return false;
         };
-        let Some(ic) = self.by_peer.lock().get(&peer.0).cloned() else {
+        let Some(ic) = self.inline_poster(&core, peer) else {
             return false;
         };
-        // The idle send thread does not poll send completions: retire
-        // those of earlier inline posts here once half the send queue is in
-        // use (in batches: polling on every post was a visible part of a
-        // round trip), or the send queue fills up (`sq_size` round trips)
-        // and the next post waits for the send thread (measured: every 20th
-        // round trip stalled ~100 ms). Safe beside the send thread: chains
-        // complete in queue order under the connection's send lock.
-        if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
-            let mut wcs: [ibv::WorkCompletion; 8] =
-                std::array::from_fn(|_| ibv::WorkCompletion::default());
-            self.poll_send(&core, &mut wcs, Some(peer));
-        }
         self.post(&core, &ic);
         true
     }
@@ -1275,10 +1283,7 @@ impl Transport for IbEngine {
         frame: &[u8],
         now: Instant,
     ) -> bool {
-        if self.send_busy.load(Ordering::SeqCst) {
-            return false; // the send thread is at work and aggregates
-        }
-        let Some(ic) = self.by_peer.lock().get(&conn.peer.0).cloned() else {
+        let Some(ic) = self.inline_poster(core, conn.peer) else {
             return false;
         };
         if !Arc::ptr_eq(&ic.conn, conn)
@@ -1286,12 +1291,6 @@ impl Transport for IbEngine {
             || conn.state() != ConnState::Open
         {
             return false;
-        }
-        // Retire earlier completions as `try_flush` does.
-        if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
-            let mut wcs: [ibv::WorkCompletion; 8] =
-                std::array::from_fn(|_| ibv::WorkCompletion::default());
-            self.poll_send(core, &mut wcs, Some(conn.peer));
         }
         let mut st = ic.send.lock();
         if st.outstanding >= self.sq_size || conn.orb.unposted_len() > 0 {
