@@ -15,14 +15,30 @@
 //!   free for producers.
 //! - `front_posted`: bytes handed to the transport, maybe not yet completed
 //!   (RDMA posts work requests long before their completions arrive).
-//! - `committed` (the "back"): bytes fully written by producers, in order.
+//! - `committed` (the "back"): bytes fully written by producers, as far as
+//!   the consumer has collected them (contiguously, see below).
 //! - `reserved` (the "back reserved"): bytes claimed by producers. Its top bit
 //!   is the *exclusive* flag of a producer writing a message in chunks.
 //!
-//! Producers claim a span with a CAS on `reserved`, fill it without any lock,
-//! then wait until every earlier span is committed and publish theirs with a
-//! Release store to `committed`. The consumer reads up to `committed`
-//! (Acquire), so it only ever sees whole, fully written spans.
+//! Producers claim a span with a CAS on `reserved`, fill it without any lock
+//! and publish it with one Release store of its length into the *commit
+//! slot* of the span's first byte (one slot per [`GRANULE`] bytes of ring).
+//! No producer ever waits for another: with more runnable threads than
+//! cores, the producer of an earlier span may be preempted for a whole time
+//! slice, and everybody else goes on filling the ring behind it.
+//!
+//! The consumer moves `committed` forward by walking the slots from
+//! `committed` on (Acquire loads; each slot it passes is cleared for the
+//! ring's next lap) and stops at the first span not yet published, so it
+//! only ever hands out whole, fully written spans, in position order. A
+//! paused producer holds back the bytes behind its span (the stream's order
+//! requires that), not the other producers.
+//!
+//! Why a slot per granule is unambiguous: every span is at least
+//! [`MIN_MESSAGE_LEN`] = `GRANULE` bytes (chunked writers never leave a
+//! shorter tail), so no two spans of one lap start in the same granule, and
+//! a slot is only written again in the next lap, after the consumer cleared
+//! it and freed the space.
 //!
 //! Loom models (below, and in `write_interest.rs`) check this very code
 //! through the `sync` shim:
@@ -37,7 +53,7 @@ use std::time::Instant;
 use crossbeam::utils::CachePadded;
 
 use super::sync::{
-    self, AtomicBool, AtomicU64, AtomicUsize, ByteTracker, Condvar, Mutex, Ordering,
+    self, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, ByteTracker, Condvar, Mutex, Ordering,
 };
 
 /// Smallest ring; [`Orb::new`] rounds smaller capacities up to it. (Tiny
@@ -48,6 +64,19 @@ pub const MIN_CAPACITY: usize = 4096;
 /// under loom to keep the models small.)
 #[cfg(loom)]
 pub const MIN_CAPACITY: usize = 16;
+
+/// Bytes of ring per commit slot. (One byte under loom, so the models can
+/// use tiny messages.)
+#[cfg(not(loom))]
+pub const GRANULE: usize = 8;
+/// Bytes of ring per commit slot. (One byte under loom, so the models can
+/// use tiny messages.)
+#[cfg(loom)]
+pub const GRANULE: usize = 1;
+
+/// Shortest message [`Orb::write_message`] accepts (a span shorter than a
+/// granule could share its commit slot with the next one).
+pub const MIN_MESSAGE_LEN: usize = GRANULE;
 
 /// Flag bit in `reserved`: a chunked writer owns the ring, nobody else may
 /// reserve until it clears the bit.
@@ -91,7 +120,9 @@ pub struct OrbPositions {
     pub front: u64,
     /// Bytes handed to the transport.
     pub front_posted: u64,
-    /// Bytes fully written by producers.
+    /// Bytes fully written by producers, as far as the consumer has
+    /// collected them (published spans behind an unpublished one count
+    /// once the consumer passes them).
     pub committed: u64,
     /// Bytes claimed by producers (without the exclusive flag).
     pub reserved: u64,
@@ -118,8 +149,12 @@ pub struct Orb {
     mask: u64,
     front: CachePadded<AtomicU64>,
     front_posted: CachePadded<AtomicU64>,
+    /// Written by the consumer only (see [`Orb::collect_commits`]).
     committed: CachePadded<AtomicU64>,
     reserved: CachePadded<AtomicU64>,
+    /// `commits[i]`: length of the published span starting in granule `i`
+    /// of the current lap, 0 while unpublished or already collected.
+    commits: Box<[AtomicU32]>,
     closed: AtomicBool,
     /// Producers blocked (or about to block) on `cond`; lets the consumer
     /// skip the mutex and the wake syscall when nobody waits.
@@ -136,11 +171,12 @@ pub type BlockedHook = Box<dyn Fn() + Send + Sync>;
 
 // SAFETY: the only non-Sync part is the byte buffer. Producers write only
 // into spans they reserved through the CAS on `reserved` (disjoint, and not
-// readable by the consumer until published through `committed`, nor
+// readable by the consumer until published through their commit slot, nor
 // overlapping bytes before `front + capacity`); the consumer reads only
-// committed, not yet completed bytes. Every hand-over of a byte between
-// threads is ordered by a Release store / Acquire load pair on `committed`
-// (producer -> consumer) or `front` (consumer -> producer).
+// collected (committed), not yet completed bytes. Every hand-over of a byte
+// between threads is ordered by a Release store / Acquire load pair on a
+// commit slot (producer -> consumer; `committed` passes it on between
+// consumer threads) or on `front` (consumer -> producer).
 unsafe impl Sync for Orb {}
 
 /// Spin, then yield; the caller decides when to block instead.
@@ -188,6 +224,7 @@ impl Orb {
             front_posted: CachePadded::new(AtomicU64::new(0)),
             committed: CachePadded::new(AtomicU64::new(0)),
             reserved: CachePadded::new(AtomicU64::new(0)),
+            commits: (0..cap / GRANULE).map(|_| AtomicU32::new(0)).collect(),
             closed: AtomicBool::new(false),
             waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -253,6 +290,10 @@ impl Orb {
     ///
     /// `len == 0` is a no-op (`fill` is not called).
     ///
+    /// # Panics
+    /// If `0 < len < MIN_MESSAGE_LEN` (every dxnet frame has a longer
+    /// header).
+    ///
     /// Errors: [`OrbError::Timeout`] if no space could be reserved before the
     /// deadline (nothing written); [`OrbError::Closed`] if the ring is or gets
     /// closed; [`OrbError::Corrupted`] if bytes were committed that do not
@@ -277,6 +318,10 @@ impl Orb {
         if len == 0 {
             return Ok(());
         }
+        assert!(
+            len >= MIN_MESSAGE_LEN,
+            "message of {len} bytes is shorter than MIN_MESSAGE_LEN"
+        );
         let len = len as u64;
         let mut writer = if len <= self.chunk_threshold() as u64 {
             let start = self.wait_for(deadline, || self.try_reserve(len))?;
@@ -428,20 +473,53 @@ impl Orb {
         self.tracker.write(pos, data.len());
     }
 
-    /// Commits `[start, end)` once everything before `start` is committed.
+    /// Commit slot of the span starting at `pos`.
+    fn slot(&self, pos: u64) -> &AtomicU32 {
+        &self.commits[self.offset_of(pos) / GRANULE]
+    }
+
+    /// Publishes `[start, end)`: one store, whatever earlier spans do.
     fn commit(&self, start: u64, end: u64) {
-        let mut backoff = Backoff::new();
-        // Earlier spans belong to producers that are only filling (never
-        // waiting for space), so this wait is short.
-        while self.committed.load(Ordering::Acquire) != start {
-            backoff.snooze();
-        }
-        // Release: our bytes (and, through the Acquire above, all earlier
-        // spans) are visible to a consumer that loads this value.
-        self.committed.store(end, Ordering::Release);
+        debug_assert!(
+            end - start >= MIN_MESSAGE_LEN as u64 && end - start <= self.capacity() as u64
+        );
+        // Release: our bytes are visible to the consumer that loads the slot.
+        self.slot(start)
+            .store((end - start) as u32, Ordering::Release);
     }
 
     // ----- consumer side (one thread) -----
+
+    /// Moves `committed` over every span published contiguously after it
+    /// and returns the new value. Consumer only.
+    ///
+    /// Walks at most one slot per published span and stops at the first
+    /// unpublished one; clears each slot it passes (the slot's next writer
+    /// reserves its span only after `mark_completed` freed this one, which
+    /// orders the clearing before that write).
+    fn collect_commits(&self) -> u64 {
+        // Only the consumer writes `committed`; Acquire pairs with the
+        // Release store of an earlier consumer thread.
+        let start = self.committed.load(Ordering::Acquire);
+        let mut c = start;
+        loop {
+            let slot = self.slot(c);
+            // Acquire: pairs with the producer's Release in `commit`.
+            let len = slot.load(Ordering::Acquire);
+            if len == 0 {
+                break;
+            }
+            slot.store(0, Ordering::Relaxed);
+            c += u64::from(len);
+        }
+        if c != start {
+            // Release: hands the producers' bytes on to a later consumer
+            // thread (the consumer role moves between threads under the
+            // transport's send lock) and to `positions` snapshots.
+            self.committed.store(c, Ordering::Release);
+        }
+        c
+    }
 
     /// Committed bytes from `front_posted` on, at most `max`, as two slices
     /// (the second is non-empty only when the bytes wrap at the ring's end).
@@ -453,15 +531,14 @@ impl Orb {
     pub unsafe fn unposted(&self, max: usize) -> (&[u8], &[u8]) {
         // Only the consumer writes front_posted.
         let fp = self.front_posted.load(Ordering::Relaxed);
-        // Acquire: pairs with the producers' Release commit.
-        let committed = self.committed.load(Ordering::Acquire);
+        let committed = self.collect_commits();
         let n = ((committed - fp) as usize).min(max);
         self.tracker.read(fp, n);
         let off = self.offset_of(fp);
         let first = n.min(self.capacity() - off);
         let base = self.base_ptr();
         // SAFETY: `[fp, fp + n)` is committed (its writes happen-before the
-        // Acquire load above) and not completed, so no producer writes it
+        // Acquire loads of its commit slots) and not completed, so no producer writes it
         // until the consumer calls `mark_completed`, which the caller
         // promises not to do while using the slices. Both ranges lie inside
         // the buffer since `n <= committed - front <= cap`.
@@ -473,10 +550,20 @@ impl Orb {
         }
     }
 
-    /// Number of committed bytes not yet handed to the transport.
+    /// Number of committed bytes not yet handed to the transport. Consumer
+    /// only (it collects new commits).
     pub fn unposted_len(&self) -> usize {
         let fp = self.front_posted.load(Ordering::Acquire);
-        (self.committed.load(Ordering::Acquire) - fp) as usize
+        (self.collect_commits() - fp) as usize
+    }
+
+    /// Whether any byte is reserved but not yet handed to the transport,
+    /// published or not (any thread). A frame that must not overtake
+    /// earlier messages of its thread may bypass the ring only when this is
+    /// false: a committed span may still sit behind an unpublished one.
+    pub fn has_unsent(&self) -> bool {
+        let fp = self.front_posted.load(Ordering::Acquire);
+        self.reserved.load(Ordering::Acquire) & !EXCLUSIVE != fp
     }
 
     /// The transport took the next `n` unposted bytes. Consumer only.
@@ -581,6 +668,19 @@ impl fmt::Debug for Orb {
     }
 }
 
+/// How much of a chunked message's `remaining` bytes to take when `free`
+/// bytes are free: as much as possible, but never leaving a tail shorter
+/// than [`MIN_MESSAGE_LEN`] (every span must fill its own commit slot).
+fn chunk_len(free: u64, remaining: u64) -> u64 {
+    let take = free.min(remaining);
+    let min = MIN_MESSAGE_LEN as u64;
+    if take < remaining && remaining - take < min {
+        remaining - min
+    } else {
+        take
+    }
+}
+
 /// Writes one message into its reserved span of the ring ([`io::Write`]).
 ///
 /// For a chunked message, a write that finds the current chunk full commits
@@ -646,9 +746,9 @@ impl<'a> OrbWriter<'a> {
         let need = remaining.min(cap / 4);
         let take = orb.wait_for(self.deadline, || {
             // Nobody else reserves while we hold the flag, and
-            // `front <= committed == from`. Acquire: see `try_reserve`.
+            // `front <= from`. Acquire: see `try_reserve`.
             let free = cap.saturating_sub(from - orb.front.load(Ordering::Acquire));
-            (free >= need).then(|| free.min(remaining))
+            (free >= need).then(|| chunk_len(free, remaining))
         })?;
         self.chunk_end = from + take;
         if self.chunk_end == self.msg_end {
@@ -931,8 +1031,9 @@ mod tests {
         assert_eq!(short, Err(OrbError::Corrupted));
         assert!(orb.is_closed());
         // The span was committed anyway (later producers must not hang).
+        assert_eq!(orb.unposted_len(), 10);
         assert_eq!(orb.positions().committed, 10);
-        assert_eq!(put(&orb, &[1]), Err(OrbError::Closed));
+        assert_eq!(put(&orb, &[1; 8]), Err(OrbError::Closed));
 
         let orb = Orb::new(4096);
         let long = orb.write_message(10, far(), &nop, |w| {
@@ -941,11 +1042,11 @@ mod tests {
             Ok(())
         });
         assert_eq!(long, Err(OrbError::Corrupted));
-        assert_eq!(orb.positions().committed, 10);
+        assert_eq!(orb.unposted_len(), 10);
 
         let orb = Orb::new(4096);
-        let failed = orb.write_message(4, far(), &nop, |w| {
-            w.write_all(&[1; 4])?;
+        let failed = orb.write_message(8, far(), &nop, |w| {
+            w.write_all(&[1; 8])?;
             Err(io::Error::other("serializer failed"))
         });
         assert_eq!(failed, Err(OrbError::Corrupted));
@@ -976,7 +1077,7 @@ mod tests {
         let count = || {
             calls.fetch_add(1, Ordering::Relaxed);
         };
-        orb.write_message(5, far(), &count, |w| w.write_all(b"hello"))
+        orb.write_message(12, far(), &count, |w| w.write_all(b"hello, world"))
             .unwrap();
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         assert_eq!(
@@ -995,7 +1096,7 @@ mod tests {
         let before = orb.positions();
         assert_eq!(before.reserved, 4096);
         let deadline = Instant::now() + Duration::from_millis(5);
-        let r = orb.write_message(1, deadline, &nop, |_| panic!("must not be called"));
+        let r = orb.write_message(8, deadline, &nop, |_| panic!("must not be called"));
         assert_eq!(r, Err(OrbError::Timeout));
         // A chunked message can't get its first chunk either: Timeout, and
         // its exclusive flag is released again.
@@ -1026,6 +1127,7 @@ mod tests {
         assert_eq!(r, Err(OrbError::Corrupted));
         assert!(orb.is_closed());
         assert_eq!(commits.load(Ordering::Relaxed), 1);
+        assert_eq!(orb.unposted_len(), 4096);
         let p = orb.positions();
         assert_eq!((p.committed, p.reserved), (4096, 4096));
         assert_eq!(take(&orb, usize::MAX), vec![5; 4096]);
@@ -1080,32 +1182,35 @@ mod tests {
     #[test]
     fn panic_in_fill_closes_and_commits() {
         let orb = Orb::new(4096);
-        put(&orb, b"ok").unwrap();
+        put(&orb, b"ok, fine").unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _ = orb.write_message(8, far(), &nop, |w| {
+            let _ = orb.write_message(10, far(), &nop, |w| {
                 w.write_all(b"abc")?;
                 panic!("serializer bug")
             });
         }));
         assert!(r.is_err());
         assert!(orb.is_closed());
+        assert_eq!(orb.unposted_len(), 18);
         let p = orb.positions();
-        assert_eq!((p.committed, p.reserved), (10, 10));
+        assert_eq!((p.committed, p.reserved), (18, 18));
     }
 
     #[test]
     #[should_panic(expected = "past the committed")]
     fn mark_posted_past_committed_panics() {
         let orb = Orb::new(4096);
-        put(&orb, b"abc").unwrap();
-        orb.mark_posted(4);
+        put(&orb, b"abcdefgh").unwrap();
+        assert_eq!(orb.unposted_len(), 8);
+        orb.mark_posted(9);
     }
 
     #[test]
     #[should_panic(expected = "past the posted")]
     fn mark_completed_past_posted_panics() {
         let orb = Orb::new(4096);
-        put(&orb, b"abc").unwrap();
+        put(&orb, b"abcdefgh").unwrap();
+        assert_eq!(orb.unposted_len(), 8);
         orb.mark_posted(2);
         orb.mark_completed(3);
     }
@@ -1269,6 +1374,90 @@ mod tests {
     #[test]
     fn stress_2_producers() {
         stress(2, 10000, 2);
+    }
+
+    /// Many more producers than cores (2 here): preempted producers hold
+    /// spans all the time.
+    #[test]
+    fn stress_32_producers() {
+        stress(32, 600, 5);
+    }
+
+    /// A producer paused inside `fill` (as if preempted) does not hold up
+    /// the others: their writes return while ring space lasts; the consumer
+    /// gets nothing past the paused span until it is published, then every
+    /// message exactly once, in each producer's order.
+    #[test]
+    fn paused_producer_does_not_block_the_others() {
+        let orb = Arc::new(Orb::new(4096));
+        let (paused_tx, paused_rx) = std::sync::mpsc::channel::<()>();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let paused = {
+            let orb = Arc::clone(&orb);
+            std::thread::spawn(move || {
+                orb.write_message(HEADER, far(), &nop, |w| {
+                    w.write_all(&99u32.to_le_bytes())?;
+                    paused_tx.send(()).unwrap();
+                    resume_rx.recv().unwrap();
+                    w.write_all(&0u64.to_le_bytes())?;
+                    w.write_all(&0u32.to_le_bytes())
+                })
+            })
+        };
+        paused_rx.recv().unwrap();
+        // 3 producers x 20 messages of 64 bytes: fits behind the paused span.
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<u32>();
+        let others: Vec<_> = (0..3u32)
+            .map(|p| {
+                let (orb, done_tx) = (Arc::clone(&orb), done_tx.clone());
+                std::thread::spawn(move || {
+                    for seq in 0..20u64 {
+                        let body = payload(p, seq, 64 - HEADER);
+                        orb.write_message(64, far(), &nop, |w| {
+                            w.write_all(&p.to_le_bytes())?;
+                            w.write_all(&seq.to_le_bytes())?;
+                            w.write_all(&(body.len() as u32).to_le_bytes())?;
+                            w.write_all(&body)
+                        })
+                        .unwrap();
+                    }
+                    done_tx.send(p).unwrap();
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            done_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("a producer is held up by the paused one");
+        }
+        assert_eq!(orb.unposted_len(), 0, "nothing passes the paused span");
+        assert_eq!(orb.positions().reserved, (HEADER + 3 * 20 * 64) as u64);
+        assert!(orb.has_unsent());
+        resume_tx.send(()).unwrap();
+        paused.join().unwrap().unwrap();
+        for h in others {
+            h.join().unwrap();
+        }
+        let mut stream: VecDeque<u8> = take(&orb, usize::MAX).into();
+        assert_eq!(stream.len(), HEADER + 3 * 20 * 64);
+        let first: Vec<u8> = stream.drain(..HEADER).collect();
+        assert_eq!(&first[..4], &99u32.to_le_bytes());
+        let mut next_seq = vec![0u64; 3];
+        parse(&mut stream, &mut next_seq);
+        assert!(stream.is_empty());
+        assert_eq!(next_seq, vec![20; 3]);
+        assert!(orb.is_empty() && !orb.has_unsent());
+    }
+
+    /// Chunked messages never leave a tail shorter than a commit granule.
+    #[test]
+    fn chunk_tails_fill_a_granule() {
+        let g = MIN_MESSAGE_LEN as u64;
+        assert_eq!(chunk_len(1000, 5000), 1000);
+        assert_eq!(chunk_len(5000, 5000), 5000);
+        assert_eq!(chunk_len(4999, 5000), 5000 - g);
+        assert_eq!(chunk_len(5000 - g, 5000), 5000 - g);
+        assert_eq!(chunk_len(5000 - g + 1, 5000), 5000 - g);
     }
 
     #[test]

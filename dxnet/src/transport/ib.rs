@@ -1293,7 +1293,7 @@ impl Transport for IbEngine {
             return false;
         }
         let mut st = ic.send.lock();
-        if st.outstanding >= self.sq_size || conn.orb.unposted_len() > 0 {
+        if st.outstanding >= self.sq_size || conn.orb.has_unsent() {
             return false;
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;

@@ -286,7 +286,7 @@ impl Transport for LoopbackEngine {
             return false;
         };
         let _send = link.send.lock();
-        if conn.orb.unposted_len() > 0 || !rcore.incoming.has_room() {
+        if conn.orb.has_unsent() || !rcore.incoming.has_room() {
             return false;
         }
         let Some(mut buf) = rcore.pool.get() else {
