@@ -77,6 +77,12 @@ pub struct ParkConfig {
     /// notice when the peer is fast again). A response that comes while
     /// the requester spins needs no wake-up. Default 1000.
     pub request_spin_max_us: u64,
+    /// How many blocking `request`s of the process may busy-wait for their
+    /// response at once; the others park at once and are woken by the
+    /// response. Default (`None`): half the cores, at least one. With many
+    /// requester threads on few cores, more spinners would take the cores
+    /// from the threads that receive and answer their requests.
+    pub max_request_spinners: Option<usize>,
 }
 
 impl Default for ParkConfig {
@@ -88,6 +94,7 @@ impl Default for ParkConfig {
             max_spinning: None,
             request_spin_us: 50,
             request_spin_max_us: 1000,
+            max_request_spinners: None,
         }
     }
 }

@@ -460,6 +460,12 @@ impl Core {
         if park.request_spin_us == 0 || p.is_done() {
             return p.wait();
         }
+        let mut waiting = park::RequestWait::enter(park);
+        if !waiting.may_spin() {
+            // Many requesters are blocked: park and leave the cores to the
+            // threads that carry the responses.
+            return p.wait();
+        }
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
         let spin = conn.as_ref().map_or_else(
@@ -468,7 +474,6 @@ impl Core {
         );
         inline::before_blocking();
         {
-            let _spin = park::RequestSpin::claim();
             let until = (start + spin).min(p.deadline());
             let helped = self
                 .transport()
@@ -477,6 +482,7 @@ impl Core {
                 p.spin_until(until);
             }
         }
+        waiting.stop_spinning();
         if let Some(c) = &conn {
             let spun = spin.min(p.deadline().saturating_duration_since(start));
             c.request_spin.record(park, spun, p.is_done());

@@ -118,7 +118,7 @@ impl Idle {
 
     /// No work was found: which phase the thread is in now. Reads the clock
     /// only every 64 polls to keep busy-polling cheap. A thread waiting for
-    /// a response ([`RequestSpin`]) takes its unit over the budget: idle
+    /// a response ([`RequestWait`]) takes its unit over the budget: idle
     /// threads then park in its favour (its wait is on the critical path).
     pub fn phase(&mut self) -> IdlePhase {
         self.polls = self.polls.wrapping_add(1);
@@ -179,23 +179,66 @@ impl Idle {
     }
 }
 
-/// A unit of the spinning budget held by a thread that busy-waits for a
-/// response, taken even over the budget (see [`Idle::phase`]); released on
-/// drop.
-#[derive(Debug)]
-pub struct RequestSpin(());
+/// Threads of the process blocked in a request right now (spinning or
+/// parked).
+static REQUEST_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
-impl RequestSpin {
-    /// Counts the calling thread as spinning until the guard drops.
-    pub fn claim() -> Self {
-        SPINNING.fetch_add(1, Ordering::Relaxed);
-        RequestSpin(())
+/// Up to how many blocked requesters may busy-wait
+/// (`park.max_request_spinners`).
+///
+/// A spinning requester only gains while a core is free for the threads
+/// that carry its request and response. With more requesters than that
+/// blocked at once, their responses come in batches anyway, and spinning
+/// threads would take the cores from the receive and handler threads
+/// (16 requester threads on two cores, each spinning up to 1 ms, spent a
+/// third of all CPU time in the spin loop).
+fn request_spin_budget(cfg: &ParkConfig) -> usize {
+    static AUTO: OnceLock<usize> = OnceLock::new();
+    cfg.max_request_spinners.unwrap_or_else(|| {
+        *AUTO.get_or_init(|| {
+            (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
+        })
+    })
+}
+
+/// A thread blocked in a request, counted until the guard drops. It may
+/// busy-wait ([`RequestWait::may_spin`]) only if at most
+/// `park.max_request_spinners` requesters were blocked when it came; then it
+/// holds a unit of the spinning budget, even over the idle threads' budget
+/// (see [`Idle::phase`]), until [`RequestWait::stop_spinning`] or drop.
+#[derive(Debug)]
+pub struct RequestWait {
+    spinning: bool,
+}
+
+impl RequestWait {
+    /// Registers the calling thread as a blocked requester.
+    pub fn enter(cfg: &ParkConfig) -> Self {
+        let waiters = REQUEST_WAITERS.fetch_add(1, Ordering::Relaxed) + 1;
+        let spinning = waiters <= request_spin_budget(cfg);
+        if spinning {
+            SPINNING.fetch_add(1, Ordering::Relaxed);
+        }
+        RequestWait { spinning }
+    }
+
+    /// Whether this requester may busy-wait.
+    pub fn may_spin(&self) -> bool {
+        self.spinning
+    }
+
+    /// Gives the spinning unit back (before parking).
+    pub fn stop_spinning(&mut self) {
+        if std::mem::take(&mut self.spinning) {
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
-impl Drop for RequestSpin {
+impl Drop for RequestWait {
     fn drop(&mut self) {
-        SPINNING.fetch_sub(1, Ordering::Relaxed);
+        self.stop_spinning();
+        REQUEST_WAITERS.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -477,7 +520,14 @@ mod tests {
             ..ParkConfig::default()
         });
         assert_eq!(idle.phase(), IdlePhase::Spin);
-        let claims: Vec<_> = (0..BUDGET).map(|_| RequestSpin::claim()).collect();
+        let requesters = ParkConfig {
+            max_request_spinners: Some(usize::MAX),
+            ..ParkConfig::default()
+        };
+        let claims: Vec<_> = (0..BUDGET)
+            .map(|_| RequestWait::enter(&requesters))
+            .collect();
+        assert!(claims.iter().all(RequestWait::may_spin));
         // The next look at the clock (every 64 polls) sees the budget
         // exceeded: the idle thread parks and gives its unit back.
         let mut phases = (0..64).map(|_| idle.phase());
@@ -486,6 +536,26 @@ mod tests {
         drop(claims);
         let mut phases = (0..64).map(|_| idle.phase());
         assert!(phases.any(|p| p == IdlePhase::Spin));
+    }
+
+    #[test]
+    fn requesters_spin_only_while_few_are_blocked() {
+        let none = ParkConfig {
+            max_request_spinners: Some(0),
+            ..ParkConfig::default()
+        };
+        assert!(!RequestWait::enter(&none).may_spin());
+        // Other tests may hold units of the process-wide count, so a limit
+        // of `held + 1` is checked relative to what is held now.
+        let many = ParkConfig {
+            max_request_spinners: Some(usize::MAX),
+            ..ParkConfig::default()
+        };
+        let mut first = RequestWait::enter(&many);
+        assert!(first.may_spin());
+        first.stop_spinning();
+        assert!(!first.may_spin());
+        drop(first);
     }
 
     #[test]
