@@ -15,8 +15,9 @@ use crate::output;
 /// Observatory/OSU-style benchmarks of dxnet against raw baselines.
 ///
 /// Without arguments it runs a short default suite between two local
-/// processes over TCP loopback and prints a summary table; results go to
-/// `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
+/// processes over TCP loopback (raw-tcp, raw-tcp-batched and dxnet-tcp;
+/// 64 B with 1 and 16 sender threads) and prints a summary table; results
+/// go to `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
 #[derive(Debug, Parser)]
 #[command(name = "dxnet-bench", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -91,8 +92,9 @@ pub struct RunArgs {
     /// Output directory.
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
-    /// Bindings, comma-separated (raw-tcp, dxnet-tcp, dxnet-tcp-tls, dxnet-loopback,
-    /// dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat).
+    /// Bindings, comma-separated (raw-tcp, raw-tcp-batched, dxnet-tcp,
+    /// dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw,
+    /// ib_send_lat).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,
     /// Operations (throughput, latency, pingpong, all_to_all); replaces the
@@ -518,12 +520,31 @@ mod tests {
         ]);
         let c = effective_config(&a).unwrap();
         assert_eq!(c.bindings, vec!["raw-tcp"]);
-        assert_eq!(c.benchmarks.len(), 2);
-        assert_eq!(c.benchmarks[1].operation, Operation::AllToAll);
+        // The default suite's two throughput entries, then a new one.
+        let ops: Vec<Operation> = c.benchmarks.iter().map(|e| e.operation).collect();
+        assert_eq!(
+            ops,
+            [
+                Operation::Throughput,
+                Operation::Throughput,
+                Operation::AllToAll
+            ]
+        );
         assert_eq!(c.benchmarks[0].sizes.expand(), vec![64, 4096]);
-        assert_eq!(c.benchmarks[0].count, 500);
+        assert_eq!(c.benchmarks[1].count, 500);
+        assert_eq!(c.benchmarks[1].threads, vec![1, 2]);
         assert_eq!(c.benchmarks[0].nodes, Some(vec![2, 4]));
-        assert_eq!(c.benchmarks[1].nodes, Some(vec![2, 3, 4]));
+        assert_eq!(c.benchmarks[2].nodes, Some(vec![2, 3, 4]));
+        // Both throughput entries now name the same cases: measured once.
+        let g = c.plan().unwrap();
+        assert_eq!(g.iter().filter(|g| g.key.nodes == 2).count(), 2);
+        for g in g.iter().filter(|g| g.key.nodes == 2) {
+            let tp = g
+                .runs
+                .iter()
+                .filter(|r| r.operation == Operation::Throughput);
+            assert_eq!(tp.count(), 2, "{g:?}");
+        }
         assert_eq!(c.params.dxnet["orb_size"], 4194304);
         assert_eq!(c.params.dxnet["cluster_secret"], "abc");
     }

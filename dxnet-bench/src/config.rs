@@ -375,20 +375,32 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     /// The short suite the tool runs with no arguments: small counts so that it
-    /// finishes well within two minutes on a two-core machine.
+    /// finishes well within two minutes on a two-core machine. Throughput at
+    /// 64 B, 4 KiB and 64 KiB with one sender thread, 64 B with 16 sender
+    /// threads sharing each node's connection, and 64 B round trips with 1 and
+    /// 16 threads; every one for `raw-tcp`, `raw-tcp-batched` and `dxnet-tcp`.
     pub fn default_suite() -> Self {
-        let bindings = vec!["raw-tcp".to_string(), "dxnet-tcp".to_string()];
+        let bindings = ["raw-tcp", "raw-tcp-batched", "dxnet-tcp"]
+            .map(String::from)
+            .to_vec();
         let mut tp = BenchEntry::new(Operation::Throughput, 200_000);
         tp.sizes = Sizes::List(vec![64, 4096, 65536]);
         tp.warmup = Some(20_000);
+        // 16 threads: a quarter of the messages, so that a binding whose
+        // threads contend (tens of k msg/s) still takes seconds, not minutes.
+        let mut tp16 = BenchEntry::new(Operation::Throughput, 50_000);
+        tp16.sizes = Sizes::List(vec![64]);
+        tp16.warmup = Some(5_000);
+        tp16.threads = vec![16];
         // Round trips are bounded by the slower binding's latency: keep the
         // count small so the suite stays short on a loaded two-core machine.
         let mut pp = BenchEntry::new(Operation::Pingpong, 10_000);
         pp.sizes = Sizes::List(vec![64]);
         pp.warmup = Some(1_000);
+        pp.threads = vec![1, 16];
         BenchConfig {
             bindings,
-            benchmarks: vec![tp, pp],
+            benchmarks: vec![tp, tp16, pp],
             params: Params::default(),
         }
     }
@@ -557,8 +569,16 @@ impl BenchConfig {
                                     groups.len() - 1
                                 }
                             };
+                            // A case is measured once per group: the first
+                            // entry naming it sets its counts (flags such as
+                            // --threads can make two entries overlap).
                             for run in runs {
-                                if !groups[gi].runs.contains(&run) {
+                                let case = (run.operation, run.mode, run.size);
+                                if !groups[gi]
+                                    .runs
+                                    .iter()
+                                    .any(|r| (r.operation, r.mode, r.size) == case)
+                                {
                                     groups[gi].runs.push(run);
                                 }
                             }
@@ -818,6 +838,38 @@ timeout_s = 5
     fn default_suite_is_valid() {
         let c = BenchConfig::default_suite();
         c.validate().unwrap();
-        assert!(!c.plan().unwrap().is_empty());
+        let groups = c.plan().unwrap();
+        let runs = |b: &str, t: usize| {
+            groups
+                .iter()
+                .find(|g| g.key.binding == b && g.key.threads == t)
+                .map(|g| g.runs.clone())
+                .unwrap_or_default()
+        };
+        for b in ["raw-tcp", "raw-tcp-batched", "dxnet-tcp"] {
+            // 1 thread: throughput at 3 sizes and a round trip; 16 threads:
+            // 64 B throughput and a round trip.
+            assert_eq!(runs(b, 1).len(), 4, "{b}");
+            let r16 = runs(b, 16);
+            assert_eq!(r16.len(), 2, "{b}");
+            assert!(r16.iter().all(|r| r.size == 64));
+            assert!(r16.iter().any(|r| r.operation == Operation::Throughput));
+            assert!(r16.iter().any(|r| r.operation == Operation::Pingpong));
+        }
+        // --threads 16 on every entry: 64 B throughput once, at the first
+        // entry's count.
+        let mut c = c;
+        for e in &mut c.benchmarks {
+            e.threads = vec![16];
+        }
+        let g = c.plan().unwrap();
+        assert_eq!(g.len(), 3);
+        let tp64: Vec<_> = g[0]
+            .runs
+            .iter()
+            .filter(|r| r.operation == Operation::Throughput && r.size == 64)
+            .collect();
+        assert_eq!(tp64.len(), 1);
+        assert_eq!(tp64[0].count, 200_000);
     }
 }

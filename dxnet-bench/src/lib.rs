@@ -5,7 +5,8 @@
 //! Layout:
 //! - [`config`]: the benchmark configuration and its expansion into runs;
 //! - [`binding`]: the single lean interface and its implementations
-//!   (`raw-tcp`, `dxnet-tcp`, `dxnet-loopback`, `dxnet-ib`, `raw-verbs`),
+//!   (`raw-tcp`, `raw-tcp-batched`, `dxnet-tcp`, `dxnet-loopback`,
+//!   `dxnet-ib`, `raw-verbs`),
 //!   plus perftest (`ib_send_bw`, `ib_send_lat`) as external bindings;
 //! - [`ops`]: the operations, written once against the binding interface;
 //! - [`coordinator`], [`node`], [`proto`]: the coordinator process, the node

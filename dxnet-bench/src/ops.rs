@@ -12,7 +12,9 @@
 //! A node's `count` is split over its sender threads; thread `j` sends its
 //! `i`-th message to `dests[(i + j) % dests.len()]`. A receiver is done when
 //! its expected count (computed from the same rule) has arrived, which is
-//! what ends the measured time: `send` may return before delivery.
+//! what ends the measured time: `send` may return before delivery. A sender
+//! thread calls [`Binding::flush`] after its last message (and a latency
+//! initiator after every message), so buffering bindings deliver everything.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -207,6 +209,7 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                             let t = Instant::now();
                             if let Some(slot) = &slot {
                                 b.send(j, dest, payload)?;
+                                b.flush(j, &ro.dests)?;
                                 wait_slot(slot, i + 1, ctx.spin, deadline)?;
                                 record_ns(&mut h, t.elapsed().as_nanos() as u64 / 2);
                             } else {
@@ -223,6 +226,9 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                             b.send(j, ro.dests[(i + j) % d], payload)?;
                             out.sent += 1;
                         }
+                        // Buffering bindings: the receivers' count (which
+                        // ends the measured time) needs the last bytes.
+                        b.flush(j, &ro.dests)?;
                     }
                     out.end = Instant::now();
                     Ok(out)

@@ -10,7 +10,13 @@ use serde_json::Value;
 const EXE: &str = env!("CARGO_BIN_EXE_dxnet-bench");
 
 fn bindings() -> Vec<&'static str> {
-    vec!["raw-tcp", "dxnet-tcp", "dxnet-tcp-tls", "dxnet-loopback"]
+    vec![
+        "raw-tcp",
+        "raw-tcp-batched",
+        "dxnet-tcp",
+        "dxnet-tcp-tls",
+        "dxnet-loopback",
+    ]
 }
 
 fn write_config(dir: &Path, base_port: u16, all_to_all_nodes: usize) -> std::path::PathBuf {
@@ -149,6 +155,64 @@ fn tiny_suite_end_to_end() {
     assert!(replot.join("latency_n2_latency.png").exists());
 }
 
+/// Runs the binary on `cfg` (written to `out`.json) with results in `out`
+/// and no plots; returns stdout and the records.
+fn run_config(out: &Path, cfg: &Value) -> (String, Vec<Value>) {
+    let path = out.with_extension("json");
+    std::fs::write(&path, serde_json::to_string(cfg).unwrap()).unwrap();
+    let o = Command::new(EXE)
+        .args(["--config", path.to_str().unwrap(), "--out"])
+        .arg(out)
+        .args(["--no-plots", "-q"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let recs =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    (stdout, recs)
+}
+
+/// `raw-tcp-batched` between two local processes: every message arrives
+/// through the shared, buffered socket (1 and 3 sender threads, messages
+/// smaller and larger than the 64 KiB write buffer), and every request of
+/// 3 threads sharing the socket gets its response.
+#[test]
+fn raw_tcp_batched_counts_every_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": ["raw-tcp-batched"],
+        "benchmarks": [
+            {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [1, 100, 100000], "count": 1000, "warmup": 10, "repetitions": 1, "threads": [1, 3]},
+            {"operation": "pingpong", "sizes": [64], "count": 300, "warmup": 30, "repetitions": 1, "threads": [1, 3]}
+        ],
+        "params": {"base_port": 45000, "timeout_s": 60, "halve_count_from": 0}
+    });
+    let (stdout, recs) = run_config(&dir.path().join("batched"), &cfg);
+    // throughput: 2 modes x 3 sizes x 2 thread counts; pingpong: 2 thread counts.
+    assert_eq!(recs.len(), 14, "{stdout}");
+    for r in &recs {
+        assert_eq!(r["binding"], "raw-tcp-batched");
+        assert!(r["msgs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        if r["operation"] == "throughput" {
+            assert_eq!(r["count"], 1000, "{r}");
+            let senders = if r["mode"] == "uni" { 1 } else { 2 };
+            assert_eq!(r["messages"], 1000 * senders, "{r}");
+            let bytes = r["bytes_per_sec"].as_f64().unwrap() * r["elapsed_s"].as_f64().unwrap();
+            let want = (1000 * senders * r["size"].as_u64().unwrap()) as f64;
+            assert!((bytes - want).abs() <= 1e-6 * want, "{r}");
+        } else {
+            assert_eq!(r["operation"], "pingpong");
+            assert_eq!(r["messages"], 300, "{r}");
+            assert!(r["lat_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+}
+
 #[test]
 fn bad_config_is_reported() {
     let dir = tempfile::tempdir().unwrap();
@@ -197,6 +261,8 @@ fn node_file_mode() {
             "64",
             "--count",
             "200",
+            "--threads",
+            "1",
             "--warmup",
             "20",
             "--repetitions",
@@ -292,23 +358,8 @@ fn verbs_bindings_on_a_device() {
         "params": {"base_port": 44000, "timeout_s": 60, "min_count": 4,
                    "raw_verbs": {"recv_size": 4096, "rx_depth": 64}}
     });
-    let path = dir.path().join("ib.json");
-    std::fs::write(&path, serde_json::to_string(&cfg).unwrap()).unwrap();
     let out = dir.path().join("out");
-    let o = Command::new(EXE)
-        .args(["--config", path.to_str().unwrap(), "--out"])
-        .arg(&out)
-        .args(["--no-plots", "-q"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let recs: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let (stdout, recs) = run_config(&out, &cfg);
     // per library binding: throughput 2 modes x 2 sizes, latency 1,
     // pingpong 2 sizes x 2 thread counts, all-to-all 1 = 10;
     // ib_send_bw: 2 (uni), ib_send_lat: latency 1 + pingpong 2 (1 thread)

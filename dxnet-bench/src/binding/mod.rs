@@ -12,6 +12,7 @@
 //! and records their results in the same form.
 
 pub mod raw_tcp;
+pub mod raw_tcp_batched;
 
 pub mod dxnet;
 
@@ -34,6 +35,10 @@ pub enum BindingKind {
     /// Blocking TCP sockets, one `writev` of a 4-byte prefix plus payload per
     /// message: the TCP analogue of `ib_send_bw` / `ib_send_lat`.
     RawTcp,
+    /// One TCP socket per pair of nodes, shared by all sender threads
+    /// through a mutex-guarded 64 KiB `BufWriter`: the fastest a plain byte
+    /// stream carrying these messages goes (batching without a library).
+    RawTcpBatched,
     /// dxnet over its TCP transport, one node per process.
     DxnetTcp,
     /// `dxnet-tcp` with TLS 1.3 (rustls) on every connection: the
@@ -66,8 +71,8 @@ pub fn baseline_of(binding: &str) -> Option<&'static str> {
 /// `ib_send_lat` in latency rows (see [`perftest_for`]).
 pub fn baselines_of(binding: &str) -> &'static [&'static str] {
     match binding {
-        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp"],
-        "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp"],
+        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp", "raw-tcp-batched"],
+        "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp", "raw-tcp-batched"],
         "dxnet-ib" => &["raw-verbs", "perftest"],
         _ => &[],
     }
@@ -106,6 +111,7 @@ impl BindingKind {
     pub fn parse(s: &str) -> Result<Self> {
         let k = match s.trim() {
             "raw-tcp" => BindingKind::RawTcp,
+            "raw-tcp-batched" => BindingKind::RawTcpBatched,
             "dxnet-tcp" => BindingKind::DxnetTcp,
             "dxnet-tcp-tls" => BindingKind::DxnetTcpTls,
             "dxnet-loopback" => BindingKind::DxnetLoopback,
@@ -115,8 +121,8 @@ impl BindingKind {
             "ib_send_lat" => BindingKind::IbSendLat,
             other => {
                 bail!(
-                    "unknown binding {other:?} (raw-tcp, dxnet-tcp, dxnet-tcp-tls, \
-                     dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
+                    "unknown binding {other:?} (raw-tcp, raw-tcp-batched, dxnet-tcp, \
+                     dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
                 )
             }
         };
@@ -127,6 +133,7 @@ impl BindingKind {
     pub fn name(self) -> &'static str {
         match self {
             BindingKind::RawTcp => "raw-tcp",
+            BindingKind::RawTcpBatched => "raw-tcp-batched",
             BindingKind::DxnetTcp => "dxnet-tcp",
             BindingKind::DxnetTcpTls => "dxnet-tcp-tls",
             BindingKind::DxnetLoopback => "dxnet-loopback",
@@ -253,8 +260,16 @@ pub trait Binding: Send + Sync {
     /// every peer's connections to this node are accepted.
     fn connect(&self, peers: &[u16], timeout: Duration) -> Result<()>;
     /// Sends one message; delivered to the destination's [`Sink`]. May return
-    /// before delivery (dxnet returns once the message is in its ring buffer).
+    /// before delivery (dxnet returns once the message is in its ring buffer,
+    /// `raw-tcp-batched` once it is in its write buffer).
     fn send(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()>;
+    /// Pushes out what `send` left buffered for `dests`. Called by a sender
+    /// thread after its last message of a phase (inside the measured time)
+    /// and after every message that waits for an answer (latency, echoes).
+    /// Bindings that write every message at once need not implement it.
+    fn flush(&self, _thread: usize, _dests: &[u16]) -> Result<()> {
+        Ok(())
+    }
     /// Sends a request of `payload` and blocks until the destination's
     /// same-size response has arrived.
     fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()>;
@@ -266,6 +281,11 @@ pub trait Binding: Send + Sync {
 pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn Binding>> {
     let b: Arc<dyn Binding> = match BindingKind::parse(&setup.binding)? {
         BindingKind::RawTcp => Arc::new(raw_tcp::RawTcp::start(setup, me, sink.clone())?),
+        BindingKind::RawTcpBatched => Arc::new(raw_tcp_batched::RawTcpBatched::start(
+            setup,
+            me,
+            sink.clone(),
+        )?),
         BindingKind::DxnetTcp
         | BindingKind::DxnetTcpTls
         | BindingKind::DxnetLoopback
@@ -295,11 +315,33 @@ pub enum SinkMode {
     Wake = 2,
 }
 
-/// A latency initiator thread waiting for its echoes.
+/// A thread waiting for its echoes (latency initiator) or responses
+/// (`raw-tcp-batched` requester).
 pub struct WaitSlot {
-    /// Echoes received.
+    /// Echoes or responses received.
     pub seq: AtomicU64,
     thread: Thread,
+}
+
+impl WaitSlot {
+    /// A slot owned by the calling thread.
+    pub fn for_current_thread() -> Self {
+        WaitSlot {
+            seq: AtomicU64::new(0),
+            thread: std::thread::current(),
+        }
+    }
+
+    /// Whether the calling thread owns the slot.
+    pub fn is_current_thread(&self) -> bool {
+        self.thread.id() == std::thread::current().id()
+    }
+
+    /// Counts one arrival and wakes the owner.
+    pub fn wake(&self) {
+        self.seq.fetch_add(1, Ordering::Release);
+        self.thread.unpark();
+    }
 }
 
 /// Receives every message a binding delivers. Counting is lock-free; the
@@ -356,10 +398,7 @@ impl Sink {
 
     /// Registers the calling thread as waiter `index` (index = payload[0]).
     pub fn register_waiter(&self, index: usize) -> Arc<WaitSlot> {
-        let slot = Arc::new(WaitSlot {
-            seq: AtomicU64::new(0),
-            thread: std::thread::current(),
-        });
+        let slot = Arc::new(WaitSlot::for_current_thread());
         let mut s = self.slots.write().unwrap();
         while s.len() <= index {
             // Placeholders are replaced by the real thread below.
@@ -376,15 +415,17 @@ impl Sink {
                 let idx = payload.first().copied().unwrap_or(0) as usize;
                 let slot = self.slots.read().unwrap().get(idx).cloned();
                 if let Some(slot) = slot {
-                    slot.seq.fetch_add(1, Ordering::Release);
-                    slot.thread.unpark();
+                    slot.wake();
                 }
             }
             m if m == SinkMode::Echo as u8 => {
                 let thread = payload.first().copied().unwrap_or(0) as usize;
                 match self.binding.get().and_then(|w| w.upgrade()) {
                     Some(b) => {
-                        if b.send(thread, src, payload).is_err() {
+                        let sent = b
+                            .send(thread, src, payload)
+                            .and_then(|()| b.flush(thread, &[src]));
+                        if sent.is_err() {
                             self.errors.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -519,6 +560,7 @@ mod tests {
         assert_eq!(BindingKind::parse("raw-tcp").unwrap(), BindingKind::RawTcp);
         for k in [
             BindingKind::RawTcp,
+            BindingKind::RawTcpBatched,
             BindingKind::DxnetTcp,
             BindingKind::DxnetTcpTls,
             BindingKind::DxnetLoopback,
@@ -548,6 +590,10 @@ mod tests {
             BindingKind::DxnetLoopback
         );
         assert_eq!(baseline_of("dxnet-tcp"), Some("raw-tcp"));
+        assert_eq!(baselines_of("dxnet-tcp"), ["raw-tcp", "raw-tcp-batched"]);
         assert_eq!(baseline_of("raw-tcp"), None);
+        assert!(is_baseline("raw-tcp-batched"));
+        assert!(!BindingKind::RawTcpBatched.has_handlers());
+        assert!(BindingKind::RawTcpBatched.supports(Operation::Pingpong, Mode::Uni, 16, 2));
     }
 }

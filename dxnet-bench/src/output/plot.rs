@@ -272,6 +272,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
         } else {
             (ymin / 1.5, ymax * 1.5)
         };
+        let (lo, span) = (ymin.ln(), (ymax / ymin).ln());
+        let corner = legend_corner(c, |(x, y)| {
+            ((x - xmin) / (xmax - xmin), (y.max(ymin).ln() - lo) / span)
+        });
         let mut chart = builder
             .build_cartesian_2d(xmin..xmax, (ymin..ymax).log_scale())
             .map_err(err)?;
@@ -287,9 +291,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
             .axis_desc_style(("sans-serif", 17))
             .draw()
             .map_err(err)?;
-        draw_lines(&mut chart, c)?;
+        draw_lines(&mut chart, c, corner)?;
     } else {
         let ymax = if ymax > 0.0 { ymax * 1.12 } else { 1.0 };
+        let corner = legend_corner(c, |(x, y)| ((x - xmin) / (xmax - xmin), y / ymax));
         let mut chart = builder
             .build_cartesian_2d(xmin..xmax, 0.0..ymax)
             .map_err(err)?;
@@ -305,15 +310,42 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
             .axis_desc_style(("sans-serif", 17))
             .draw()
             .map_err(err)?;
-        draw_lines(&mut chart, c)?;
+        draw_lines(&mut chart, c, corner)?;
     }
     root.present().map_err(err)?;
     Ok(())
 }
 
+/// The upper corner for the legend: the right one if its box would hide
+/// fewer data points there than on the left (a series measured at one size
+/// only, e.g. another thread count, is a single point at the left edge).
+/// `unit` maps a point to the plotting area as (0..1, 0..1), y upwards.
+fn legend_corner(c: &Chart, unit: impl Fn((f64, f64)) -> (f64, f64)) -> SeriesLabelPosition {
+    // The legend's size as a share of the plotting area (about 880 x 500
+    // pixels): a 15 px font, ~20 px per row, the label ~8 px per character
+    // after a 24 px line sample.
+    let chars = c.lines.iter().map(|l| l.label.chars().count()).max();
+    let w = (50.0 + 8.0 * chars.unwrap_or(0) as f64) / 880.0;
+    let h = (12.0 + 20.0 * c.lines.len() as f64) / 500.0;
+    let (mut left, mut right) = (0, 0);
+    for p in c.lines.iter().flat_map(|l| l.points.iter()) {
+        let (x, y) = unit(*p);
+        if y >= 1.0 - h {
+            left += usize::from(x <= w);
+            right += usize::from(x >= 1.0 - w);
+        }
+    }
+    if right < left {
+        SeriesLabelPosition::UpperRight
+    } else {
+        SeriesLabelPosition::UpperLeft
+    }
+}
+
 fn draw_lines<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
     c: &Chart,
+    corner: SeriesLabelPosition,
 ) -> Result<()> {
     for (i, l) in c.lines.iter().enumerate() {
         let color = COLORS[i % COLORS.len()].to_rgba();
@@ -336,7 +368,7 @@ fn draw_lines<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(corner)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
@@ -438,5 +470,33 @@ mod tests {
         assert_eq!(x_label(10.0), "1 KiB");
         assert_eq!(x_label(10.5), "");
         assert_eq!(y_label(0.5, 2.0), "0.50");
+    }
+
+    #[test]
+    fn legend_avoids_the_points() {
+        let line = |points: Vec<(f64, f64)>| Line {
+            label: "raw-tcp-batched t16".into(),
+            dashed: false,
+            points,
+        };
+        let mut c = Chart {
+            stem: "s".into(),
+            title: "t".into(),
+            y_desc: "y".into(),
+            log_y: false,
+            // Falling message rate; a 16-thread point at the top left.
+            lines: vec![line(vec![(0.0, 0.9), (1.0, 0.1)]), line(vec![(0.0, 1.0)])],
+        };
+        let unit = |p: (f64, f64)| p;
+        assert!(matches!(
+            legend_corner(&c, unit),
+            SeriesLabelPosition::UpperRight
+        ));
+        // Rising throughput: the top right is taken.
+        c.lines = vec![line(vec![(0.0, 0.1), (1.0, 0.95)])];
+        assert!(matches!(
+            legend_corner(&c, unit),
+            SeriesLabelPosition::UpperLeft
+        ));
     }
 }

@@ -4,10 +4,10 @@
 //! bandwidth, p50/p99/p99.9 against each baseline), then a detail table with
 //! min/median/max, CPU time and wire overhead per binding.
 //!
-//! Baselines come from [`baselines_of`]: `raw-tcp` for the dxnet TCP and
-//! loopback bindings, `raw-verbs` and `perftest` for `dxnet-ib`, where
-//! `perftest` is `ib_send_bw` in throughput rows and `ib_send_lat` in
-//! round-trip rows.
+//! Baselines come from [`baselines_of`]: `raw-tcp` and `raw-tcp-batched`
+//! for the dxnet TCP and loopback bindings, `raw-verbs` and `perftest` for
+//! `dxnet-ib`, where `perftest` is `ib_send_bw` in throughput rows and
+//! `ib_send_lat` in round-trip rows.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -450,6 +450,43 @@ mod tests {
         assert!(t.contains("2.00x msg/s"), "{t}");
         assert!(t.contains("2.00x latency"), "{t}");
         assert!(t.contains("1.00 M/ 2.00 M/ 3.00 M"), "{t}");
+    }
+
+    #[test]
+    fn tcp_against_both_raw_baselines_per_thread_count() {
+        let mut recs = vec![
+            rec("raw-tcp", 0, Operation::Throughput, 1e5, 0),
+            rec("raw-tcp-batched", 0, Operation::Throughput, 8e6, 0),
+            rec("dxnet-tcp", 2, Operation::Throughput, 2e6, 0),
+            rec("raw-tcp", 0, Operation::Throughput, 2e5, 0),
+            rec("dxnet-tcp", 2, Operation::Throughput, 4e4, 0),
+        ];
+        for r in &mut recs[3..] {
+            r.threads = 16;
+        }
+        let t = render(&recs);
+        let summary = t.split("versus").next().unwrap();
+        assert!(summary.contains("dxnet-tcp / raw-tcp-batched"), "{t}");
+        let row = |thr: &str| {
+            summary
+                .lines()
+                .find(|l| l.starts_with("throughput") && l.split_whitespace().nth(5) == Some(thr))
+                .unwrap_or_else(|| panic!("no {thr}-thread row:\n{t}"))
+                .to_string()
+        };
+        // 1 thread: 20x raw-tcp, 0.25x raw-tcp-batched.
+        let r1 = row("1");
+        assert!(
+            r1.contains("20.00x msg/s") && r1.contains("0.25x msg/s"),
+            "{t}"
+        );
+        // 16 threads: no batched run, so no ratio against it.
+        let r16 = row("16");
+        assert!(
+            r16.contains("0.20x msg/s") && r16.trim_end().ends_with('-'),
+            "{t}"
+        );
+        assert!(t.contains("throughput uni 64 B n2 t16"), "{t}");
     }
 
     #[test]
