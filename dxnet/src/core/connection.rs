@@ -6,6 +6,7 @@
 //! (socket, queue pair) keyed by the connection's id.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -207,7 +208,12 @@ impl Connection {
 /// Open connections by peer id: lock-free lookup on the send path, creation
 /// and removal serialized by a lock.
 pub struct ConnectionTable {
-    slots: Box<[ArcSwapOption<Connection>]>,
+    /// One slot per possible peer id. `ManuallyDrop`: dropping an
+    /// `ArcSwapOption` walks arc-swap's process-wide list of reader threads,
+    /// which for 65,536 slots took seconds in a process that had run a few
+    /// hundred threads; `Drop` below empties the slots that hold a
+    /// connection instead, and an empty slot owns nothing.
+    slots: Box<[ManuallyDrop<ArcSwapOption<Connection>>]>,
     /// Serializes creation, replacement and removal; holds the count.
     pub lock: Mutex<usize>,
     next_id: AtomicU64,
@@ -225,10 +231,20 @@ impl Default for ConnectionTable {
     fn default() -> Self {
         Self {
             slots: (0..=u16::MAX as usize)
-                .map(|_| ArcSwapOption::empty())
+                .map(|_| ManuallyDrop::new(ArcSwapOption::empty()))
                 .collect(),
             lock: Mutex::new(0),
             next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Drop for ConnectionTable {
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            if slot.load().is_some() {
+                slot.store(None);
+            }
         }
     }
 }

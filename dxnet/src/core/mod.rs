@@ -617,13 +617,28 @@ impl Core {
     where
         F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
     {
-        let open = || conn.state() == ConnState::Open;
-        conn.flow
-            .acquire(total as u64, deadline, &self.config.park, open)
-            .map_err(|e| match e {
-                FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
-                FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
-            })?;
+        // Responses are outside the flow-control window: the requester
+        // asked for them (its outstanding requests bound them) and takes
+        // them off the wire at once, even while its handler is blocked.
+        // Counting them would let two nodes whose windows are full of each
+        // other's messages deadlock: each one's handler waits for window
+        // to answer a request, which only the other's blocked handler
+        // could free.
+        let flow_controlled = flags & FLAG_RESPONSE == 0;
+        let window_back = |total: usize| {
+            if flow_controlled {
+                conn.flow.on_confirm_bytes(total as u64);
+            }
+        };
+        if flow_controlled {
+            let open = || conn.state() == ConnState::Open;
+            conn.flow
+                .acquire(total as u64, deadline, &self.config.park, open)
+                .map_err(|e| match e {
+                    FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
+                    FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
+                })?;
+        }
         let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
         // A small request or response goes out at once, outside the ring
         // buffer, where the engine has such a path (InfiniBand, loopback): encoded on
@@ -648,7 +663,7 @@ impl Core {
                 });
                 if let Err(e) = encoded {
                     // Nothing was written: give the window back.
-                    conn.flow.on_confirm_bytes(total as u64);
+                    window_back(total);
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
                 if t.send_standalone(self, conn, &small[..total], now) {
@@ -684,7 +699,7 @@ impl Core {
             }
             Err(OrbError::Timeout) => {
                 // Nothing was written: give the window back.
-                conn.flow.on_confirm_bytes(total as u64);
+                window_back(total);
                 Err(Error::Timeout("send blocked by a full ring buffer"))
             }
             Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
@@ -1124,9 +1139,8 @@ impl Core {
         if self.pool.put(buf) {
             self.resources_freed();
         }
-        if conn.id != 0 && conn.flow.on_processed(processed) && conn.is_alive() {
-            self.on_write_interest(conn.peer);
-        }
+        // Responses only: outside the flow-control window, nothing to
+        // confirm.
     }
 
     /// Transports call this when a receive resource frees up (for local
@@ -1262,10 +1276,9 @@ impl Core {
         if let Incoming::Pooled(b) = item {
             *freed |= self.pool.put(b);
         }
+        // Only responses were processed: outside the flow-control window,
+        // nothing to confirm.
         self.stats.bytes_received.add(done);
-        if conn.id != 0 && conn.flow.on_processed(done) && conn.is_alive() {
-            self.on_write_interest(conn.peer);
-        }
         res.map(|()| out)
     }
 
@@ -1348,6 +1361,7 @@ impl Core {
     /// [`Core::owner_blocking`]).
     fn process_item(self: &Arc<Self>, conn: &Arc<Connection>, item: Incoming) {
         let mut processed = 0u64;
+        let mut responses = 0u64;
         let mut count = 0u64;
         let mut pending = take_scratch();
         let base: &[u8] = match &item {
@@ -1357,7 +1371,9 @@ impl Core {
         let res = {
             let mut on_msg = |h: &MessageHeader, p: &[u8]| {
                 if h.flags & FLAG_RESPONSE != 0 {
-                    processed += (HEADER_LEN + p.len()) as u64;
+                    // Outside the flow-control window: counted in the
+                    // stats only.
+                    responses += (HEADER_LEN + p.len()) as u64;
                     count += 1;
                     self.dispatch(conn.peer, h, p);
                     return;
@@ -1405,7 +1421,7 @@ impl Core {
         }
         put_scratch(pending);
         self.stats.msgs_received.add(count);
-        self.stats.bytes_received.add(processed);
+        self.stats.bytes_received.add(processed + responses);
         if let Incoming::Pooled(b) = item {
             if self.pool.put(b) {
                 self.resources_freed();

@@ -11,7 +11,7 @@ use crate::core::identity::Identity;
 use sha2::Sha256;
 
 /// Protocol version; peers with another version are rejected.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Magic at the start of every handshake message.
 pub const HANDSHAKE_MAGIC: [u8; 8] = *b"DXNETrs\0";
 

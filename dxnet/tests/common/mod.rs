@@ -151,7 +151,7 @@ pub fn end_barrier(node: &Node, peers: &[u16], done: &AtomicU64) {
 
 /// Sends `count` checked [`Data`] messages from thread `thread` of this
 /// node, the `i`-th to `dest_of(i)`, numbered per destination, of
-/// [`size_for`] sizes up to `max`.
+/// [`size_for`] sizes up to `max`. Panics if a send fails.
 pub fn send_checked(
     node: &Node,
     thread: u16,
@@ -159,6 +159,20 @@ pub fn send_checked(
     max: usize,
     dest_of: impl Fn(u64) -> u16,
 ) {
+    if let Err((i, e)) = try_send_checked(node, thread, count, max, dest_of) {
+        panic!("thread {thread}: send {i} of {count} failed: {e}");
+    }
+}
+
+/// [`send_checked`] that stops at the first failed send instead of
+/// panicking: returns its index `i` and the error.
+pub fn try_send_checked(
+    node: &Node,
+    thread: u16,
+    count: u64,
+    max: usize,
+    dest_of: impl Fn(u64) -> u16,
+) -> Result<(), (u64, dxnet::Error)> {
     let id = node.id().0;
     let mut seq: HashMap<u16, u64> = HashMap::new();
     for i in 0..count {
@@ -173,8 +187,9 @@ pub fn send_checked(
             seq: sq,
             payload: pattern(id, thread, sq, len),
         };
-        node.send(NodeId(dest), &m).unwrap();
+        node.send(NodeId(dest), &m).map_err(|e| (i, e))?;
     }
+    Ok(())
 }
 
 pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
@@ -256,6 +271,73 @@ impl Checker {
             .collect();
         v.sort();
         v
+    }
+
+    /// What is wrong with what arrived, given that node `from` was to send
+    /// exactly `per` messages on each of its streams (threads) `0..threads`
+    /// and nobody else sends here: every error seen (gap, duplicate,
+    /// reordering, corruption), every stream short of or beyond `per`, any
+    /// unexpected stream, a total other than `threads × per`. Empty when
+    /// everything arrived exactly once, in order, intact.
+    pub fn problems(&self, from: u16, threads: u16, per: u64) -> Vec<String> {
+        let mut p: Vec<String> = self
+            .errors
+            .lock()
+            .unwrap()
+            .iter()
+            .take(5)
+            .cloned()
+            .collect();
+        let n_err = self.errors.lock().unwrap().len();
+        if n_err > 5 {
+            p.push(format!("... {} errors in all", n_err));
+        }
+        let streams = self.streams();
+        for t in 0..threads {
+            let got = streams
+                .iter()
+                .find(|(k, _)| *k == (from, t))
+                .map_or(0, |s| s.1);
+            if got != per {
+                p.push(format!(
+                    "stream (node {from}, thread {t}): next seq {got}, expected {per}"
+                ));
+            }
+        }
+        for ((f, t), next) in &streams {
+            if *f != from || *t >= threads {
+                p.push(format!("unexpected stream (node {f}, thread {t}): {next}"));
+            }
+        }
+        let received = self.received.load(Ordering::SeqCst);
+        if received != threads as u64 * per {
+            p.push(format!(
+                "received {received} messages, expected {}",
+                threads as u64 * per
+            ));
+        }
+        p
+    }
+
+    /// Waits (at most `secs`) until `threads × per` messages arrived from
+    /// node `from` (or an error was seen), then asserts that every stream
+    /// delivered exactly `per` messages once, in order, intact (see
+    /// [`Checker::problems`]). The panic message names the short streams.
+    pub fn expect_streams(&self, what: &str, from: u16, threads: u16, per: u64, secs: u64) {
+        let expect = threads as u64 * per;
+        let end = Instant::now() + Duration::from_secs(secs);
+        while self.received.load(Ordering::SeqCst) < expect
+            && self.errors.lock().unwrap().is_empty()
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let p = self.problems(from, threads, per);
+        assert!(
+            p.is_empty(),
+            "{what}: {} problem(s) after waiting up to {secs} s: {p:#?}",
+            p.len()
+        );
     }
 
     pub fn assert_ok(&self) {

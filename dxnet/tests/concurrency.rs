@@ -1,0 +1,569 @@
+//! Many threads on one connection: two nodes, one connection between them,
+//! and
+//!
+//! - 64 sender threads of checked messages to the peer (random sizes from a
+//!   byte to a few KiB, some larger than a receive buffer): every message
+//!   delivered exactly once, in per-thread order, intact;
+//! - 100 requester threads doing blocking requests to the peer: every
+//!   request answered once, by the response derived from it, none timed out;
+//! - both at once in both directions.
+//!
+//! In one process (TCP on 127.0.0.1 and the loopback transport) and with the
+//! nodes in separate processes over TCP (the test binary re-runs itself as
+//! the child processes: `child_*` tests do nothing unless `DXNET_CHILD` is
+//! set).
+//!
+//! These tests assert behaviour, never timing. The timeouts (send, request,
+//! waits) are generous and only keep a hang from blocking the test run; a
+//! correct run takes a small fraction of them.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::proc::*;
+use common::*;
+use dxnet::{Config, Node, NodeId};
+use serde::{Deserialize, Serialize};
+
+/// A checked request: the [`Data`] of (requester node, requester thread,
+/// request number), checked at the server like a message stream.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Job(Data);
+
+/// The answer to a [`Job`]: derived from the request it answers, so a
+/// response matched to the wrong request, or corrupted, is noticed.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct JobReply {
+    from: u16,
+    thread: u16,
+    seq: u64,
+    /// Length and FNV-1a digest of the request's payload as received.
+    len: usize,
+    digest: u64,
+    /// Bytes of a size and content derived from (from, thread, seq).
+    payload: Vec<u8>,
+}
+dxnet::message!(JobReply, 40, 2);
+dxnet::request!(Job, 40, 1 => JobReply);
+
+/// Start barrier: the peer is up and connected.
+#[derive(Serialize, Deserialize, Debug)]
+struct Hello(u16);
+#[derive(Serialize, Deserialize, Debug)]
+struct HelloBack(u16);
+dxnet::message!(HelloBack, 40, 4);
+dxnet::request!(Hello, 40, 3 => HelloBack);
+
+/// Request timeout: only guards against a hang (a lost request or response
+/// would otherwise block its thread forever); a correct run answers every
+/// request in a small fraction of it, even on the 2-core test machine.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a node waits for everything its peer sends (hang guard too).
+const WAIT_SECS: u64 = 60;
+/// Receive buffer size of the test nodes; [`MAX_SIZE`] is three times it,
+/// so about one message in fifteen is larger than a receive buffer.
+const RECV_BUFFER: usize = 4 << 10;
+/// Largest payload (see [`size_for`]: 60 % up to 256 B, 30 % up to 4 KiB,
+/// 10 % up to this).
+const MAX_SIZE: usize = 3 * RECV_BUFFER;
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The reply a correct server gives to `d` (computed by the server from
+/// what it received and by the requester from what it sent).
+fn reply_for(d: &Data) -> JobReply {
+    let len = size_for(d.seq ^ (d.thread as u64) << 24 ^ 0x5a5a << 40, MAX_SIZE);
+    JobReply {
+        from: d.from,
+        thread: d.thread,
+        seq: d.seq,
+        len: d.payload.len(),
+        digest: fnv(&d.payload),
+        payload: pattern(d.from ^ 0x8000, d.thread, d.seq, len),
+    }
+}
+
+/// Settings shared by every test node (in-process and child processes).
+fn tune(c: &mut Config) {
+    c.recv_buffer_size = RECV_BUFFER;
+    c.handler_threads = 2;
+    // Hang guards only (see the module comment): 64 threads share one ring
+    // and one flow-control window, so `send` blocks under back-pressure.
+    c.send_timeout_ms = 30_000;
+    c.request_timeout_ms = 30_000;
+}
+
+/// What one node does to its peer: `senders` threads send `per` checked
+/// messages each, `requesters` threads make `reqs` blocking requests each,
+/// all at the same time.
+#[derive(Clone, Copy, Debug, Default)]
+struct Load {
+    senders: u16,
+    per: u64,
+    requesters: u16,
+    reqs: u64,
+}
+
+impl Load {
+    const NONE: Load = Load {
+        senders: 0,
+        per: 0,
+        requesters: 0,
+        reqs: 0,
+    };
+
+    fn to_env(self) -> String {
+        format!(
+            "{},{},{},{}",
+            self.senders, self.per, self.requesters, self.reqs
+        )
+    }
+
+    fn from_env(name: &str) -> Self {
+        let v: Vec<u64> = env(name).split(',').map(|x| x.parse().unwrap()).collect();
+        Load {
+            senders: v[0] as u16,
+            per: v[1],
+            requesters: v[2] as u16,
+            reqs: v[3],
+        }
+    }
+}
+
+/// 64 sender threads × 300 messages.
+const SENDERS: Load = Load {
+    senders: 64,
+    per: 300,
+    requesters: 0,
+    reqs: 0,
+};
+/// 100 requester threads × 50 blocking requests.
+const REQUESTERS: Load = Load {
+    senders: 0,
+    per: 0,
+    requesters: 100,
+    reqs: 50,
+};
+
+/// One test node: checks the messages and requests it receives.
+struct Side {
+    node: Arc<Node>,
+    /// The [`Data`] messages received.
+    msgs: Arc<Checker>,
+    /// The [`Job`]s served (each checked like a message stream).
+    jobs: Arc<Checker>,
+    /// [`Hello`]s answered.
+    hellos: Arc<AtomicU64>,
+    /// [`Done`]s received (end barrier of the child processes).
+    done: Arc<AtomicU64>,
+    /// Failures of this node's own sender and requester threads: (which
+    /// thread and message, what went wrong).
+    failures: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Side {
+    fn start(cfg: Config) -> Side {
+        let node = Arc::new(Node::start(cfg).unwrap());
+        let msgs = Arc::new(Checker::default());
+        let m = msgs.clone();
+        node.register(move |src, d: Data| m.check(src, &d)).unwrap();
+        let jobs = Arc::new(Checker::default());
+        let j = jobs.clone();
+        node.register_request(move |src, Job(d)| {
+            j.check(src, &d);
+            reply_for(&d)
+        })
+        .unwrap();
+        let hellos = Arc::new(AtomicU64::new(0));
+        let h = hellos.clone();
+        let id = node.id().0;
+        node.register_request(move |_, _: Hello| {
+            h.fetch_add(1, Ordering::SeqCst);
+            HelloBack(id)
+        })
+        .unwrap();
+        let done = register_done(&node);
+        Side {
+            node,
+            msgs,
+            jobs,
+            hellos,
+            done,
+            failures: Arc::default(),
+        }
+    }
+
+    /// Opens the one connection to `peer` by a request (retried while the
+    /// peer is still starting).
+    fn hello(&self, peer: u16) {
+        let back = until_reachable("hello", || {
+            self.node
+                .request(NodeId(peer), &Hello(self.node.id().0), REQUEST_TIMEOUT)
+        });
+        assert_eq!(back.0, peer);
+    }
+
+    /// Runs `load` toward `peer` from fresh threads; returns when every
+    /// thread has finished. A failed send or request, or a wrong response,
+    /// is recorded (see [`Side::assert_own_threads_ok`]).
+    fn drive(&self, peer: u16, load: Load) {
+        std::thread::scope(|s| {
+            for t in 0..load.senders {
+                let node = &self.node;
+                let failures = &self.failures;
+                s.spawn(move || {
+                    let r = try_send_checked(node, t, load.per, MAX_SIZE, |_| peer);
+                    if let Err((i, e)) = r {
+                        let at = format!("sender thread {t}, send {i} of {}", load.per);
+                        failures.lock().unwrap().push((at, format!("error: {e}")));
+                    }
+                });
+            }
+            for t in 0..load.requesters {
+                let failures = &self.failures;
+                s.spawn(move || {
+                    if let Err(f) = self.requester(peer, t, load.reqs) {
+                        failures.lock().unwrap().push(f);
+                    }
+                });
+            }
+        });
+    }
+
+    /// Requester thread `t`: `reqs` blocking requests to `peer`, each
+    /// response checked against the request. Stops at the first failure
+    /// (the later requests would not be checked anyway): (where, what).
+    fn requester(&self, peer: u16, t: u16, reqs: u64) -> Result<(), (String, String)> {
+        let me = self.node.id().0;
+        for seq in 0..reqs {
+            let len = size_for(seq ^ (t as u64) << 40 ^ (me as u64) << 50, MAX_SIZE);
+            let d = Data {
+                from: me,
+                thread: t,
+                seq,
+                payload: pattern(me, t, seq, len),
+            };
+            let expect = reply_for(&d);
+            let problem = match self.node.request(NodeId(peer), &Job(d), REQUEST_TIMEOUT) {
+                Ok(r) if r == expect => continue,
+                Ok(r) => format!("wrong response: {}, expected {}", brief(&r), brief(&expect)),
+                Err(e) => format!("error: {e}"),
+            };
+            let at = format!("requester thread {t}, request {seq} of {reqs}");
+            return Err((at, problem));
+        }
+        Ok(())
+    }
+
+    /// Asserts that every sender and requester thread of this node
+    /// succeeded; else lists each kind of failure, how often it happened
+    /// and where first.
+    fn assert_own_threads_ok(&self) {
+        let f = self.failures.lock().unwrap();
+        let mut kinds: Vec<(&str, usize, &str)> = Vec::new();
+        for (who, what) in f.iter() {
+            match kinds.iter_mut().find(|k| k.0 == what) {
+                Some(k) => k.1 += 1,
+                None => kinds.push((what, 1, who)),
+            }
+        }
+        let summary: Vec<String> = kinds
+            .iter()
+            .map(|(what, n, first)| format!("{n} x {what:?} (first: {first})"))
+            .collect();
+        assert!(
+            f.is_empty(),
+            "node {}: {} thread(s) failed: {summary:#?}",
+            self.node.id(),
+            f.len(),
+        );
+    }
+
+    /// Waits for everything `peer` sends under `load`, then asserts that
+    /// every message and every request arrived exactly once, in per-thread
+    /// order, intact.
+    fn expect_from(&self, peer: u16, load: Load) {
+        let me = self.node.id();
+        self.msgs.expect_streams(
+            &format!("messages {peer} -> {me}"),
+            peer,
+            load.senders,
+            load.per,
+            WAIT_SECS,
+        );
+        self.jobs.expect_streams(
+            &format!("requests {peer} -> {me}"),
+            peer,
+            load.requesters,
+            load.reqs,
+            WAIT_SECS,
+        );
+    }
+
+    /// After everything arrived: nothing extra came later (a duplicate
+    /// would show here or as a sequence error), and the one connection
+    /// stayed up throughout (a broken one loses messages).
+    fn assert_settled(&self, peer: u16, load: Load) {
+        std::thread::sleep(Duration::from_millis(100));
+        let p: Vec<String> = self
+            .msgs
+            .problems(peer, load.senders, load.per)
+            .into_iter()
+            .chain(self.jobs.problems(peer, load.requesters, load.reqs))
+            .collect();
+        assert!(p.is_empty(), "after settling: {p:#?}");
+        let st = self.node.stats();
+        assert_eq!(
+            (st.connections_opened, st.connections_closed),
+            (1, 0),
+            "node {}: one connection, never broken ({st:?})",
+            self.node.id()
+        );
+    }
+}
+
+/// A [`JobReply`] in short (without its payload bytes).
+fn brief(r: &JobReply) -> String {
+    format!(
+        "(from {} thread {} seq {}, request len {} digest {:#x}, {} payload bytes)",
+        r.from,
+        r.thread,
+        r.seq,
+        r.len,
+        r.digest,
+        r.payload.len()
+    )
+}
+
+/// The tests of this binary run one at a time: each starts up to 200
+/// threads, and the machine may have 2 cores.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ----- in one process ---------------------------------------------------------
+
+/// Nodes 0 and 1 in this process: node 0 runs `load0` toward node 1, node 1
+/// `load1` toward node 0, at the same time.
+fn in_process(kind: Kind, load0: Load, load1: Load) {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let mut cfgs = cluster_configs(kind, 2, tune).into_iter();
+    let a = Side::start(cfgs.next().unwrap());
+    let b = Side::start(cfgs.next().unwrap());
+    a.hello(1);
+    assert_eq!(b.hellos.load(Ordering::SeqCst), 1);
+    std::thread::scope(|s| {
+        s.spawn(|| a.drive(1, load0));
+        s.spawn(|| b.drive(0, load1));
+    });
+    let driven = t0.elapsed();
+    a.assert_own_threads_ok();
+    b.assert_own_threads_ok();
+    b.expect_from(0, load0);
+    a.expect_from(1, load1);
+    let received = t0.elapsed();
+    b.assert_settled(0, load0);
+    a.assert_settled(1, load1);
+    drop((a, b));
+    println!(
+        "{kind:?} {load0:?} / {load1:?}: threads done {driven:?}, \
+         all received {received:?}, shut down {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn loopback_64_senders_one_peer() {
+    in_process(Kind::Loopback, SENDERS, Load::NONE);
+}
+
+#[test]
+fn tcp_64_senders_one_peer() {
+    in_process(Kind::Tcp, SENDERS, Load::NONE);
+}
+
+#[test]
+fn tcp_64_senders_both_directions() {
+    in_process(Kind::Tcp, SENDERS, SENDERS);
+}
+
+#[test]
+fn loopback_100_requesters_one_peer() {
+    in_process(Kind::Loopback, REQUESTERS, Load::NONE);
+}
+
+#[test]
+fn tcp_100_requesters_one_peer() {
+    in_process(Kind::Tcp, REQUESTERS, Load::NONE);
+}
+
+// ----- in separate processes over TCP -----------------------------------------
+
+/// One node process. Env: NODE (0 or 1), BASE, LOAD0 and LOAD1 (what node
+/// 0 and node 1 do, see [`Load::to_env`]).
+#[test]
+fn child_node() {
+    if !is_child() {
+        return;
+    }
+    init_child_log();
+    let me: u16 = env_parse("NODE");
+    let peer = 1 - me;
+    let loads = [Load::from_env("LOAD0"), Load::from_env("LOAD1")];
+    let mut cfg = Config::tcp_localhost(me, 2, env_parse("BASE"));
+    cfg.park.spin_us = 20; // as cluster_configs: 2-core machine
+    cfg.park.yield_us = 200;
+    tune(&mut cfg);
+    let side = Side::start(cfg);
+    // Start barrier: node 0 opens the one connection; node 1 starts once
+    // node 0 said hello (two dialing at once could make two connections).
+    if me == 0 {
+        side.hello(peer);
+    } else {
+        wait_for(WAIT_SECS, "hello from node 0", || {
+            side.hellos.load(Ordering::SeqCst) > 0
+        });
+    }
+    println!("READY");
+    let t0 = Instant::now();
+    side.drive(peer, loads[me as usize]);
+    let sent = t0.elapsed();
+    side.assert_own_threads_ok();
+    side.expect_from(peer, loads[peer as usize]);
+    let received = t0.elapsed();
+    end_barrier(&side.node, &[peer], &side.done);
+    side.assert_settled(peer, loads[peer as usize]);
+    println!(
+        "CHILD OK node={me} msgs={} jobs={} own_threads_done={sent:?} all_received={received:?}",
+        side.msgs.received.load(Ordering::SeqCst),
+        side.jobs.received.load(Ordering::SeqCst),
+    );
+}
+
+/// Nodes 0 and 1 as separate processes: node 0 runs `load0` toward node 1,
+/// node 1 `load1` toward node 0, at the same time.
+fn processes(load0: Load, load1: Load) {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let base = base_port(2);
+    let children: Vec<ChildProc> = (0..2u16)
+        .map(|id| {
+            spawn_child(
+                "child_node",
+                &[
+                    ("NODE", id.to_string()),
+                    ("BASE", base.to_string()),
+                    ("LOAD0", load0.to_env()),
+                    ("LOAD1", load1.to_env()),
+                ],
+            )
+        })
+        .collect();
+    let loads = [load0, load1];
+    for (id, c) in children.into_iter().enumerate() {
+        let from = loads[1 - id];
+        let out = wait_child(c, 2 * WAIT_SECS + 60);
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("CHILD OK ").map(|x| x.1))
+            .unwrap_or_else(|| panic!("node {id}: no CHILD OK line:\n{out}"));
+        assert_eq!(field::<u64>(line, "msgs="), from.senders as u64 * from.per);
+        assert_eq!(
+            field::<u64>(line, "jobs="),
+            from.requesters as u64 * from.reqs
+        );
+        println!("node {id}: {line}");
+    }
+    println!("processes {load0:?} / {load1:?}: {:?}", t0.elapsed());
+}
+
+#[test]
+fn processes_64_senders_one_peer() {
+    processes(SENDERS, Load::NONE);
+}
+
+#[test]
+fn processes_100_requesters_one_peer() {
+    processes(REQUESTERS, Load::NONE);
+}
+
+/// Both nodes send with 64 threads and request with 100 threads at once.
+///
+/// Fails at 277771f and already before the ring-buffer rework (ea1a5a6): both
+/// flow-control windows fill with plain messages and requests, then each
+/// node's handler of the connection blocks in `send_response` waiting for
+/// the peer's window (`FlowControl::acquire`), which only the peer's equally
+/// blocked handler would free (decode-ahead confirms only the response
+/// bytes it consumes). After `send_timeout_ms` every sender fails with
+/// "send blocked by flow control" and every request times out.
+#[test]
+fn processes_senders_and_requesters_both_directions() {
+    let both = Load {
+        senders: SENDERS.senders,
+        per: SENDERS.per,
+        requesters: REQUESTERS.requesters,
+        reqs: REQUESTERS.reqs,
+    };
+    processes(both, both);
+}
+
+// ----- the checks can fail ----------------------------------------------------
+
+/// The checks above notice a lost, duplicated, reordered or corrupted
+/// message, and a wrong response.
+#[test]
+fn checks_catch_loss_duplication_reordering_corruption() {
+    let msg = |thread: u16, seq: u64| Data {
+        from: 3,
+        thread,
+        seq,
+        payload: pattern(3, thread, seq, 100),
+    };
+    // Node 3's thread 0 sends 0, 1, 2 intact; thread 1 sends `seqs`; 3
+    // messages per thread are expected.
+    let run = |seqs: &[u64]| {
+        let c = Checker::default();
+        for s in 0..3 {
+            c.check(NodeId(3), &msg(0, s));
+        }
+        for &s in seqs {
+            c.check(NodeId(3), &msg(1, s));
+        }
+        c.problems(3, 2, 3)
+    };
+    assert!(run(&[0, 1, 2]).is_empty(), "{:?}", run(&[0, 1, 2]));
+    assert!(!run(&[0, 2]).is_empty(), "gap");
+    assert!(!run(&[0, 1]).is_empty(), "lost at the end");
+    assert!(!run(&[1, 2]).is_empty(), "lost at the start");
+    assert!(!run(&[0, 1, 1, 2]).is_empty(), "duplicate");
+    assert!(!run(&[0, 1, 2, 2]).is_empty(), "duplicate at the end");
+    assert!(!run(&[0, 2, 1]).is_empty(), "reordered");
+    assert!(!run(&[0, 1, 2, 3]).is_empty(), "one too many");
+    let c = Checker::default();
+    c.check(NodeId(3), &msg(0, 0));
+    let mut bad = msg(1, 0);
+    bad.payload[7] ^= 1;
+    c.check(NodeId(3), &bad);
+    assert!(!c.problems(3, 2, 1).is_empty(), "corrupt payload");
+    let c = Checker::default();
+    c.check(NodeId(3), &msg(0, 0));
+    c.check(NodeId(2), &msg(1, 0));
+    assert!(!c.problems(3, 2, 1).is_empty(), "wrong source");
+    // A response to another request (other thread or sequence number) or
+    // with other payload bytes does not match.
+    let r = reply_for(&msg(1, 5));
+    assert_ne!(r, reply_for(&msg(1, 4)));
+    assert_ne!(r, reply_for(&msg(0, 5)));
+    let mut other = msg(1, 5);
+    other.payload[0] ^= 1;
+    assert_ne!(r, reply_for(&other));
+}
