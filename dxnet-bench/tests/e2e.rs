@@ -9,6 +9,17 @@ use serde_json::Value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dxnet-bench");
 
+/// The tests run one at a time: each starts node processes on fixed ports
+/// in the ephemeral range, and a connection of a test running beside it may
+/// hold one of them as its local port.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn bindings() -> Vec<&'static str> {
     vec![
         "raw-tcp",
@@ -94,6 +105,7 @@ fn check_results(out: &Path, nodes_a2a: usize) -> Vec<Value> {
 
 #[test]
 fn tiny_suite_end_to_end() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), 41000, 3);
     let out = dir.path().join("out");
@@ -183,6 +195,7 @@ fn run_config(out: &Path, cfg: &Value) -> (String, Vec<Value>) {
 /// 3 threads sharing the socket gets its response.
 #[test]
 fn raw_tcp_batched_counts_every_message() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let cfg = serde_json::json!({
         "bindings": ["raw-tcp-batched"],
@@ -234,6 +247,7 @@ fn bad_config_is_reported() {
 /// coordinator, node 0 runs the plan and skips the in-process binding.
 #[test]
 fn node_file_mode() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let nodes = dir.path().join("nodes.txt");
     std::fs::write(&nodes, "# id host\n0 127.0.0.1\n1 127.0.0.1\n").unwrap();
@@ -298,6 +312,7 @@ fn node_file_mode() {
 #[test]
 #[ignore]
 fn all_to_all_in_namespaces() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), 42000, 4);
     let out = dir.path().join("out");
@@ -337,6 +352,7 @@ fn all_to_all_in_namespaces() {
 /// installed. Then `plot` merges two result files.
 #[test]
 fn verbs_bindings_on_a_device() {
+    let _serial = serial();
     if std::env::var("RDMA_DEV").is_err() {
         println!("skipped: no RDMA device (RDMA_DEV unset); run it in scripts/rdma-vm/vm.sh");
         return;
