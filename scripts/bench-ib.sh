@@ -20,6 +20,8 @@
 #   --no-plots  skip the plots (drawn on the host after the VM run)
 #   --dxnet K=V dxnet Config field for the dxnet-ib nodes (repeatable), e.g.
 #               --dxnet 'park={"max_spinning":0}' or --dxnet 'ib={"sq_size":64}'
+#   --threads L sender threads per node, e.g. 1,16 (default 1)
+#   --bindings L only these bindings, e.g. dxnet-ib
 #
 # The suite: throughput uni at 64 B (20 000 messages) and 64 KiB (1 250),
 # pingpong at 64 B (2 000 round trips), 1 sender thread, 2 nodes, warm-up
@@ -60,6 +62,8 @@ PROFILE=release
 PLOTS=1
 BIN=
 DXNET=()
+THREADS=
+BINDINGS=
 while [ $# -gt 0 ]; do
     case $1 in
         --no-vm) NO_VM=1; shift ;;
@@ -69,12 +73,14 @@ while [ $# -gt 0 ]; do
         --debug) PROFILE=debug; shift ;;
         --no-plots) PLOTS=0; shift ;;
         --dxnet) DXNET+=("$2"); shift 2 ;;
+        --threads) THREADS=$2; shift 2 ;;
+        --bindings) BINDINGS=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -90,6 +96,8 @@ run_suite() {
     [ $QUICK = 1 ] && extra+=(--count 2000 --warmup 200)
     local kv
     for kv in ${DXNET[@]+"${DXNET[@]}"}; do extra+=(--dxnet "$kv"); done
+    [ -n "$THREADS" ] && extra+=(--threads "$THREADS")
+    [ -n "$BINDINGS" ] && extra+=(--bindings "$BINDINGS")
     rxe() {
         local c
         for c in sent_pkts completer_retry_err rcvd_rnr_err retry_exceeded_err; do
@@ -166,6 +174,8 @@ else
     args=(--in-vm "$STAGE/bin/dxnet-bench" --repeat "$REPEAT")
     [ $QUICK = 1 ] && args+=(--quick)
     for kv in ${DXNET[@]+"${DXNET[@]}"}; do args+=(--dxnet "$kv"); done
+    [ -n "$THREADS" ] && args+=(--threads "$THREADS")
+    [ -n "$BINDINGS" ] && args+=(--bindings "$BINDINGS")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.
     (

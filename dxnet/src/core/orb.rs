@@ -594,7 +594,7 @@ impl Orb {
     }
 
     /// The transport is done with the next `n` posted bytes: frees their
-    /// space and wakes producers waiting for it. Consumer only.
+    /// space and wakes producers waiting for it (see below). Consumer only.
     ///
     /// # Panics
     /// If fewer than `n` bytes are posted and not completed.
@@ -618,7 +618,20 @@ impl Orb {
                 Err(current) => front = current,
             }
         }
-        self.wake_waiters();
+        // Blocked producers are woken once per quarter of the ring freed,
+        // and whenever the consumer has caught up with everything collected
+        // (then no later completion may come to wake them). Waking them at
+        // every completion made dozens of producers blocked on a busy ring
+        // wake, find it full again and block, once per socket write.
+        let new_front = front + n;
+        let quarter = (self.capacity() / 4) as u64;
+        let crossed = new_front / quarter != front / quarter;
+        if crossed
+            || (self.front_posted.load(Ordering::Acquire) == new_front
+                && self.committed.load(Ordering::Acquire) == new_front)
+        {
+            self.wake_waiters();
+        }
     }
 
     /// A snapshot of the positions (see [`OrbPositions`]).
