@@ -861,8 +861,9 @@ impl io::Write for OrbWriter<'_> {
 impl Drop for OrbWriter<'_> {
     fn drop(&mut self) {
         if self.chunk_start != self.chunk_end {
-            // Only when `fill` panicked: commit the garbage anyway (later
-            // producers wait for it) and close the broken stream.
+            // Only when `fill` panicked: publish the garbage anyway (the
+            // consumer cannot pass an unpublished span) and close the
+            // broken stream.
             self.orb.close();
             self.commit_pending();
         }
@@ -1043,7 +1044,7 @@ mod tests {
         let short = orb.write_message(10, far(), &nop, |w| w.write_all(&[1; 9]));
         assert_eq!(short, Err(OrbError::Corrupted));
         assert!(orb.is_closed());
-        // The span was committed anyway (later producers must not hang).
+        // The span was published anyway (the consumer must be able to pass it).
         assert_eq!(orb.unposted_len(), 10);
         assert_eq!(orb.positions().committed, 10);
         assert_eq!(put(&orb, &[1; 8]), Err(OrbError::Closed));

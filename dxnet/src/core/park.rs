@@ -545,8 +545,6 @@ mod tests {
             ..ParkConfig::default()
         };
         assert!(!RequestWait::enter(&none).may_spin());
-        // Other tests may hold units of the process-wide count, so a limit
-        // of `held + 1` is checked relative to what is held now.
         let many = ParkConfig {
             max_request_spinners: Some(usize::MAX),
             ..ParkConfig::default()
