@@ -239,3 +239,75 @@ fn handler_blocked_outside_dxnet_does_not_stop_reception() {
         }
     }
 }
+
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Hold(u64);
+dxnet::message!(Hold, 50, 6);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct First;
+dxnet::request!(First, 50, 7 => Got);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Second;
+dxnet::request!(Second, 50, 8 => Got);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct SawFirst;
+dxnet::request!(SawFirst, 50, 9 => Got);
+
+/// The responses of one received buffer's requests leave together after
+/// its handlers ran, but a handler that blocks inside dxnet sends the
+/// earlier ones first: `Second`'s handler asks the client (a nested
+/// request) whether `First`'s response arrived, and the client answers
+/// only once it has (or says no after 5 s). Both requests reach the server
+/// while a `Hold` handler occupies the connection, so they are handled
+/// from the same buffer.
+#[test]
+fn responses_held_back_for_a_buffer_leave_before_a_handler_blocks() {
+    for kind in [Kind::Tcp, Kind::Loopback] {
+        let nodes = cluster_with(kind, 2, true, |c| c.request_timeout_ms = 20_000);
+        let (client, server) = (&nodes[0], &nodes[1]);
+        server
+            .register(|_, h: Hold| std::thread::sleep(Duration::from_millis(h.0)))
+            .unwrap();
+        server.register_request(|_, _: First| Got(1)).unwrap();
+        let me: Weak<Node> = Arc::downgrade(server);
+        server
+            .register_request(move |src, _: Second| {
+                let me = me.upgrade().expect("node alive");
+                me.request(src, &SawFirst, Duration::from_secs(20))
+                    .unwrap_or(Got(0))
+            })
+            .unwrap();
+        let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = seen.clone();
+        client
+            .register_request(move |_, _: SawFirst| {
+                let end = std::time::Instant::now() + Duration::from_secs(5);
+                while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                    if std::time::Instant::now() > end {
+                        return Got(0);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Got(1)
+            })
+            .unwrap();
+        for round in 0..5 {
+            client.send(NodeId(1), &Hold(50)).unwrap();
+            let first = client
+                .request_async(NodeId(1), &First, Duration::from_secs(20))
+                .unwrap();
+            let second = client
+                .request_async(NodeId(1), &Second, Duration::from_secs(20))
+                .unwrap();
+            seen.store(false, std::sync::atomic::Ordering::SeqCst);
+            let s = seen.clone();
+            let waiter = std::thread::spawn(move || {
+                let r = first.wait();
+                s.store(true, std::sync::atomic::Ordering::SeqCst);
+                r
+            });
+            assert_eq!(second.wait().unwrap(), Got(1), "{kind:?} round {round}");
+            assert_eq!(waiter.join().unwrap().unwrap(), Got(1));
+        }
+    }
+}

@@ -37,6 +37,10 @@ fn fc_config(id: u16, n: u16, base: u16) -> Config {
     c.flow_control_window = 512 << 10;
     c.park.spin_us = 20;
     c.park.yield_us = 200;
+    // Behaviour, not time: 16 threads share a 64 KiB ring and a 512 KiB
+    // window with messages up to 192 KiB; on a loaded machine a single
+    // send can wait seconds for its turn.
+    c.send_timeout_ms = 60_000;
     c
 }
 

@@ -236,6 +236,71 @@ thread_local! {
     static HANDLING: RefCell<Option<Handling>> = const { RefCell::new(None) };
     /// A handler of `HANDLING` blocked (its connection decodes ahead).
     static BLOCKED: Cell<bool> = const { Cell::new(false) };
+    /// Set while this thread runs the handlers of one received buffer:
+    /// peers whose requests or responses wait to be written out together
+    /// (see [`deferring_flushes`]).
+    static DEFERRED: RefCell<Option<Vec<u16>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (the handlers of the messages of one received buffer) so that
+/// the requests and responses they send are written out together when it
+/// returns, instead of one write each: a buffer that brought several
+/// requests sends their responses in one write (one system call and one
+/// wake-up of the peer instead of one per response). `flush` writes out a
+/// peer's data. A handler that blocks inside dxnet flushes first (see
+/// [`before_blocking`]), so nothing waits for a blocked handler; the
+/// responses of a buffer's earlier messages wait for its later handlers.
+pub(crate) fn deferring_flushes<R>(f: impl FnOnce() -> R, mut flush: impl FnMut(u16)) -> R {
+    struct Reset(Option<Vec<u16>>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            let _ = DEFERRED.try_with(|d| *d.borrow_mut() = prev);
+        }
+    }
+    let prev = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+    let reset = Reset(prev);
+    let r = f();
+    let peers = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+    drop(reset);
+    for p in peers {
+        flush(p);
+    }
+    r
+}
+
+/// True if this thread defers writing out `peer`'s data (it runs under
+/// [`deferring_flushes`]); the peer is then recorded.
+#[inline]
+pub(crate) fn defer_flush(peer: u16) -> bool {
+    DEFERRED
+        .try_with(|d| match d.try_borrow_mut() {
+            Ok(mut d) => match d.as_mut() {
+                Some(v) => {
+                    if !v.contains(&peer) {
+                        v.push(peer);
+                    }
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        })
+        .unwrap_or(false)
+}
+
+/// Takes the peers deferred so far (see [`deferring_flushes`]); deferral
+/// goes on for what the handlers send next.
+fn take_deferred() -> Vec<u16> {
+    DEFERRED
+        .try_with(|d| {
+            d.try_borrow_mut()
+                .ok()
+                .and_then(|mut d| d.as_mut().map(std::mem::take))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Runs `f` (the inline handling of a receive thread) with `standby` to be
@@ -304,6 +369,22 @@ pub fn before_blocking() {
         .flatten();
     if let Some(s) = standby {
         s.notify_one();
+    }
+    let deferred = take_deferred();
+    if !deferred.is_empty() {
+        let core = HANDLING
+            .try_with(|h| {
+                h.try_borrow()
+                    .ok()
+                    .and_then(|h| h.as_ref().map(|x| x.core.clone()))
+            })
+            .ok()
+            .flatten();
+        if let Some(core) = core {
+            for p in deferred {
+                core.flush_deferred(crate::NodeId(p));
+            }
+        }
     }
     if BLOCKED.try_with(|b| b.get()).unwrap_or(true) {
         return; // already decoding ahead (or thread exiting)
@@ -496,6 +577,31 @@ mod tests {
         // Late items made helpers give up, and some of them handed back.
         assert!(handed_back > 0);
         core.shutdown();
+    }
+
+    #[test]
+    fn deferred_flushes_leave_once_per_peer_after_the_run() {
+        let flushed = RefCell::new(Vec::new());
+        assert!(!defer_flush(3), "nothing is deferred outside a run");
+        let r = deferring_flushes(
+            || {
+                assert!(defer_flush(3));
+                assert!(defer_flush(5));
+                assert!(defer_flush(3));
+                assert!(flushed.borrow().is_empty(), "nothing leaves during the run");
+                // Nested runs (a handler run inside a handler) keep their
+                // own list.
+                deferring_flushes(|| assert!(defer_flush(7)), |p| flushed.borrow_mut().push(p));
+                assert_eq!(*flushed.borrow(), vec![7]);
+                assert_eq!(take_deferred(), vec![3, 5]);
+                assert!(defer_flush(9));
+                1
+            },
+            |p| flushed.borrow_mut().push(p),
+        );
+        assert_eq!(r, 1);
+        assert_eq!(*flushed.borrow(), vec![7, 9]);
+        assert!(!defer_flush(3));
     }
 
     #[test]

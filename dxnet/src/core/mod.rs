@@ -990,6 +990,15 @@ impl Core {
     /// (Plain messages keep the wake: the time it takes is what lets
     /// concurrent and back-to-back sends aggregate into one write.)
     fn on_urgent_write_interest(&self, peer: NodeId) {
+        if inline::defer_flush(peer.0) {
+            return;
+        }
+        self.flush_deferred(peer);
+    }
+
+    /// Writes out `peer`'s urgent data now (on this thread if the engine
+    /// can, see [`Core::on_urgent_write_interest`]).
+    pub(crate) fn flush_deferred(&self, peer: NodeId) {
         match self.transport() {
             Some(t) if t.try_flush(peer) => {}
             _ => self.on_write_interest(peer),
@@ -1404,7 +1413,8 @@ impl Core {
             }
         };
         if !pending.is_empty() {
-            inline::handling(self, conn, || {
+            let several = pending.len() > 1;
+            let mut run = || {
                 for m in pending.drain(..) {
                     let payload = match &m.at {
                         PayloadAt::In(r) => &base[r.clone()],
@@ -1416,6 +1426,13 @@ impl Core {
                     if inline::take_blocked() {
                         conn.inbox.lock().owner_blocked = false;
                     }
+                }
+            };
+            inline::handling(self, conn, || {
+                if several {
+                    inline::deferring_flushes(run, |p| self.flush_deferred(NodeId(p)));
+                } else {
+                    run();
                 }
             });
         }
