@@ -14,8 +14,12 @@
 //!
 //! Layout:
 //! - [`Node`], [`Config`], [`Message`], [`Request`], [`Error`]: the public API.
-//! - [`core`]: the transport-independent pipeline (ring buffers, queues,
-//!   flow control, request table, connection state), tested without sockets.
+//! - [`core`]: the transport-independent runtime and protocol (send path,
+//!   handler threads, incoming queue, flow control, request table,
+//!   connection state, codec and wire formats).
+//! - [`primitives`]: the concurrency primitives the layers above build on
+//!   (ring buffer, write interest, buffer pool, parking, counters); they
+//!   import nothing from the layers above.
 //! - [`transport`]: the engines behind one trait.
 
 #![warn(missing_docs)]
@@ -25,6 +29,7 @@ pub mod core;
 mod error;
 pub mod message;
 mod node;
+pub mod primitives;
 pub mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};

@@ -15,9 +15,9 @@ use parking_lot::Mutex;
 
 use crate::core::decoder::Decoder;
 use crate::core::flow::FlowControl;
-use crate::core::orb::Orb;
-use crate::core::park::{RequestSpinPolicy, Signal};
-use crate::core::pool::RecvBuffer;
+use crate::primitives::orb::Orb;
+use crate::primitives::park::{RequestSpinPolicy, Signal};
+use crate::primitives::pool::RecvBuffer;
 use crate::NodeId;
 
 /// Connection lifecycle.

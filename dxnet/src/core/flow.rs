@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::config::ParkConfig;
-use crate::core::park::Signal;
+use crate::primitives::park::Signal;
 
 /// Why a flow-control wait ended without a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crossbeam::queue::SegQueue;
 
 use crate::core::connection::{Connection, Incoming};
-use crate::core::park::Signal;
+use crate::primitives::park::Signal;
 
 /// The ready queue, limits and wake-up signal of the handler threads.
 #[derive(Debug)]

@@ -27,8 +27,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::core::connection::Connection;
-use crate::core::park::Signal;
 use crate::core::{Core, InlineWork};
+use crate::primitives::park::Signal;
 
 /// What the holder of a receive role does next (see [`ReceiveRole::run`]).
 pub enum Turn {

@@ -1,16 +1,16 @@
 //! The transport-independent core: everything between the public API and a
 //! transport engine, testable without sockets.
 //!
-//! - [`orb`]: per-connection outgoing ring buffer (lock-free, multi-producer).
-//! - [`write_interest`]: connections with data for the send thread, round-robin.
-//! - [`pool`], [`incoming`]: pooled receive buffers and the bounded incoming
-//!   queue feeding the handler threads.
+//! - [`incoming`]: the bounded incoming queue feeding the handler threads
+//!   (receive buffers come from [`crate::primitives::pool`]).
 //! - [`decoder`]: message reassembly across buffers.
 //! - [`flow`]: window-based flow control.
 //! - [`requests`]: pending requests and their responses.
 //! - [`connection`]: per-peer state and the connection table.
 //! - [`wire`]: handshake and chunk-header formats.
-//! - [`park`]: load-adaptive idling of internal threads.
+//!
+//! The ring buffer, write-interest queue, buffer pool and parking live in
+//! [`crate::primitives`].
 //!
 //! [`Core`] ties them together: the send path (serialize into the ORB), the
 //! handler threads (decode and dispatch), the connection manager (open on
@@ -25,14 +25,8 @@ pub mod flow;
 pub mod identity;
 pub mod incoming;
 pub mod inline;
-pub mod orb;
-pub mod park;
-pub mod pool;
 pub mod requests;
-pub mod stats;
-pub mod sync;
 pub mod wire;
-pub mod write_interest;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -52,16 +46,16 @@ use crate::node::NodeStats;
 use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, Message, NodeId, Request, Result};
 
+use crate::primitives::orb::OrbError;
+use crate::primitives::park::{self, Idle, Signal};
+use crate::primitives::pool::{BufferPool, RecvBuffer};
+use crate::primitives::stats::Stats;
+use crate::primitives::write_interest::WriteInterest;
 use connection::{ConnState, Connection, ConnectionTable, Incoming};
 use decoder::Decoder;
 use flow::{FlowControl, FlowWaitError};
 use incoming::IncomingQueue;
-use orb::OrbError;
-use park::{Idle, Signal};
-use pool::{BufferPool, RecvBuffer};
 use requests::{Outcome, PendingResponse, RequestTable};
-use stats::Stats;
-use write_interest::WriteInterest;
 
 /// Error codes carried by error responses (`FLAG_ERROR`).
 const REMOTE_UNKNOWN_TYPE: u8 = 1;
@@ -205,6 +199,8 @@ impl Core {
     /// threads and the transport.
     pub fn start(config: Config) -> Result<Arc<Core>> {
         config.validate()?;
+        // Blocking waits in the primitives hand inline work over first.
+        crate::primitives::set_blocking_hook(inline::before_blocking);
         if config.cluster_secret.is_none() && config.transport != TransportKind::Loopback {
             tracing::warn!(
                 "node {}: no cluster_secret configured: any process that can reach this node can join the cluster",

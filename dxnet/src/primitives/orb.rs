@@ -416,8 +416,7 @@ impl Orb {
                 backoff.snooze();
                 continue;
             }
-            #[cfg(not(loom))]
-            crate::core::inline::before_blocking();
+            crate::primitives::before_blocking();
             if sync::deadline_passed(deadline) {
                 return Err(OrbError::Timeout);
             }
@@ -1496,7 +1495,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::core::sync::{thread, Arc};
+    use crate::primitives::sync::{thread, Arc};
     use loom::sync::Notify;
     use std::io::Write;
     use std::time::Duration;

@@ -312,7 +312,7 @@ impl Signal {
         if ready() {
             return true;
         }
-        crate::core::inline::before_blocking();
+        crate::primitives::before_blocking();
         let mut idle = Idle::new(cfg);
         loop {
             if ready() {

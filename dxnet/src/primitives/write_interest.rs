@@ -224,7 +224,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::core::sync::{thread, Arc, AtomicUsize};
+    use crate::primitives::sync::{thread, Arc, AtomicUsize};
 
     /// A producer publishes work twice (pushing after each) while the
     /// consumer pops and processes concurrently. Afterwards either all work

@@ -1,0 +1,43 @@
+//! Concurrency primitives that know nothing of messages, connections or
+//! transports: the layers above (`core`, `transport`) use them, they use
+//! nothing above them (plain configuration structs aside). Each is tested on its own; the lock-free ones (`orb`,
+//! `write_interest`) also by loom models of the same code (`sync` is the
+//! std/loom shim they take their atomics from).
+//!
+//! - [`orb`]: the outgoing ring buffer (lock-free, many producers, one
+//!   consumer at a time).
+//! - [`write_interest`]: the queue of connections with data for the send
+//!   thread, each at most once, round-robin.
+//! - [`pool`]: pooled, reusable receive buffers.
+//! - [`park`]: load-adaptive idling (spin, yield, park) and wake-up signals.
+//! - [`stats`]: striped counters for hot paths.
+//!
+//! Blocking waits call a hook the runtime installs once
+//! ([`set_blocking_hook`]) instead of calling up into it: the runtime uses
+//! it to hand work over before a thread that runs handlers blocks.
+
+use std::sync::OnceLock;
+
+pub mod orb;
+pub mod park;
+pub mod pool;
+pub mod stats;
+pub mod sync;
+pub mod write_interest;
+
+static BLOCKING_HOOK: OnceLock<fn()> = OnceLock::new();
+
+/// Installs `hook`, called by every blocking wait of these primitives
+/// before the thread parks (or spins on another thread's progress). The
+/// first call wins; returns false if a hook was already installed.
+pub fn set_blocking_hook(hook: fn()) -> bool {
+    BLOCKING_HOOK.set(hook).is_ok()
+}
+
+/// Runs the installed blocking hook, if any.
+#[inline]
+pub fn before_blocking() {
+    if let Some(hook) = BLOCKING_HOOK.get() {
+        hook();
+    }
+}
