@@ -15,7 +15,7 @@ fn main() {
     }
     let keys: Vec<(u16, (String, String))> = ids
         .iter()
-        .map(|&id| (id, dxnet::core::identity::generate_keypair()))
+        .map(|&id| (id, dxnet::proto::identity::generate_keypair()))
         .collect();
     println!("# Node map entries (the same in every node's config):");
     for (id, (_, public)) in &keys {

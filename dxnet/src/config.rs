@@ -227,7 +227,7 @@ pub struct Config {
     /// Hex Ed25519 private key (32-byte seed) of this node's identity: the
     /// connection set-up is then signed by each side and checked against
     /// the node map's `public_key`s, so no node can act as another node id
-    /// (see `dxnet::core::identity`). Default none.
+    /// (see `dxnet::proto::identity`). Default none.
     pub identity_key: Option<String>,
     /// TLS encryption and certificate authentication of TCP connections.
     /// Default `None` (plaintext; use on trusted networks only).
@@ -399,7 +399,7 @@ impl Config {
         {
             return bad("timeouts must be > 0 ms".into());
         }
-        crate::core::identity::Identity::from_config(self)?;
+        crate::proto::identity::Identity::from_config(self)?;
         if let Some(t) = &self.tls {
             if self.transport != TransportKind::Tcp {
                 return bad("tls: only the tcp transport supports TLS".into());

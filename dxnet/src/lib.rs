@@ -14,9 +14,11 @@
 //!
 //! Layout:
 //! - [`Node`], [`Config`], [`Message`], [`Request`], [`Error`]: the public API.
-//! - [`core`]: the transport-independent runtime and protocol (send path,
-//!   handler threads, incoming queue, flow control, request table,
-//!   connection state, codec and wire formats).
+//! - [`core`]: the transport-independent runtime (send path, handler
+//!   threads, incoming queue, flow control, request table, connection
+//!   state).
+//! - [`proto`]: the protocol without I/O (codec, reassembly, wire formats,
+//!   identities).
 //! - [`primitives`]: the concurrency primitives the layers above build on
 //!   (ring buffer, write interest, buffer pool, parking, counters); they
 //!   import nothing from the layers above.
@@ -30,6 +32,7 @@ mod error;
 pub mod message;
 mod node;
 pub mod primitives;
+pub mod proto;
 pub mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};

@@ -188,7 +188,7 @@ impl<T: Message> Future for ResponseHandle<T> {
 /// Decodes a response payload and hands its buffer back for the thread's
 /// next request (see `core::requests::recycle_payload`).
 fn decode_response<T: Message>(bytes: Vec<u8>) -> Result<T> {
-    let resp = crate::core::codec::decode::<T>(&bytes);
+    let resp = crate::proto::codec::decode::<T>(&bytes);
     crate::core::requests::recycle_payload(bytes);
     resp
 }

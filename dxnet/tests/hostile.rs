@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 
 use common::proc::*;
 use common::*;
-use dxnet::core::codec;
-use dxnet::core::decoder::Decoder;
-use dxnet::core::wire::{
+use dxnet::message::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
+use dxnet::proto::codec;
+use dxnet::proto::decoder::Decoder;
+use dxnet::proto::wire::{
     self, encode_chunk_header, ChunkParser, HandshakeMsg, Hello, Status, HANDSHAKE_LEN,
     HANDSHAKE_MAGIC, PROTOCOL_VERSION,
 };
-use dxnet::message::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
 use dxnet::{Config, Error, Node, NodeId};
 use serde::{Deserialize, Serialize};
 

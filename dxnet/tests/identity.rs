@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dxnet::core::identity::generate_keypair;
+use dxnet::proto::identity::generate_keypair;
 use dxnet::{Config, Error, Node, NodeId};
 use serde::{Deserialize, Serialize};
 

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use dxnet::core::codec::encode_into;
-use dxnet::core::wire::{
+use dxnet::proto::codec::encode_into;
+use dxnet::proto::wire::{
     encode_chunk_header, Exchange, ExchangeKind, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
 use dxnet::message::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
@@ -198,7 +198,7 @@ fn main() {
         nonce: [8; 16],
     };
     let mut v = vec![0u8];
-    v.extend_from_slice(&ex.encode(None));
+    v.extend_from_slice(&ex.encode(None, None));
     write(&dir, "ib_exchange", "request_no_secret", &v);
     let mut v = vec![6u8];
     v.extend_from_slice(b"secret");
@@ -207,11 +207,11 @@ fn main() {
             kind: ExchangeKind::Accept,
             ..ex
         }
-        .encode(Some(b"secret")),
+        .encode(Some(b"secret"), None),
     );
     write(&dir, "ib_exchange", "accept_with_secret", &v);
     let mut v = vec![0u8];
-    v.extend_from_slice(&ex.encode(None)[..60]);
+    v.extend_from_slice(&ex.encode(None, None)[..60]);
     write(&dir, "ib_exchange", "truncated", &v);
 
     println!("corpus written to {}", dir.display());

@@ -6,7 +6,7 @@
 //! Input: [max payload: u24 LE][n: u8][n × u16 cut offsets][stream].
 #![no_main]
 
-use dxnet::core::decoder::Decoder;
+use dxnet::proto::decoder::Decoder;
 use dxnet::message::MessageHeader;
 use dxnet_fuzz::{pieces, split_input};
 use libfuzzer_sys::fuzz_target;

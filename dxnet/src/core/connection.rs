@@ -13,11 +13,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
-use crate::core::decoder::Decoder;
 use crate::core::flow::FlowControl;
 use crate::primitives::orb::Orb;
 use crate::primitives::park::{RequestSpinPolicy, Signal};
 use crate::primitives::pool::RecvBuffer;
+use crate::proto::decoder::Decoder;
 use crate::NodeId;
 
 /// Connection lifecycle.

@@ -3,30 +3,25 @@
 //!
 //! - [`incoming`]: the bounded incoming queue feeding the handler threads
 //!   (receive buffers come from [`crate::primitives::pool`]).
-//! - [`decoder`]: message reassembly across buffers.
 //! - [`flow`]: window-based flow control.
 //! - [`requests`]: pending requests and their responses.
 //! - [`connection`]: per-peer state and the connection table.
-//! - [`wire`]: handshake and chunk-header formats.
+//! - [`inline`]: handling on receive threads and the receive role.
 //!
 //! The ring buffer, write-interest queue, buffer pool and parking live in
-//! [`crate::primitives`].
+//! [`crate::primitives`]; codec, reassembly and wire formats in
+//! [`crate::proto`].
 //!
 //! [`Core`] ties them together: the send path (serialize into the ORB), the
 //! handler threads (decode and dispatch), the connection manager (open on
 //! first use, least-recently-used closing, failure handling) and the hooks a
 //! [`Transport`] calls.
 
-pub mod codec;
 pub mod connection;
-pub mod decoder;
-pub mod depth;
 pub mod flow;
-pub mod identity;
 pub mod incoming;
 pub mod inline;
 pub mod requests;
-pub mod wire;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -51,8 +46,9 @@ use crate::primitives::park::{self, Idle, Signal};
 use crate::primitives::pool::{BufferPool, RecvBuffer};
 use crate::primitives::stats::Stats;
 use crate::primitives::write_interest::WriteInterest;
+use crate::proto::decoder::Decoder;
+use crate::proto::{codec, identity, wire};
 use connection::{ConnState, Connection, ConnectionTable, Incoming};
-use decoder::Decoder;
 use flow::{FlowControl, FlowWaitError};
 use incoming::IncomingQueue;
 use requests::{Outcome, PendingResponse, RequestTable};

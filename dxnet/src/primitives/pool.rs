@@ -124,7 +124,7 @@ impl RecvBuffer {
 
     /// Marks the received bytes as whole messages sent outside the
     /// connection's byte stream (an RDMA send posted directly, see
-    /// `core::wire::IMM_STANDALONE`): they are decoded on their own, and the
+    /// `proto::wire::IMM_STANDALONE`): they are decoded on their own, and the
     /// stream's reassembly state is neither used nor changed.
     pub fn mark_standalone(&mut self) {
         self.standalone = true;

@@ -47,10 +47,10 @@ use rustc_hash::FxHashMap;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
-use crate::core::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
 use crate::core::{Core, InlineWork};
 use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
+use crate::proto::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
 use crate::transport::{resolve, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 

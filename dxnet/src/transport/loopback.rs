@@ -13,9 +13,9 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
-use crate::core::wire::Status;
 use crate::core::Core;
 use crate::primitives::park::{Idle, Signal};
+use crate::proto::wire::Status;
 use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 

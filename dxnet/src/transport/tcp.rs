@@ -32,13 +32,13 @@ use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
-use crate::core::wire::{
-    self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
-    CHUNK_HEADER_LEN, HANDSHAKE_LEN,
-};
 use crate::core::{Core, InlineWork};
 use crate::primitives::park::Idle;
 use crate::primitives::pool::RecvBuffer;
+use crate::proto::wire::{
+    self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
+    CHUNK_HEADER_LEN, HANDSHAKE_LEN,
+};
 use crate::transport::tls::{self, TlsContext, TlsStream};
 use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};

@@ -443,7 +443,7 @@ pub fn test_identity_seed(id: u16) -> [u8; 32] {
 /// Gives `c` identity keys: its own (from [`test_identity_seed`]) and every
 /// node-map entry's public key.
 pub fn with_test_identities(c: &mut Config) {
-    use dxnet::core::identity::Identity;
+    use dxnet::proto::identity::Identity;
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     c.identity_key = Some(hex(&test_identity_seed(c.node_id)));
     for n in &mut c.nodes {

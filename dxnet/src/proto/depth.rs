@@ -53,7 +53,7 @@ impl Budget {
 /// levels deep instead of recursing without bound.
 ///
 /// ```
-/// use dxnet::core::depth::DepthLimited;
+/// use dxnet::proto::depth::DepthLimited;
 /// use serde::Deserialize;
 ///
 /// let json = "[[[1]]]";
