@@ -167,6 +167,29 @@ pub struct TcpEngine {
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// Why the dialer's side of a handshake failed: the peer's decision (which
+/// the caller acts on) or anything else (reported as text).
+#[derive(Debug)]
+enum DialFailure {
+    Rejected(Status),
+    Failed(String),
+}
+
+impl From<String> for DialFailure {
+    fn from(e: String) -> Self {
+        Self::Failed(e)
+    }
+}
+
+impl std::fmt::Display for DialFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Rejected(st) => write!(f, "{}", HandshakeError::Rejected(*st)),
+            Self::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
 fn io_err(e: std::io::Error) -> Error {
     Error::Transport(e.to_string())
 }
@@ -284,16 +307,15 @@ impl TcpEngine {
         core: &Core,
         s: &mut S,
         peer: NodeId,
-    ) -> std::result::Result<Hello, String> {
+    ) -> std::result::Result<Hello, DialFailure> {
         let mine = self.hello(core, peer.0);
         write_msg(s, &HandshakeMsg::Hello(mine)).map_err(|e| format!("handshake write: {e}"))?;
         let theirs = match read_msg(s)? {
             HandshakeMsg::Reply(h, mac) => {
                 if h.node_id != peer.0 {
-                    return Err(format!(
-                        "node {} answered at the address of {peer}",
-                        h.node_id
-                    ));
+                    return Err(
+                        format!("node {} answered at the address of {peer}", h.node_id).into(),
+                    );
                 }
                 if !wire::verify_proof(
                     self.secret(),
@@ -305,12 +327,12 @@ impl TcpEngine {
                     h.instance,
                     &mac,
                 ) {
-                    return Err(HandshakeError::Auth.to_string());
+                    return Err(HandshakeError::Auth.to_string().into());
                 }
                 h
             }
-            HandshakeMsg::Final(st) => return Err(HandshakeError::Rejected(st).to_string()),
-            other => return Err(format!("unexpected handshake message {other:?}")),
+            HandshakeMsg::Final(st) => return Err(DialFailure::Rejected(st)),
+            other => return Err(format!("unexpected handshake message {other:?}").into()),
         };
         if let Some(id) = &core.identity {
             let t = wire::transcript(
@@ -324,9 +346,11 @@ impl TcpEngine {
             match read_msg(s)? {
                 HandshakeMsg::Signature(sig) if id.verify(theirs.node_id, &t, &sig) => {}
                 HandshakeMsg::Signature(_) => {
-                    return Err(format!("{peer}'s identity signature is not valid"))
+                    return Err(format!("{peer}'s identity signature is not valid").into())
                 }
-                other => return Err(format!("expected an identity signature, got {other:?}")),
+                other => {
+                    return Err(format!("expected an identity signature, got {other:?}").into())
+                }
             }
         }
         let proof = wire::proof(
@@ -353,8 +377,8 @@ impl TcpEngine {
         }
         match read_msg(s)? {
             HandshakeMsg::Final(Status::Accept) => Ok(theirs),
-            HandshakeMsg::Final(st) => Err(HandshakeError::Rejected(st).to_string()),
-            other => Err(format!("unexpected handshake message {other:?}")),
+            HandshakeMsg::Final(st) => Err(DialFailure::Rejected(st)),
+            other => Err(format!("unexpected handshake message {other:?}").into()),
         }
     }
 
@@ -1184,7 +1208,7 @@ impl Transport for TcpEngine {
                         .attach(&core, conn, s, tls_conn, &theirs)
                         .map_err(|e| Error::Unreachable(peer, e));
                 }
-                Err(e) if e.contains(&Status::Duplicate.to_string()) => {
+                Err(DialFailure::Rejected(Status::Duplicate)) => {
                     // The peer's own dial wins; it will open `conn`.
                     let wait = deadline.min(Instant::now() + Duration::from_millis(100));
                     conn.state_changed
@@ -1197,7 +1221,7 @@ impl Transport for TcpEngine {
                         ConnState::Connecting => continue,
                     }
                 }
-                Err(e) => return Err(Error::Unreachable(peer, e)),
+                Err(e) => return Err(Error::Unreachable(peer, e.to_string())),
             }
         }
     }
