@@ -1,7 +1,7 @@
 //! Typed messages, requests and the 12-byte message header on the wire.
 //!
 //! Any serde type becomes a message by implementing [`Message`] (usually via
-//! [`message!`](crate::message)): it then has a (type, subtype) id pair that
+//! [`message!`](macro@crate::message)): it then has a (type, subtype) id pair that
 //! selects its receiver at the destination. Type 0 is reserved for dxnet's
 //! own control messages.
 

@@ -10,7 +10,7 @@
 //! - [`identity`]: node identities (ed25519) and the signed handshake
 //!   material.
 //!
-//! The message header itself is in [`crate::message`].
+//! The message header itself is in [`message`](mod@crate::message).
 
 pub mod codec;
 pub mod decoder;

@@ -1,0 +1,222 @@
+//! The connection manager: open on first use, accept, least-recently-used
+//! closing, failures.
+
+use super::*;
+
+impl Core {
+    /// The open connection to `dest`, creating it on first use. Waits at most
+    /// until `deadline` (and the connect timeout) for it to open.
+    pub fn connection(&self, dest: NodeId, deadline: Instant) -> Result<Arc<Connection>> {
+        let connect_deadline =
+            deadline.min(Instant::now() + Duration::from_millis(self.config.connect_timeout_ms));
+        loop {
+            if let Some(c) = self.connections.get(dest) {
+                match c.state() {
+                    ConnState::Open => return Ok(c),
+                    ConnState::Connecting => {
+                        inline::before_blocking();
+                        c.state_changed
+                            .wait_until(&self.config.park, connect_deadline, || {
+                                c.state() != ConnState::Connecting
+                            });
+                        match c.state() {
+                            ConnState::Open => return Ok(c),
+                            ConnState::Connecting => {
+                                return Err(Error::Unreachable(
+                                    dest,
+                                    "connection not established in time".into(),
+                                ))
+                            }
+                            ConnState::Closed => {
+                                return Err(Error::Unreachable(dest, c.close_reason()))
+                            }
+                        }
+                    }
+                    ConnState::Closed => {} // being removed; create a new one
+                }
+            }
+            if self.is_shut_down() {
+                return Err(Error::Shutdown);
+            }
+            if self.config.transport != TransportKind::Loopback
+                && self.config.address_of(dest).is_none()
+            {
+                return Err(Error::Unreachable(dest, "not in the node map".into()));
+            }
+            let Some(conn) = self.create_connection(dest, None)? else {
+                continue; // somebody else created it meanwhile
+            };
+            inline::before_blocking(); // connecting blocks on the network
+            let Some(t) = self.transport() else {
+                return Err(Error::Shutdown);
+            };
+            match t.connect(&conn, connect_deadline) {
+                Ok(()) if conn.state() == ConnState::Open => {
+                    tracing::debug!("{}: connected to {dest}", self.own);
+                    return Ok(conn);
+                }
+                Ok(()) => return Err(Error::Unreachable(dest, conn.close_reason())),
+                Err(e) => {
+                    let reason = match &e {
+                        Error::Unreachable(_, r) => r.clone(),
+                        other => other.to_string(),
+                    };
+                    self.close_connection(&conn, &reason, true);
+                    return Err(Error::Unreachable(dest, reason));
+                }
+            }
+        }
+    }
+
+    /// Creates and installs a connection to `peer` in state Connecting,
+    /// closing the least recently used one if the limit is reached. Returns
+    /// `None` if a live connection exists (and `replace` is not it).
+    pub(super) fn create_connection(
+        &self,
+        peer: NodeId,
+        replace: Option<&Arc<Connection>>,
+    ) -> Result<Option<Arc<Connection>>> {
+        let mut evict = None;
+        let conn = {
+            let mut count = self.connections.lock.lock();
+            if let Some(c) = self.connections.get(peer) {
+                let replacing = replace.is_some_and(|r| r.id == c.id);
+                if c.is_alive() && !replacing {
+                    return Ok(None);
+                }
+                if !c.is_alive() {
+                    self.connections.remove_if_current(&mut count, &c);
+                }
+            }
+            if *count >= self.config.max_connections {
+                // Prefer idle connections: closing one with queued data
+                // loses that data (as a broken connection would).
+                let lru = self
+                    .connections
+                    .all()
+                    .into_iter()
+                    .filter(|c| c.peer != peer)
+                    .min_by_key(|c| (!c.is_idle(), c.last_used()));
+                if let Some(l) = lru {
+                    self.connections.remove_if_current(&mut count, &l);
+                    evict = Some(l);
+                }
+            }
+            let conn = Arc::new(Connection::new(
+                peer,
+                self.connections.next_id(),
+                self.config.orb_size,
+                FlowControl::new(self.fc_window, self.fc_unit),
+                self.config.max_message_size,
+            ));
+            conn.touch(self.tick(Instant::now()));
+            if let Some(t) = self.transport() {
+                let t = Arc::downgrade(t);
+                conn.orb.on_blocked(Box::new(move || {
+                    if let Some(t) = t.upgrade() {
+                        t.wake_sender();
+                    }
+                }));
+            }
+            self.connections.install(&mut count, conn.clone());
+            conn
+        };
+        if let Some(l) = evict {
+            tracing::debug!(
+                "{}: closing least recently used connection to {}",
+                self.own,
+                l.peer
+            );
+            self.close_connection(&l, "closed to stay within max_connections", false);
+        }
+        if let Some(r) = replace {
+            self.close_connection(
+                r,
+                "replaced by a new connection from the restarted peer",
+                true,
+            );
+        }
+        Ok(Some(conn))
+    }
+
+    /// A transport accepted an authenticated connection from `peer`. Returns
+    /// the connection to attach to (then call [`Core::opened`]), or the
+    /// status to reject with: the lower node id's dial wins a simultaneous
+    /// connect, and a known peer instance already connected is a duplicate.
+    pub fn accept_incoming(
+        &self,
+        peer: NodeId,
+        instance: u64,
+    ) -> std::result::Result<Arc<Connection>, wire::Status> {
+        if self.is_shut_down() {
+            return Err(wire::Status::ShuttingDown);
+        }
+        loop {
+            let existing = self.connections.get(peer);
+            let replace = match &existing {
+                Some(c) => match c.state() {
+                    ConnState::Connecting => {
+                        return if self.own < peer {
+                            Err(wire::Status::Duplicate)
+                        } else {
+                            Ok(c.clone())
+                        };
+                    }
+                    ConnState::Open if c.peer_instance() == instance => {
+                        return Err(wire::Status::Duplicate)
+                    }
+                    ConnState::Open => existing.as_ref(),
+                    ConnState::Closed => None,
+                },
+                None => None,
+            };
+            match self.create_connection(peer, replace) {
+                Ok(Some(c)) => return Ok(c),
+                Ok(None) => continue,
+                Err(_) => return Err(wire::Status::ShuttingDown),
+            }
+        }
+    }
+
+    /// A transport finished attaching `conn`: data may flow.
+    pub fn opened(
+        &self,
+        conn: &Arc<Connection>,
+        peer_instance: u64,
+        peer_window: u64,
+        peer_unit: u64,
+    ) -> bool {
+        conn.flow.set_peer(peer_window, peer_unit);
+        let ok = conn.mark_open(peer_instance);
+        if ok {
+            self.stats.connections_opened.add(1);
+        }
+        ok
+    }
+
+    /// Closes `conn`: removes it, tells the transport, fails its pending
+    /// requests (`failed`: with "destination unreachable", otherwise
+    /// "cancelled"). Idempotent.
+    pub fn close_connection(&self, conn: &Arc<Connection>, reason: &str, failed: bool) {
+        if !conn.mark_closed(reason) {
+            return;
+        }
+        {
+            let mut count = self.connections.lock.lock();
+            self.connections.remove_if_current(&mut count, conn);
+        }
+        if failed {
+            tracing::info!("{}: connection to {} closed: {reason}", self.own, conn.peer);
+        }
+        if let Some(t) = self.transport() {
+            t.close(conn);
+        }
+        let err = if failed {
+            Error::Unreachable(conn.peer, reason.to_string())
+        } else {
+            Error::Cancelled("connection closed")
+        };
+        self.requests.fail_peer(conn.peer, &err);
+        self.stats.connections_closed.add(1);
+    }
+}

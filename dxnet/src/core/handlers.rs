@@ -1,0 +1,224 @@
+//! Handler threads: take a connection with data, decode its buffers, dispatch
+//! to the registered receivers, decode ahead while a handler blocks.
+
+use super::*;
+
+impl Core {
+    pub(super) fn handler_loop(self: Arc<Self>) {
+        let mut idle = Idle::new(&self.config.park);
+        loop {
+            if let Some(conn) = self.incoming.pop_ready() {
+                idle.reset();
+                self.process_connection(conn);
+                continue;
+            }
+            if self.is_shut_down() {
+                return;
+            }
+            if idle.step() {
+                let max = idle.max_park;
+                self.incoming
+                    .handlers
+                    .park_unless(|| !self.incoming.is_idle() || self.is_shut_down(), max);
+            }
+        }
+    }
+
+    pub(super) fn process_connection(self: &Arc<Self>, conn: Arc<Connection>) {
+        for _ in 0..HANDLER_BUDGET {
+            let (item, wake) = self.incoming.next_item(&conn);
+            if wake {
+                self.resources_freed();
+            }
+            let Some(item) = item else { return };
+            self.process_item(&conn, item);
+        }
+        // Budget used up: let other connections go first.
+        self.incoming.reschedule(conn);
+    }
+
+    /// Handles one buffer of a connection the caller holds, in two steps:
+    /// decode it all (completing responses at once), then run the handlers
+    /// of its other messages in order without holding the decoder. So a
+    /// handler may block on a nested request to the very peer it is
+    /// handling: its response is completed by the decode-ahead (see
+    /// [`Core::owner_blocking`]).
+    pub(super) fn process_item(self: &Arc<Self>, conn: &Arc<Connection>, item: Incoming) {
+        let mut processed = 0u64;
+        let mut responses = 0u64;
+        let mut count = 0u64;
+        let mut pending = take_scratch();
+        let base: &[u8] = match &item {
+            Incoming::Pooled(b) => b.bytes(),
+            Incoming::Local(v) | Incoming::Decoded(v) => v,
+        };
+        let res = {
+            let mut on_msg = |h: &MessageHeader, p: &[u8]| {
+                if h.flags & FLAG_RESPONSE != 0 {
+                    // Outside the flow-control window: counted in the
+                    // stats only.
+                    responses += (HEADER_LEN + p.len()) as u64;
+                    count += 1;
+                    self.dispatch(conn.peer, h, p);
+                    return;
+                }
+                // Payloads inside the buffer are referenced, reassembled
+                // ones (split across buffers) copied out of the decoder.
+                let off = (p.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+                let at = if !p.is_empty() && off <= base.len() && p.len() <= base.len() - off {
+                    PayloadAt::In(off..off + p.len())
+                } else {
+                    PayloadAt::Owned(p.to_vec())
+                };
+                pending.push(PendingMessage { header: *h, at });
+            };
+            match &item {
+                // Whole messages outside the stream: its decoder is
+                // neither needed nor touched.
+                Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
+                Incoming::Pooled(b) => {
+                    let mut dec = conn.decoder.lock();
+                    b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg))
+                }
+                Incoming::Local(v) => conn.decoder.lock().feed(v, &mut on_msg),
+                // Whole messages: no decoder state involved.
+                Incoming::Decoded(v) => {
+                    Decoder::new(self.config.max_message_size).feed(v, &mut on_msg)
+                }
+            }
+        };
+        if !pending.is_empty() {
+            let several = pending.len() > 1;
+            let mut run = || {
+                for m in pending.drain(..) {
+                    let payload = match &m.at {
+                        PayloadAt::In(r) => &base[r.clone()],
+                        PayloadAt::Owned(v) => v,
+                    };
+                    processed += (HEADER_LEN + payload.len()) as u64;
+                    count += 1;
+                    self.dispatch(conn.peer, &m.header, payload);
+                    if inline::take_blocked() {
+                        conn.inbox.lock().owner_blocked = false;
+                    }
+                }
+            };
+            inline::handling(self, conn, || {
+                if several {
+                    inline::deferring_flushes(run, |p| self.flush_deferred(NodeId(p)));
+                } else {
+                    run();
+                }
+            });
+        }
+        put_scratch(pending);
+        self.stats.msgs_received.add(count);
+        self.stats.bytes_received.add(processed + responses);
+        if let Incoming::Pooled(b) = item {
+            if self.pool.put(b) {
+                self.resources_freed();
+            }
+        }
+        if conn.id != 0 && conn.flow.on_processed(processed) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
+        if let Err(e) = res {
+            if conn.id == 0 {
+                tracing::error!("{}: local message stream corrupted: {e}", self.own);
+            } else {
+                tracing::warn!(
+                    "{}: protocol error from {}: {e}; closing the connection",
+                    self.own,
+                    conn.peer
+                );
+                self.close_connection(conn, &format!("protocol error: {e}"), true);
+            }
+        }
+    }
+
+    pub(super) fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
+        if h.flags & FLAG_RESPONSE != 0 {
+            let completed = if h.flags & FLAG_ERROR != 0 {
+                self.requests
+                    .complete(h.request_id, src, Err(remote_error(h, payload)))
+            } else {
+                self.requests.complete_payload(h.request_id, src, payload)
+            };
+            if !completed {
+                tracing::debug!(
+                    "{}: response {} from {src} matches no pending request",
+                    self.own,
+                    h.request_id
+                );
+            }
+            return;
+        }
+        let Some(entry) = self.handlers[h.type_key() as usize].get() else {
+            self.stats.unknown_messages.add(1);
+            let key = h.type_key() as usize;
+            let bit = 1u64 << (key % 64);
+            if self.unknown_logged[key / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                tracing::warn!(
+                    "{}: message of unknown type ({}, {}) from {src} dropped (further ones of this type are logged at debug level)",
+                    self.own,
+                    h.msg_type,
+                    h.subtype
+                );
+            } else {
+                tracing::debug!(
+                    "{}: message of unknown type ({}, {}) from {src} dropped",
+                    self.own,
+                    h.msg_type,
+                    h.subtype
+                );
+            }
+            if h.flags & FLAG_REQUEST != 0 {
+                self.send_error_response(
+                    src,
+                    h.request_id,
+                    REMOTE_UNKNOWN_TYPE,
+                    h.msg_type,
+                    h.subtype,
+                );
+            }
+            return;
+        };
+        match &entry.kind {
+            HandlerKind::Request(f) => {
+                if h.flags & FLAG_REQUEST == 0 {
+                    tracing::warn!(
+                        "{}: request type ({}, {}) sent without request flag by {src}",
+                        self.own,
+                        h.msg_type,
+                        h.subtype
+                    );
+                    return;
+                }
+                f(self, src, h.request_id, payload)
+            }
+            HandlerKind::Message(_) if entry.exclusive => {
+                let item = ExclusiveItem {
+                    src,
+                    key: h.type_key(),
+                    payload: payload.to_vec(),
+                };
+                if let Some(tx) = &*self.exclusive_tx.read() {
+                    let _ = tx.send(item);
+                }
+            }
+            HandlerKind::Message(f) => run_receiver(self.own, f, src, h.type_key(), payload),
+        }
+    }
+
+    pub(super) fn exclusive_loop(self: Arc<Self>, rx: Receiver<ExclusiveItem>) {
+        while let Ok(item) = rx.recv() {
+            if let Some(HandlerEntry {
+                kind: HandlerKind::Message(f),
+                ..
+            }) = self.handlers[item.key as usize].get()
+            {
+                run_receiver(self.own, f, item.src, item.key, &item.payload);
+            }
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! The send path: serialize into the connection's ring buffer under flow
+//! control, requests and responses, standalone frames, and who writes the
+//! data out.
+
+use super::*;
+
+impl Core {
+    /// Sends a typed message.
+    pub fn send_message<M: Message>(&self, dest: NodeId, msg: &M) -> Result<()> {
+        let len = codec::encoded_len(msg)?;
+        self.send_frame(
+            dest,
+            M::TYPE,
+            M::SUBTYPE,
+            0,
+            0,
+            len,
+            None,
+            Instant::now(),
+            |w| codec::encode_into(w, msg),
+        )
+    }
+
+    /// Sends raw bytes as a message.
+    pub fn send_raw(&self, dest: NodeId, t: u8, s: u8, payload: &[u8]) -> Result<()> {
+        if t == 0 {
+            return Err(Error::Config("message type 0 is reserved for dxnet".into()));
+        }
+        self.send_frame(dest, t, s, 0, 0, payload.len(), None, Instant::now(), |w| {
+            w.write_all(payload)
+        })
+    }
+
+    /// Sends a request; the handle waits for its response.
+    pub fn send_request<R: Request>(
+        &self,
+        dest: NodeId,
+        req: &R,
+        timeout: Duration,
+    ) -> Result<PendingResponse> {
+        let len = codec::encoded_len(req)?;
+        let now = Instant::now();
+        let (id, pending) = self.requests.insert_at(dest, now, timeout)?;
+        let deadline = pending.deadline();
+        self.send_frame(
+            dest,
+            R::TYPE,
+            R::SUBTYPE,
+            FLAG_REQUEST,
+            id,
+            len,
+            Some(deadline),
+            now,
+            |w| codec::encode_into(w, req),
+        )?;
+        Ok(pending)
+    }
+
+    /// Blocks until `p`'s outcome is known: busy-waits first (a response
+    /// that arrives meanwhile is taken without waking this thread; on an
+    /// engine that supports it this thread even receives it itself, see
+    /// `ReceiveRole::help`), then parks. How long: [`park::RequestSpinPolicy`].
+    pub fn wait_response(&self, p: PendingResponse) -> Outcome {
+        let park = &self.config.park;
+        if park.request_spin_us == 0 || p.is_done() {
+            return p.wait();
+        }
+        let mut waiting = park::RequestWait::enter(park);
+        if !waiting.may_spin() {
+            // Many requesters are blocked: park and leave the cores to the
+            // threads that carry the responses.
+            return p.wait();
+        }
+        let start = Instant::now();
+        let conn = self.connections.get(p.peer());
+        let spin = conn.as_ref().map_or_else(
+            || park::RequestSpinPolicy::full(park),
+            |c| c.request_spin.spin(park),
+        );
+        inline::before_blocking();
+        {
+            let until = (start + spin).min(p.deadline());
+            let helped = self
+                .transport()
+                .is_some_and(|t| t.receive_while_waiting(&|| p.is_done(), until));
+            if !helped {
+                p.spin_until(until);
+            }
+        }
+        waiting.stop_spinning();
+        if let Some(c) = &conn {
+            let spun = spin.min(p.deadline().saturating_duration_since(start));
+            c.request_spin.record(park, spun, p.is_done());
+        }
+        p.wait()
+    }
+
+    pub(super) fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
+        let len = codec::encoded_len(resp)?;
+        self.send_frame(
+            dest,
+            M::TYPE,
+            M::SUBTYPE,
+            FLAG_RESPONSE,
+            id,
+            len,
+            None,
+            Instant::now(),
+            |w| codec::encode_into(w, resp),
+        )
+    }
+
+    pub(super) fn send_error_response(&self, dest: NodeId, id: u32, code: u8, t: u8, s: u8) {
+        let payload = [code, t, s];
+        let res = self.send_frame(
+            dest,
+            t,
+            s,
+            FLAG_RESPONSE | FLAG_ERROR,
+            id,
+            3,
+            None,
+            Instant::now(),
+            |w| w.write_all(&payload),
+        );
+        if let Err(e) = res {
+            tracing::debug!("error response to {dest} not sent: {e}");
+        }
+    }
+
+    /// Serializes one message (header + payload of `payload_len` bytes
+    /// written by `fill`) into the destination's ring buffer, or sends a
+    /// small request or response at once (see
+    /// [`Transport::send_standalone`]). `now`: the caller's clock reading.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_frame<F>(
+        &self,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        flags: u8,
+        request_id: u32,
+        payload_len: usize,
+        deadline: Option<Instant>,
+        now: Instant,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        if payload_len > self.config.max_message_size {
+            return Err(Error::TooLarge {
+                size: payload_len,
+                max: self.config.max_message_size,
+            });
+        }
+        if self.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        let header = MessageHeader {
+            msg_type: t,
+            subtype: s,
+            flags,
+            request_id,
+            payload_len: payload_len as u32,
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        header.encode(&mut hb);
+        let total = HEADER_LEN + payload_len;
+        let send_deadline = now + Duration::from_millis(self.config.send_timeout_ms);
+        let deadline = deadline.map_or(send_deadline, |d| d.min(send_deadline));
+
+        if dest == self.own {
+            return self.send_local(&hb, total, deadline, fill);
+        }
+        let guard = self.connections.guard(dest);
+        let slow;
+        let conn: &Arc<Connection> = match &*guard {
+            Some(c) if c.state() == ConnState::Open => c,
+            _ => {
+                slow = self.connection(dest, deadline)?;
+                &slow
+            }
+        };
+        conn.touch(self.tick(now));
+        // Responses are sent by handler threads. Once a response to this
+        // peer timed out (a peer that does not read, or ignores flow
+        // control), the next ones are tried without waiting until one fits
+        // again: otherwise such a peer, sending requests, would hold a
+        // handler thread for `send_timeout_ms` per request and its
+        // unprocessed buffers would fill the incoming queue of every
+        // connection.
+        let response = flags & FLAG_RESPONSE != 0;
+        let deadline = if response && conn.responses_stalled.load(Ordering::Relaxed) {
+            now
+        } else {
+            deadline
+        };
+        let res = self.send_frame_on(conn, dest, &hb, total, flags, deadline, now, fill);
+        if response {
+            let stalled = matches!(res, Err(Error::Timeout(_)));
+            if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
+                conn.responses_stalled.store(stalled, Ordering::Relaxed);
+            }
+        }
+        res
+    }
+
+    /// [`Core::send_frame`] once the connection is known and open.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_frame_on<F>(
+        &self,
+        conn: &Arc<Connection>,
+        dest: NodeId,
+        hb: &[u8; HEADER_LEN],
+        total: usize,
+        flags: u8,
+        deadline: Instant,
+        now: Instant,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        // Responses are outside the flow-control window: the requester
+        // asked for them (its outstanding requests bound them) and takes
+        // them off the wire at once, even while its handler is blocked.
+        // Counting them would let two nodes whose windows are full of each
+        // other's messages deadlock: each one's handler waits for window
+        // to answer a request, which only the other's blocked handler
+        // could free.
+        let flow_controlled = flags & FLAG_RESPONSE == 0;
+        let window_back = |total: usize| {
+            if flow_controlled {
+                conn.flow.on_confirm_bytes(total as u64);
+            }
+        };
+        if flow_controlled {
+            let open = || conn.state() == ConnState::Open;
+            conn.flow
+                .acquire(total as u64, deadline, &self.config.park, open)
+                .map_err(|e| match e {
+                    FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
+                    FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
+                })?;
+        }
+        let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
+        // A small request or response goes out at once, outside the ring
+        // buffer, where the engine has such a path (InfiniBand, loopback): encoded on
+        // the stack first, and into the ring after all if the engine
+        // declines (see `Transport::send_standalone`).
+        let mut small;
+        let mut encoded_frame: Option<&[u8]> = None;
+        let mut fill = Some(fill);
+        if urgent && total <= STANDALONE_FRAME_MAX {
+            if let Some(t) = self.transport().filter(|t| total <= t.standalone_max()) {
+                small = [0u8; STANDALONE_FRAME_MAX];
+                small[..HEADER_LEN].copy_from_slice(hb);
+                let mut rest: &mut [u8] = &mut small[HEADER_LEN..total];
+                let encoded = fill.take().map_or(Ok(()), |f| f(&mut rest)).and_then(|()| {
+                    if rest.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::other(
+                            "serialized size differs from computed size",
+                        ))
+                    }
+                });
+                if let Err(e) = encoded {
+                    // Nothing was written: give the window back.
+                    window_back(total);
+                    return Err(Error::Decode(format!("cannot serialize message: {e}")));
+                }
+                if t.send_standalone(self, conn, &small[..total], now) {
+                    self.stats.msgs_sent.add(1);
+                    self.stats.bytes_sent.add(total as u64);
+                    return Ok(());
+                }
+                encoded_frame = Some(&small[..total]);
+            }
+        }
+        let notify = || {
+            if urgent {
+                self.on_urgent_write_interest(dest)
+            } else {
+                self.on_write_interest(dest)
+            }
+        };
+        let res =
+            conn.orb
+                .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {
+                    (Some(fill), _) => {
+                        w.write_all(hb)?;
+                        fill(w)
+                    }
+                    (None, Some(frame)) => w.write_all(frame),
+                    (None, None) => unreachable!("a frame is either encoded or still to fill"),
+                });
+        match res {
+            Ok(()) => {
+                self.stats.msgs_sent.add(1);
+                self.stats.bytes_sent.add(total as u64);
+                Ok(())
+            }
+            Err(OrbError::Timeout) => {
+                // Nothing was written: give the window back.
+                window_back(total);
+                Err(Error::Timeout("send blocked by a full ring buffer"))
+            }
+            Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
+            Err(OrbError::Corrupted) => {
+                self.close_connection(conn, "message stream corrupted by a failed send", true);
+                Err(Error::Timeout(
+                    "send of a large message interrupted; connection closed",
+                ))
+            }
+        }
+    }
+
+    /// Delivers a message to the own node through the handler threads.
+    pub(super) fn send_local<F>(
+        &self,
+        hb: &[u8; HEADER_LEN],
+        total: usize,
+        deadline: Instant,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        let mut v = Vec::with_capacity(total);
+        v.extend_from_slice(hb);
+        fill(&mut v).map_err(|e| Error::Decode(format!("cannot serialize message: {e}")))?;
+        if v.len() != total {
+            return Err(Error::Decode(
+                "serialized size differs from computed size".into(),
+            ));
+        }
+        if !self.incoming.has_room()
+            && !self.local_room.wait_until(&self.config.park, deadline, || {
+                self.incoming.has_room() || self.is_shut_down()
+            })
+        {
+            return Err(Error::Timeout(
+                "local delivery blocked by a full incoming queue",
+            ));
+        }
+        let depth = match inline::current_conn() {
+            Some(c) if c.id == 0 => self
+                .locals
+                .iter()
+                .position(|l| Arc::ptr_eq(l, &c))
+                .map_or(0, |i| (i + 1).min(LOCAL_DEPTHS - 1)),
+            _ => 0,
+        };
+        self.enqueue(&self.locals[depth], Incoming::Local(v));
+        self.stats.msgs_sent.add(1);
+        self.stats.bytes_sent.add(total as u64);
+        Ok(())
+    }
+}
