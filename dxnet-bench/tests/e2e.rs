@@ -9,9 +9,10 @@ use serde_json::Value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_dxnet-bench");
 
-/// The tests run one at a time: each starts node processes on fixed ports
-/// in the ephemeral range, and a connection of a test running beside it may
-/// hold one of them as its local port.
+/// The tests run one at a time: each starts node processes on fixed ports.
+/// The ports lie below the kernel's ephemeral range (32768–60999 by
+/// default), so no outgoing connection of this or another test can hold one
+/// of them as its local port.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -107,7 +108,7 @@ fn check_results(out: &Path, nodes_a2a: usize) -> Vec<Value> {
 fn tiny_suite_end_to_end() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), 41000, 3);
+    let cfg = write_config(dir.path(), 11000, 3);
     let out = dir.path().join("out");
     let o = Command::new(EXE)
         .args([
@@ -203,7 +204,7 @@ fn raw_tcp_batched_counts_every_message() {
             {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [1, 100, 100000], "count": 1000, "warmup": 10, "repetitions": 1, "threads": [1, 3]},
             {"operation": "pingpong", "sizes": [64], "count": 300, "warmup": 30, "repetitions": 1, "threads": [1, 3]}
         ],
-        "params": {"base_port": 45000, "timeout_s": 60, "halve_count_from": 0}
+        "params": {"base_port": 15000, "timeout_s": 60, "halve_count_from": 0}
     });
     let (stdout, recs) = run_config(&dir.path().join("batched"), &cfg);
     // throughput: 2 modes x 3 sizes x 2 thread counts; pingpong: 2 thread counts.
@@ -259,7 +260,7 @@ fn node_file_mode() {
             "--node-id",
             id,
             "--control-port",
-            "43099",
+            "13099",
         ]);
         c
     };
@@ -282,7 +283,7 @@ fn node_file_mode() {
             "--repetitions",
             "1",
             "--base-port",
-            "43100",
+            "13100",
             "--no-plots",
             "-q",
             "--out",
@@ -314,7 +315,7 @@ fn node_file_mode() {
 fn all_to_all_in_namespaces() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), 42000, 4);
+    let cfg = write_config(dir.path(), 12000, 4);
     let out = dir.path().join("out");
     let prefix = format!("dxt{}-", std::process::id() % 1000);
     let o = Command::new(EXE)
@@ -371,7 +372,7 @@ fn verbs_bindings_on_a_device() {
             {"operation": "pingpong", "sizes": [64, 8192], "count": 50, "warmup": 5, "repetitions": 1, "threads": [1, 2]},
             {"operation": "all_to_all", "sizes": [256], "count": 120, "warmup": 0, "repetitions": 1, "nodes": [3]}
         ],
-        "params": {"base_port": 44000, "timeout_s": 60, "min_count": 4,
+        "params": {"base_port": 14000, "timeout_s": 60, "min_count": 4,
                    "raw_verbs": {"recv_size": 4096, "rx_depth": 64}}
     });
     let out = dir.path().join("out");
