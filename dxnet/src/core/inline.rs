@@ -240,6 +240,9 @@ thread_local! {
     /// peers whose requests or responses wait to be written out together
     /// (see [`deferring_flushes`]).
     static DEFERRED: RefCell<Option<Vec<u16>>> = const { RefCell::new(None) };
+    /// The storage of the last finished deferral, reused by the next one
+    /// (no allocation per received buffer).
+    static SPARE: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
 }
 
 /// Runs `f` (the handlers of the messages of one received buffer) so that
@@ -258,14 +261,17 @@ pub(crate) fn deferring_flushes<R>(f: impl FnOnce() -> R, mut flush: impl FnMut(
             let _ = DEFERRED.try_with(|d| *d.borrow_mut() = prev);
         }
     }
-    let prev = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+    let spare = SPARE.with(Cell::take);
+    let prev = DEFERRED.with(|d| d.borrow_mut().replace(spare));
     let reset = Reset(prev);
     let r = f();
-    let peers = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+    let mut peers = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
     drop(reset);
-    for p in peers {
+    for &p in &peers {
         flush(p);
     }
+    peers.clear();
+    SPARE.with(|s| s.set(peers));
     r
 }
 
