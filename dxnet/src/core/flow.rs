@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::config::ParkConfig;
-use crate::primitives::park::Signal;
+use crate::primitives::park::Idle;
+use crate::primitives::wait_queue::{WaitError, WaitQueue};
 
 /// Why a flow-control wait ended without a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +37,8 @@ pub struct FlowControl {
     own_unit: u64,
     processed: AtomicU64,
     pending_units: AtomicU32,
-    waiters: Signal,
+    /// Senders blocked on a full window.
+    waiters: WaitQueue,
 }
 
 impl FlowControl {
@@ -50,7 +52,7 @@ impl FlowControl {
             own_unit: own_unit.max(1),
             processed: AtomicU64::new(0),
             pending_units: AtomicU32::new(0),
-            waiters: Signal::new(),
+            waiters: WaitQueue::new(),
         }
     }
 
@@ -73,9 +75,12 @@ impl FlowControl {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Sender: claims `len` bytes of window, waiting (spin, yield, park)
-    /// while the window is full. `open` tells whether the connection still
-    /// lives. A message is admitted whenever the window is not full, so the
+    /// Sender: claims `len` bytes of window, waiting while the window is
+    /// full: briefly spinning (as `park` allows), then blocked in a
+    /// [`WaitQueue`], which serves blocked senders in order once one of
+    /// them was overtaken too often. `open` tells whether the connection
+    /// still lives.
+    /// A message is admitted whenever the window is not full, so the
     /// in-flight total stays below window + one message.
     pub fn acquire(
         &self,
@@ -84,29 +89,38 @@ impl FlowControl {
         park: &ParkConfig,
         open: impl Fn() -> bool,
     ) -> Result<(), FlowWaitError> {
-        loop {
-            let window = self.peer_window.load(Ordering::Relaxed);
-            let cur = self.in_flight.load(Ordering::Acquire);
-            if cur < window {
-                if self
-                    .in_flight
-                    .compare_exchange_weak(cur, cur + len, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Ok(());
-                }
-                continue;
-            }
-            let ok = self.waiters.wait_until(park, deadline, || {
-                !open() || self.in_flight.load(Ordering::Acquire) < window
-            });
-            if !open() {
-                return Err(FlowWaitError::Closed);
-            }
-            if !ok {
-                return Err(FlowWaitError::Timeout);
+        if self.waiters.may_race() && self.try_acquire(len) {
+            return Ok(());
+        }
+        let mut idle = Idle::new(park);
+        while self.waiters.may_race() && !idle.step() {
+            if self.try_acquire(len) {
+                return Ok(());
             }
         }
+        crate::primitives::before_blocking();
+        self.waiters
+            .wait(
+                deadline,
+                false,
+                || !open(),
+                || self.try_acquire(len).then_some(()),
+                || {},
+            )
+            .map_err(|e| match e {
+                WaitError::Timeout => FlowWaitError::Timeout,
+                WaitError::Closed => FlowWaitError::Closed,
+            })
+    }
+
+    /// One attempt to claim `len` bytes (retrying only on contention).
+    fn try_acquire(&self, len: u64) -> bool {
+        let window = self.peer_window.load(Ordering::Relaxed);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur < window).then_some(cur + len)
+            })
+            .is_ok()
     }
 
     /// Sender: the peer confirmed `units`. Never underflows, whatever a peer
@@ -125,12 +139,12 @@ impl FlowControl {
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
                 Some(c.saturating_sub(bytes))
             });
-        self.waiters.notify_all();
+        self.waiters.wake();
     }
 
     /// Wakes senders blocked on this window (the connection closed).
     pub fn wake_all(&self) {
-        self.waiters.notify_all();
+        self.waiters.wake_all();
     }
 
     /// Receiver: `bytes` were processed; true if a new unit became due (the

@@ -11,6 +11,8 @@
 //! - [`pool`]: pooled, reusable receive buffers.
 //! - [`park`]: load-adaptive idling (spin, yield, park) and wake-up signals.
 //! - [`stats`]: striped counters for hot paths.
+//! - [`wait_queue`]: threads blocked on ring space or flow-control window,
+//!   none overtaken without bound.
 //!
 //! Blocking waits call a hook the runtime installs once
 //! ([`set_blocking_hook`]) instead of calling up into it: the runtime uses
@@ -23,6 +25,7 @@ pub mod park;
 pub mod pool;
 pub mod stats;
 pub mod sync;
+pub mod wait_queue;
 pub mod write_interest;
 
 static BLOCKING_HOOK: OnceLock<fn()> = OnceLock::new();

@@ -52,9 +52,8 @@ use std::time::Instant;
 
 use crossbeam::utils::CachePadded;
 
-use super::sync::{
-    self, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, ByteTracker, Condvar, Mutex, Ordering,
-};
+use super::sync::{self, AtomicBool, AtomicU32, AtomicU64, ByteTracker, Ordering};
+use super::wait_queue::{WaitError, WaitQueue};
 
 /// Smallest ring; [`Orb::new`] rounds smaller capacities up to it. (Tiny
 /// under loom to keep the models small.)
@@ -156,11 +155,8 @@ pub struct Orb {
     /// of the current lap, 0 while unpublished or already collected.
     commits: Box<[AtomicU32]>,
     closed: AtomicBool,
-    /// Producers blocked (or about to block) on `cond`; lets the consumer
-    /// skip the mutex and the wake syscall when nobody waits.
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
-    cond: Condvar,
+    /// Producers blocked for space.
+    waiters: WaitQueue,
     tracker: ByteTracker,
     /// Called when a producer blocks for space (see [`Orb::on_blocked`]).
     blocked_hook: std::sync::OnceLock<BlockedHook>,
@@ -226,9 +222,7 @@ impl Orb {
             reserved: CachePadded::new(AtomicU64::new(0)),
             commits: (0..cap / GRANULE).map(|_| AtomicU32::new(0)).collect(),
             closed: AtomicBool::new(false),
-            waiters: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
+            waiters: WaitQueue::new(),
             tracker: ByteTracker::new(cap),
             blocked_hook: std::sync::OnceLock::new(),
         }
@@ -245,7 +239,7 @@ impl Orb {
 
     /// True if a producer waits for space.
     pub fn has_waiters(&self) -> bool {
-        self.waiters.load(Ordering::SeqCst) != 0
+        self.waiters.has_waiters()
     }
 
     /// The ring's size in bytes (a power of two).
@@ -324,7 +318,7 @@ impl Orb {
         );
         let len = len as u64;
         let mut writer = if len <= self.chunk_threshold() as u64 {
-            let start = self.wait_for(deadline, || self.try_reserve(len))?;
+            let start = self.wait_for(deadline, false, || self.try_reserve(len))?;
             OrbWriter::new(
                 self,
                 start,
@@ -335,7 +329,7 @@ impl Orb {
                 on_commit,
             )
         } else {
-            let start = self.wait_for(deadline, || self.try_acquire_exclusive())?;
+            let start = self.wait_for(deadline, false, || self.try_acquire_exclusive())?;
             // From here on the writer's Drop clears the exclusive flag on
             // any early return.
             let mut w = OrbWriter::new(self, start, start, start + len, true, deadline, on_commit);
@@ -390,18 +384,16 @@ impl Orb {
     }
 
     /// Repeats `attempt` until it yields a value: spinning, then yielding,
-    /// then blocking on the condvar until `deadline`.
+    /// then blocking in the ring's [`WaitQueue`] until `deadline`.
     ///
-    /// No lost wakeups: a blocking producer registers in `waiters`, then
-    /// (SeqCst fence) re-checks the condition while holding the mutex; the
-    /// waker changes the state, then (SeqCst fence) reads `waiters`. The two
-    /// fences order the pair, so either the re-check sees the new state or
-    /// the waker sees the waiter and takes the mutex, which it gets only
-    /// once the waiter sleeps. (Fences rather than SeqCst accesses: they
-    /// keep the fast paths cheap, and loom models them exactly.)
+    /// Producers race for space unless a blocked one was overtaken too
+    /// often; then they are served in order (see [`WaitQueue`]). The
+    /// exclusive writer waiting for its next chunk (`priority`) is never
+    /// held back: every blocked producer waits for its message to end.
     fn wait_for<T>(
         &self,
         deadline: Instant,
+        priority: bool,
         mut attempt: impl FnMut() -> Option<T>,
     ) -> Result<T, OrbError> {
         let mut backoff = Backoff::new();
@@ -409,47 +401,41 @@ impl Orb {
             if self.closed.load(Ordering::Acquire) {
                 return Err(OrbError::Closed);
             }
+            if !priority && !self.waiters.may_race() {
+                break;
+            }
             if let Some(v) = attempt() {
                 return Ok(v);
             }
-            if !backoff.exhausted() {
-                backoff.snooze();
-                continue;
+            if backoff.exhausted() {
+                break;
             }
-            crate::primitives::before_blocking();
-            if sync::deadline_passed(deadline) {
-                return Err(OrbError::Timeout);
-            }
-            let guard = sync::lock(&self.lock);
-            self.waiters.fetch_add(1, Ordering::Relaxed);
-            sync::fence(Ordering::SeqCst);
-            let ready = if self.closed.load(Ordering::Acquire) {
-                Some(Err(OrbError::Closed))
-            } else {
-                attempt().map(Ok)
-            };
-            if let Some(result) = ready {
-                self.waiters.fetch_sub(1, Ordering::Relaxed);
-                return result;
-            }
-            if let Some(hook) = self.blocked_hook.get() {
-                hook();
-            }
-            let guard = sync::wait_until(&self.cond, guard, deadline);
-            self.waiters.fetch_sub(1, Ordering::Relaxed);
-            drop(guard);
+            backoff.snooze();
         }
+        crate::primitives::before_blocking();
+        self.waiters
+            .wait(
+                deadline,
+                priority,
+                || self.closed.load(Ordering::Acquire),
+                attempt,
+                || {
+                    if let Some(hook) = self.blocked_hook.get() {
+                        hook();
+                    }
+                },
+            )
+            .map_err(|e| match e {
+                WaitError::Timeout => OrbError::Timeout,
+                WaitError::Closed => OrbError::Closed,
+            })
     }
 
-    /// Wakes blocked producers; no mutex, no syscall when none wait (just a
+    /// Wakes blocked producers; no lock, no syscall when none wait (just a
     /// fence and a load). Callers change the state producers wait for
-    /// before calling (see `wait_for`).
+    /// before calling (see [`WaitQueue`]).
     fn wake_waiters(&self) {
-        sync::fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::Relaxed) != 0 {
-            let _guard = sync::lock(&self.lock);
-            self.cond.notify_all();
-        }
+        self.waiters.wake();
     }
 
     /// Copies `data` into the ring at position `pos`, wrapping at the end.
@@ -658,10 +644,9 @@ impl Orb {
     /// stay readable. Idempotent.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        // Always notify (close is rare); taking the mutex orders this after
-        // any waiter's re-check of `closed`.
-        let _guard = sync::lock(&self.lock);
-        self.cond.notify_all();
+        // Always (close is rare): the queue's lock orders this after any
+        // waiter's check of `closed`.
+        self.waiters.wake_all();
     }
 
     /// Whether [`Orb::close`] was called.
@@ -756,7 +741,7 @@ impl<'a> OrbWriter<'a> {
         let from = self.chunk_end;
         let remaining = self.msg_end - from;
         let need = remaining.min(cap / 4);
-        let take = orb.wait_for(self.deadline, || {
+        let take = orb.wait_for(self.deadline, true, || {
             // Nobody else reserves while we hold the flag, and
             // `front <= from`. Acquire: see `try_reserve`.
             let free = cap.saturating_sub(from - orb.front.load(Ordering::Acquire));
