@@ -516,7 +516,7 @@ impl Pki {
     fn write(setup: &BindingSetup) -> Result<Self> {
         let dir = setup.pki_dir();
         let ids: Vec<dxnet::NodeId> = setup.nodes.iter().map(|(i, _)| dxnet::NodeId(*i)).collect();
-        dxnet::transport::tls::generate_cluster_pki(&dir, &ids)
+        dxnet::pki::generate_cluster_pki(&dir, &ids)
             .map_err(|e| anyhow::anyhow!("writing TLS certificates to {}: {e}", dir.display()))?;
         Ok(Pki(dir))
     }

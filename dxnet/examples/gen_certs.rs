@@ -20,7 +20,7 @@ fn main() {
         eprintln!("usage: gen_certs <dir> <node id>...");
         std::process::exit(2);
     }
-    let tls = dxnet::transport::tls::generate_cluster_pki(dir.as_ref(), &ids).unwrap_or_else(|e| {
+    let tls = dxnet::pki::generate_cluster_pki(dir.as_ref(), &ids).unwrap_or_else(|e| {
         eprintln!("gen_certs: {e}");
         std::process::exit(1)
     });

@@ -32,6 +32,35 @@ pub enum TransportKind {
     Ib,
 }
 
+impl TransportKind {
+    /// The Cargo feature that builds this engine into dxnet (`None`: always
+    /// built in).
+    pub fn feature(self) -> Option<&'static str> {
+        match self {
+            TransportKind::Loopback => None,
+            TransportKind::Tcp => Some("tcp"),
+            TransportKind::Ib => Some("ib"),
+        }
+    }
+
+    /// Whether this build of dxnet contains the engine.
+    pub fn is_available(self) -> bool {
+        match self {
+            TransportKind::Loopback => true,
+            TransportKind::Tcp => cfg!(feature = "tcp"),
+            TransportKind::Ib => cfg!(feature = "ib"),
+        }
+    }
+
+    /// Why the engine is missing from this build (see [`Self::is_available`]).
+    pub(crate) fn missing_feature(self) -> String {
+        format!(
+            "dxnet was built without the `{}` Cargo feature",
+            self.feature().unwrap_or("?")
+        )
+    }
+}
+
 /// One entry of the node map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeEntry {
@@ -163,6 +192,13 @@ pub struct TlsConfig {
     pub key: String,
     /// PEM file with the CA certificate(s) that sign the nodes' certificates.
     pub ca: String,
+}
+
+impl TlsConfig {
+    /// The DNS name a node's certificate must carry: `node-<id>.dxnet`.
+    pub fn node_name(id: NodeId) -> String {
+        format!("node-{}.dxnet", id.0)
+    }
 }
 
 /// Full configuration of one node. Every field has a documented default; a
@@ -400,7 +436,17 @@ impl Config {
             return bad("timeouts must be > 0 ms".into());
         }
         crate::proto::identity::Identity::from_config(self)?;
+        if !self.transport.is_available() {
+            return bad(format!(
+                "transport {:?}: {}",
+                self.transport,
+                self.transport.missing_feature()
+            ));
+        }
         if let Some(t) = &self.tls {
+            if !cfg!(feature = "tls") {
+                return bad("tls: dxnet was built without the `tls` Cargo feature".into());
+            }
             if self.transport != TransportKind::Tcp {
                 return bad("tls: only the tcp transport supports TLS".into());
             }

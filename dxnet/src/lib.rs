@@ -31,6 +31,8 @@ pub mod core;
 mod error;
 pub mod message;
 mod node;
+#[cfg(feature = "pki-gen")]
+pub mod pki;
 pub mod primitives;
 pub mod proto;
 pub mod transport;

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dxnet::transport::tls::generate_cluster_pki;
+use dxnet::pki::generate_cluster_pki;
 use dxnet::{Config, Error, Node, NodeId, TlsConfig};
 use serde::{Deserialize, Serialize};
 

@@ -16,9 +16,15 @@ use crate::core::connection::Connection;
 use crate::core::Core;
 use crate::{NodeId, Result};
 
+#[cfg(feature = "ib")]
 pub mod ib;
 pub mod loopback;
+#[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(not(feature = "tls"))]
+#[path = "no_tls.rs"]
+pub mod tls;
+#[cfg(feature = "tls")]
 pub mod tls;
 
 /// Upper bound of [`Transport::standalone_max`]: the core encodes such a
@@ -81,6 +87,7 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// The first socket address a node-map address (`host:port`) resolves to.
+#[cfg(any(feature = "tcp", feature = "ib"))]
 pub(crate) fn resolve(addr: &str) -> std::io::Result<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
     addr.to_socket_addrs()?
@@ -92,7 +99,14 @@ pub(crate) fn resolve(addr: &str) -> std::io::Result<std::net::SocketAddr> {
 pub(crate) fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     match core.config().transport {
         TransportKind::Loopback => loopback::start(core),
+        #[cfg(feature = "tcp")]
         TransportKind::Tcp => tcp::start(core),
+        #[cfg(feature = "ib")]
         TransportKind::Ib => ib::start(core),
+        #[allow(unreachable_patterns)]
+        other => Err(crate::Error::Config(format!(
+            "transport {other:?}: {}",
+            other.missing_feature()
+        ))),
     }
 }

@@ -137,7 +137,7 @@ struct TcpConn {
     poke: AtomicBool,
     /// TLS state when the node uses TLS; locked by the send path (after
     /// `send`) and by the receive thread.
-    tls: Option<Mutex<rustls::Connection>>,
+    tls: Option<Mutex<tls::Session>>,
 }
 
 /// The TCP engine of one node.
@@ -575,7 +575,7 @@ impl TcpEngine {
         core: &Core,
         conn: &Arc<Connection>,
         s: TcpStream,
-        tls_conn: Option<rustls::Connection>,
+        tls_conn: Option<tls::Session>,
         theirs: &Hello,
     ) -> std::result::Result<(), String> {
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -915,12 +915,12 @@ impl TcpEngine {
         &self,
         core: &Arc<Core>,
         tc: &TcpConn,
-        tls: &Mutex<rustls::Connection>,
+        tls: &Mutex<tls::Session>,
         mut buf: RecvBuffer,
         inline: &mut Option<InlineWork>,
     ) -> ReadOutcome {
         let mut t = tls.lock();
-        let fail = |t: &mut rustls::Connection, buf: RecvBuffer, why: String| {
+        let fail = |t: &mut tls::Session, buf: RecvBuffer, why: String| {
             core.pool.put(buf);
             // Best effort: tell the peer why (a TLS alert).
             let _ = t.write_tls(&mut &tc.stream);
@@ -1131,7 +1131,7 @@ enum ReadOutcome {
 }
 
 /// Writes a TLS connection's pending records to its socket.
-fn flush_tls(t: &mut rustls::Connection, mut stream: &TcpStream) -> std::io::Result<()> {
+fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io::Result<()> {
     while t.wants_write() {
         match t.write_tls(&mut stream) {
             Ok(_) => {}

@@ -2,7 +2,7 @@
 //! certificate authentication).
 //!
 //! Every node holds a certificate signed by the cluster's CA whose DNS
-//! subject alternative name is `node-<id>.dxnet` (see [`node_name`]). The
+//! subject alternative name is `node-<id>.dxnet` (see [`TlsConfig::node_name`]). The
 //! dialer verifies that the acceptor's certificate names the node it dialed;
 //! the acceptor verifies that the dialer's certificate names the node id the
 //! dialer claims in its hello. So with TLS on, a member of the cluster cannot
@@ -14,7 +14,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -22,13 +21,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig};
 
+/// One connection's TLS state.
+pub type Session = Connection;
+
 use crate::config::TlsConfig;
 use crate::{Error, NodeId, Result};
-
-/// The DNS name a node's certificate must carry: `node-<id>.dxnet`.
-pub fn node_name(id: NodeId) -> String {
-    format!("node-{}.dxnet", id.0)
-}
 
 /// Client and server configurations of one node, built once at start.
 pub struct TlsContext {
@@ -98,7 +95,7 @@ impl TlsContext {
     /// Runs the client side of a TLS handshake on a blocking socket; the
     /// server's certificate must name `peer`.
     pub fn dial(&self, s: &mut TcpStream, peer: NodeId) -> std::result::Result<Connection, String> {
-        let name = ServerName::try_from(node_name(peer)).map_err(|e| e.to_string())?;
+        let name = ServerName::try_from(TlsConfig::node_name(peer)).map_err(|e| e.to_string())?;
         let conn = ClientConnection::new(self.client.clone(), name)
             .map_err(|e| format!("TLS set-up: {e}"))?;
         complete_handshake(Connection::Client(conn), s)
@@ -137,75 +134,13 @@ pub fn check_cert_names(
 ) -> std::result::Result<(), String> {
     let cert = cert.ok_or("the peer presented no certificate")?;
     let ee = webpki::EndEntityCert::try_from(cert).map_err(|e| format!("peer certificate: {e}"))?;
-    let name = ServerName::try_from(node_name(claimed)).map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(TlsConfig::node_name(claimed)).map_err(|e| e.to_string())?;
     ee.verify_is_valid_for_subject_name(&name).map_err(|_| {
         format!(
             "the peer's certificate does not name {} (it claims to be {claimed})",
-            node_name(claimed)
+            TlsConfig::node_name(claimed)
         )
     })
-}
-
-/// Writes a development PKI for a cluster into `dir`: a new CA (`ca.pem`,
-/// `ca.key`) and for
-/// each id a certificate naming `node-<id>.dxnet` with its key
-/// (`node-<id>.pem`, `node-<id>.key`). Returns the [`TlsConfig`] of each id,
-/// in order. Keys are written with mode 0600. For production, issue the
-/// node certificates from your own CA the same way.
-pub fn generate_cluster_pki(dir: &Path, ids: &[NodeId]) -> Result<Vec<TlsConfig>> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let err = |what: &str, e: &dyn std::fmt::Display| Error::Config(format!("{what}: {e}"));
-    std::fs::create_dir_all(dir).map_err(|e| err(&dir.display().to_string(), &e))?;
-    let write = |name: &str, text: &str, secret: bool| -> Result<String> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = dir.join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(if secret { 0o600 } else { 0o644 })
-            .open(&path)
-            .map_err(|e| err(&path.display().to_string(), &e))?;
-        f.write_all(text.as_bytes())
-            .map_err(|e| err(&path.display().to_string(), &e))?;
-        Ok(path.display().to_string())
-    };
-    let mut params = CertificateParams::new(Vec::new()).map_err(|e| err("CA", &e))?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "dxnet cluster CA");
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let key = KeyPair::generate().map_err(|e| err("CA key", &e))?;
-    let cert = params.self_signed(&key).map_err(|e| err("CA", &e))?;
-    let ca_file = write("ca.pem", &cert.pem(), false)?;
-    write("ca.key", &key.serialize_pem(), true)?;
-    let issuer = Issuer::new(params, key);
-    let mut out = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let name = node_name(id);
-        let mut params = CertificateParams::new(vec![name.clone()]).map_err(|e| err(&name, &e))?;
-        params.distinguished_name.push(DnType::CommonName, &name);
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().map_err(|e| err(&name, &e))?;
-        let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(|e| err(&name, &e))?;
-        out.push(TlsConfig {
-            cert: write(&format!("node-{}.pem", id.0), &cert.pem(), false)?,
-            key: write(&format!("node-{}.key", id.0), &key.serialize_pem(), true)?,
-            ca: ca_file.clone(),
-        });
-    }
-    Ok(out)
 }
 
 /// A blocking TLS stream over a borrowed socket, for the handshake messages

@@ -408,7 +408,7 @@ pub fn cluster_configs(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<C
     };
     let ids: Vec<NodeId> = (0..n).map(NodeId).collect();
     let mut tls = if kind == Kind::TcpTls {
-        dxnet::transport::tls::generate_cluster_pki(&pki_dir(), &ids).unwrap()
+        dxnet::pki::generate_cluster_pki(&pki_dir(), &ids).unwrap()
     } else {
         Vec::new()
     }
