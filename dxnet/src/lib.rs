@@ -12,30 +12,37 @@
 //! buffers pass through a bounded incoming queue to message-handler threads
 //! that reassemble and dispatch the messages to registered receivers.
 //!
-//! Layout:
-//! - [`Node`], [`Config`], [`Message`], [`Request`], [`Error`]: the public API.
-//! - [`core`]: the transport-independent runtime (send path, handler
-//!   threads, incoming queue, flow control, request table, connection
-//!   state).
-//! - [`proto`]: the protocol without I/O (codec, reassembly, wire formats,
-//!   identities).
-//! - [`primitives`]: the concurrency primitives the layers above build on
-//!   (ring buffer, write interest, buffer pool, parking, counters); they
-//!   import nothing from the layers above.
-//! - [`transport`]: the engines behind one trait.
+//! Public API: [`Node`], [`Config`] (with its sections in [`config`]),
+//! [`Message`] and [`Request`] (see [`mod@message`]), [`Error`], [`NodeId`],
+//! [`NodeStats`]; `pki` with the `pki-gen` feature; [`proto`], the
+//! protocol without I/O, for fuzzing and protocol tools.
+//!
+//! Inside (private; `ARCHITECTURE.md` maps them): `core`, the
+//! transport-independent runtime (send path, handler threads, incoming
+//! queue, flow control, request table, connection state); `primitives`,
+//! the concurrency primitives it builds on (ring buffer, write interest,
+//! buffer pool, parking, wait queue, counters), which import nothing from
+//! the layers above; `transport`, the engines behind one trait (loopback,
+//! TCP, InfiniBand).
+//!
+//! Cargo features: `tcp` (default), `tls`, `pki-gen`, `ib`; the README's
+//! "Cargo features" table lists what each adds.
 
 #![warn(missing_docs)]
+// A build with the loopback engine only leaves the parts of the runtime
+// that serve network engines (receive threads, inline completion) unused.
+#![cfg_attr(not(any(feature = "tcp", feature = "ib")), allow(dead_code))]
 
 pub mod config;
-pub mod core;
+pub(crate) mod core;
 mod error;
 pub mod message;
 mod node;
 #[cfg(feature = "pki-gen")]
 pub mod pki;
-pub mod primitives;
+pub(crate) mod primitives;
 pub mod proto;
-pub mod transport;
+pub(crate) mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};
 pub use error::{Error, Result};

@@ -71,6 +71,7 @@ impl FlowControl {
     }
 
     /// Bytes written but not confirmed.
+    #[cfg(test)]
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -186,13 +187,6 @@ impl FlowControl {
         taken
     }
 
-    /// Receiver: gives back units that could not be sent after all.
-    pub fn untake_units(&self, units: u32) {
-        if units > 0 {
-            self.pending_units.fetch_add(units, Ordering::AcqRel);
-        }
-    }
-
     /// Receiver: units due.
     pub fn pending_units(&self) -> u32 {
         self.pending_units.load(Ordering::Acquire)
@@ -235,8 +229,7 @@ mod tests {
         assert_eq!(f.take_units(1), 1);
         assert_eq!(f.take_units(10), 1);
         assert_eq!(f.take_units(10), 0);
-        f.untake_units(2);
-        assert_eq!(f.pending_units(), 2);
+        assert_eq!(f.pending_units(), 0);
         assert_eq!(FlowControl::unit_for(1000, 1.0), 999);
     }
 

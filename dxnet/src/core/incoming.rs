@@ -57,6 +57,7 @@ impl IncomingQueue {
             && self.bytes.load(Ordering::SeqCst) < self.max_bytes
     }
 
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     /// True if `conn` holds a quarter of either limit: its receiver should
     /// not read more of it until handlers drained some (they wake the
     /// receiver then, as for [`IncomingQueue::has_room`]). So one connection
@@ -172,10 +173,5 @@ impl IncomingQueue {
                 self.starved.load(Ordering::SeqCst) && self.starved.swap(false, Ordering::SeqCst);
         }
         (item, wake)
-    }
-
-    /// Buffers queued now.
-    pub fn queued_buffers(&self) -> usize {
-        self.buffers.load(Ordering::Relaxed)
     }
 }

@@ -34,9 +34,11 @@ use crate::primitives::park::Signal;
 pub enum Turn {
     /// Give the role up and handle this buffer on the calling thread.
     Inline(InlineWork),
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Give the role up and sleep (the transport's `sleep`) for at most
     /// this long: the engine armed its wake-up source.
     Sleep(Duration),
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Give the role up to the requesters that receive themselves now
     /// (see [`ReceiveRole::help`]); sleep meanwhile, looking again within
     /// `park.yield_us`.
@@ -169,6 +171,7 @@ impl<R> ReceiveRole<R> {
         }
     }
 
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Called by a thread that waits for a response: takes the role while
     /// it is free and calls `poll` (one pass over the receive queue, no
     /// user code run: other messages go to the handler threads) until

@@ -177,6 +177,7 @@ impl RequestTable {
     }
 
     /// Registers a new pending request to `peer`; returns its id and handle.
+    #[cfg(test)]
     pub fn insert(
         self: &Arc<Self>,
         peer: NodeId,
@@ -310,6 +311,7 @@ impl RequestTable {
     }
 
     /// Requests pending now.
+    #[cfg(test)]
     pub fn pending(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
     }
@@ -383,11 +385,6 @@ pub struct PendingResponse {
 impl PendingResponse {
     fn slot(&self) -> &Slot {
         self.slot.as_deref().expect("slot present until drop")
-    }
-
-    /// The request id.
-    pub fn id(&self) -> u32 {
-        self.id
     }
 
     fn take_done(&self) -> Option<Outcome> {

@@ -237,6 +237,7 @@ impl Orb {
         let _ = self.blocked_hook.set(hook);
     }
 
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// True if a producer waits for space.
     pub fn has_waiters(&self) -> bool {
         self.waiters.has_waiters()
@@ -727,6 +728,7 @@ impl<'a> OrbWriter<'a> {
     }
 
     /// Bytes of the message still to be written.
+    #[cfg(test)]
     pub fn remaining(&self) -> usize {
         (self.msg_end - self.pos) as usize
     }

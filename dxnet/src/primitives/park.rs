@@ -149,6 +149,7 @@ impl Idle {
         self.step_hinting_every(1)
     }
 
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Like [`Idle::step`], for a thread that polls a completion queue in
     /// its spin phase: the spin-loop hint (`pause`) only every eighth poll.
     /// An empty poll is a few loads and stores already (a gentle spin); a

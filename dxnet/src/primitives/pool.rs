@@ -83,11 +83,7 @@ impl RecvBuffer {
         self.len
     }
 
-    /// Index of the buffer in its pool (an RDMA engine's work request id).
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Address of the buffer (for RDMA scatter-gather entries).
     pub fn addr(&self) -> *mut u8 {
         self.ptr.as_ptr()
@@ -99,6 +95,7 @@ impl RecvBuffer {
         SegmentSink(&mut self.segments).push(range);
     }
 
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
     /// The received bytes and a sink for their message-stream ranges (for
     /// parsers that mark ranges while reading the bytes).
     pub fn space_and_segments(&mut self) -> (&[u8], SegmentSink<'_>) {
@@ -166,7 +163,10 @@ impl SegmentSink<'_> {
 pub struct BufferPool {
     free: ArrayQueue<RecvBuffer>,
     buffer_size: usize,
+    /// The arena (for an RDMA engine's memory registration).
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     count: usize,
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     base: usize,
     starved: AtomicBool,
 }
@@ -203,15 +203,11 @@ impl BufferPool {
         }
     }
 
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// The arena (address, length) holding every buffer: an RDMA engine
     /// registers it once.
     pub fn arena(&self) -> (*mut u8, usize) {
         (self.base as *mut u8, self.count * self.buffer_size)
-    }
-
-    /// Size of every buffer.
-    pub fn buffer_size(&self) -> usize {
-        self.buffer_size
     }
 
     /// A free buffer, or `None` when all are in use (the caller stops

@@ -118,6 +118,7 @@ impl WaitQueue {
         !self.starving.load(Ordering::Acquire)
     }
 
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     /// Whether threads are queued (a snapshot).
     #[inline]
     pub fn has_waiters(&self) -> bool {
@@ -250,6 +251,7 @@ impl WaitQueue {
     }
 
     /// Whether no thread is queued (a snapshot).
+    #[cfg(any(test, loom))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -21,7 +21,7 @@ pub mod ib;
 pub mod loopback;
 #[cfg(feature = "tcp")]
 pub mod tcp;
-#[cfg(not(feature = "tls"))]
+#[cfg(all(feature = "tcp", not(feature = "tls")))]
 #[path = "no_tls.rs"]
 pub mod tls;
 #[cfg(feature = "tls")]
