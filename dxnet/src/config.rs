@@ -21,6 +21,7 @@ use crate::{Error, NodeId, Result};
 /// Which transport engine carries the bytes between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum TransportKind {
     /// In-process: nodes of one process exchange buffers directly (tests,
     /// measuring the core pipeline alone).
@@ -63,6 +64,7 @@ impl TransportKind {
 
 /// One entry of the node map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NodeEntry {
     /// The node's id.
     pub id: u16,
@@ -76,12 +78,24 @@ pub struct NodeEntry {
     pub public_key: Option<String>,
 }
 
+impl NodeEntry {
+    /// The entry of node `id` at `address` (no public key).
+    pub fn new(id: u16, address: impl Into<String>) -> Self {
+        NodeEntry {
+            id,
+            address: address.into(),
+            public_key: None,
+        }
+    }
+}
+
 /// Settings of the load-adaptive parking of internal threads.
 ///
 /// An idle thread first busy-polls for `spin_us`, then yields its core until
 /// `yield_us` have passed, then parks until woken (new work wakes it at once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct ParkConfig {
     /// Busy-poll time in microseconds before yielding. Default 50.
     pub spin_us: u64,
@@ -132,6 +146,7 @@ impl Default for ParkConfig {
 /// connection exchange uses each node's node-map address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct IbConfig {
     /// Verbs device name; empty picks the first device found.
     pub device: String,
@@ -185,6 +200,7 @@ impl Default for IbConfig {
 /// writes a CA and node certificates for a node map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct TlsConfig {
     /// PEM file with this node's certificate chain, leaf first.
     pub cert: String,
@@ -195,6 +211,16 @@ pub struct TlsConfig {
 }
 
 impl TlsConfig {
+    /// TLS from the PEM files of this node's certificate chain, its private
+    /// key and the cluster's CA.
+    pub fn new(cert: impl Into<String>, key: impl Into<String>, ca: impl Into<String>) -> Self {
+        TlsConfig {
+            cert: cert.into(),
+            key: key.into(),
+            ca: ca.into(),
+        }
+    }
+
     /// The DNS name a node's certificate must carry: `node-<id>.dxnet`.
     pub fn node_name(id: NodeId) -> String {
         format!("node-{}.dxnet", id.0)
@@ -205,6 +231,7 @@ impl TlsConfig {
 /// file only needs `node_id` and `nodes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// This node's id. Default 0.
     pub node_id: u16,

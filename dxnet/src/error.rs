@@ -5,21 +5,23 @@ use crate::NodeId;
 /// Everything that can go wrong when sending, requesting or configuring.
 ///
 /// Errors are values a caller can match on: a timeout is not an unreachable
-/// node, and neither is a decode failure.
+/// node, and neither is a decode failure; [`Waited`] says which wait timed
+/// out and [`Unreachable`] why a node could not be reached.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Error {
-    /// The node could not be reached: no address known, connecting failed, or
-    /// the connection broke while the operation was in flight.
+    /// The node could not be reached: not in the node map, connecting
+    /// failed, or the connection broke while the operation was in flight.
     #[error("destination {0} unreachable: {1}")]
-    Unreachable(NodeId, String),
-    /// The operation did not complete in time (request response, or a send
-    /// blocked by back-pressure: flow-control window or full ring buffer).
-    #[error("timed out: {0}")]
-    Timeout(&'static str),
-    /// A pending request was cancelled (its connection was closed for reasons
-    /// other than a failure, e.g. the connection limit, or the node shut down).
+    Unreachable(NodeId, Unreachable),
+    /// The operation did not complete in time: a request's response, or a
+    /// send blocked by back-pressure (flow-control window or full ring
+    /// buffer).
+    #[error("timed out waiting for {0}")]
+    Timeout(Waited),
+    /// A pending request was cancelled (see [`Cancelled`]).
     #[error("response cancelled: {0}")]
-    Cancelled(&'static str),
+    Cancelled(Cancelled),
     /// No receiver is registered for this (type, subtype) pair.
     #[error("unknown message type ({0}, {1})")]
     UnknownMessageType(u8, u8),
@@ -46,6 +48,75 @@ pub enum Error {
     /// The node is shutting down or has shut down.
     #[error("node is shut down")]
     Shutdown,
+}
+
+/// Why a node could not be reached ([`Error::Unreachable`]). The text
+/// of each cause is for people; match on the variant.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unreachable {
+    /// The node map has no address for the node.
+    #[error("not in the node map")]
+    NotInNodeMap,
+    /// No connection could be set up: resolving the address, connecting,
+    /// the connection exchange or its authentication failed, or it did not
+    /// finish within `connect_timeout_ms`.
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    /// The connection closed or broke (the text is why) while the operation
+    /// needed it.
+    #[error("connection lost: {0}")]
+    ConnectionLost(String),
+}
+
+impl Unreachable {
+    /// The detail text (without the cause's prefix).
+    pub fn detail(&self) -> &str {
+        match self {
+            Unreachable::NotInNodeMap => "not in the node map",
+            Unreachable::Connect(s) | Unreachable::ConnectionLost(s) => s,
+        }
+    }
+}
+
+/// What a timed-out operation waited for ([`Error::Timeout`]).
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Waited {
+    /// A request's response (the request's timeout).
+    #[error("the response")]
+    Response,
+    /// A send's turn in the connection's flow-control window
+    /// (`send_timeout_ms`): the receiver processes slower than this node
+    /// sends.
+    #[error("flow-control window (send blocked)")]
+    FlowControl,
+    /// Space in the connection's outgoing ring buffer (`send_timeout_ms`):
+    /// the transport writes slower than this node's threads send. (A
+    /// message larger than half the ring that times out after its first
+    /// part went out also closes the connection: its stream is broken.)
+    #[error("ring-buffer space (send blocked)")]
+    RingBuffer,
+    /// Room in this node's own incoming queue, for a message a node sends
+    /// to itself (`send_timeout_ms`).
+    #[error("room in the own incoming queue (send to self blocked)")]
+    IncomingQueue,
+}
+
+/// Why a pending request was cancelled ([`Error::Cancelled`]).
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cancelled {
+    /// Its connection was closed for a reason other than a failure (the
+    /// connection limit, or the node shut down).
+    #[error("connection closed")]
+    ConnectionClosed,
+    /// The response was taken already (`ResponseHandle::try_take`).
+    #[error("response already taken")]
+    AlreadyTaken,
+    /// The destination's request handler panicked.
+    #[error("the remote request handler panicked")]
+    RemoteHandlerPanicked,
 }
 
 /// `Result` with [`Error`].

@@ -35,7 +35,7 @@
 
 pub mod config;
 pub(crate) mod core;
-mod error;
+pub mod error;
 pub mod message;
 mod node;
 #[cfg(feature = "pki-gen")]
@@ -45,7 +45,7 @@ pub mod proto;
 pub(crate) mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};
-pub use error::{Error, Result};
+pub use error::{Cancelled, Error, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{Node, NodeStats, ResponseHandle};
 

@@ -17,6 +17,7 @@ pub struct Node {
 
 /// Counters of one node since start.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeStats {
     /// Messages handed to `send`/`request`/responses.
     pub msgs_sent: u64,
@@ -35,6 +36,12 @@ pub struct NodeStats {
     /// Received buffers handled on the receive thread itself because every
     /// handler thread was parked (`inline_receive_bytes`).
     pub inline_buffers: u64,
+    /// Most received buffers queued for the handler threads at once (all
+    /// connections); bounded by `incoming_max_buffers` (plus, on
+    /// InfiniBand, the receives posted on the shared receive queue).
+    pub incoming_peak_buffers: u64,
+    /// Most received bytes queued for the handler threads at once.
+    pub incoming_peak_bytes: u64,
 }
 
 /// A response that has not arrived yet. Wait for it with

@@ -146,11 +146,9 @@ fn argument_errors_are_typed() {
         n.send_raw(NodeId(9), 50, 0, b"x"),
         Err(Error::Unreachable(NodeId(9), _))
     ));
-    let e = Node::start(Config {
-        node_id: 1,
-        nodes: vec![],
-        ..Config::default()
-    });
+    let mut c = Config::default();
+    c.node_id = 1;
+    let e = Node::start(c);
     assert!(
         matches!(e, Err(Error::Config(_))),
         "own id must be in the node map for TCP"

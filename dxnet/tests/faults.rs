@@ -147,11 +147,7 @@ fn child_config(id: u16) -> Config {
             c.nodes = a
                 .split(',')
                 .enumerate()
-                .map(|(i, addr)| NodeEntry {
-                    id: i as u16,
-                    address: addr.to_string(),
-                    public_key: None,
-                })
+                .map(|(i, addr)| NodeEntry::new(i as u16, addr))
                 .collect();
             c
         }

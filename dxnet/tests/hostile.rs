@@ -678,7 +678,7 @@ fn peer_that_never_reads() {
     let s3 = joined(&c, 3, 4096);
     let (e, blocked, sent) = send_until_error(node, 3);
     println!("never-reading peer, 4 KiB window: {e} after {sent} sends; blocked {blocked:?}");
-    assert_eq!(e, Error::Timeout("send blocked by flow control"));
+    assert_eq!(e, Error::Timeout(dxnet::Waited::FlowControl));
     assert!(
         blocked >= Duration::from_millis(450) && blocked < Duration::from_millis(2500),
         "blocked {blocked:?}"

@@ -321,3 +321,126 @@ fn ib_node_killed_and_restarted() {
     b.command("exit");
     wait_child(b, 30);
 }
+
+/// Node 0 of the flood test: a receiver with slow message handlers, small
+/// incoming limits and a window far larger than them (so flow control does
+/// not hold the flooding peer back: only the incoming limits do).
+fn flood_receiver_config(base: u16) -> Config {
+    let mut c = ib_config(0, 3, base);
+    c.incoming_max_buffers = 16;
+    c.incoming_max_bytes = 16 * c.recv_buffer_size;
+    c.flow_control_window = 8 << 20;
+    c.ib.srq_size = 32;
+    c
+}
+
+#[test]
+fn child_ib_flood() {
+    if !is_child() {
+        return;
+    }
+    init_log();
+    let id: u16 = env_parse("NODE");
+    let base: u16 = env_parse("BASE");
+    let threads: u16 = env_parse("THREADS");
+    let per: u64 = env_parse("PER");
+    let reqs: u64 = env_parse("REQS");
+    let cfg = if id == 0 {
+        flood_receiver_config(base)
+    } else {
+        ib_config(id, 3, base)
+    };
+    let node = Arc::new(Node::start(cfg).unwrap());
+    let chk = Arc::new(Checker::default());
+    let c = chk.clone();
+    node.register(move |src, m: Data| {
+        std::thread::sleep(Duration::from_micros(500));
+        c.check(src, &m)
+    })
+    .unwrap();
+    node.register_request(|_, p: Ping| Pong(p.0 * 2)).unwrap();
+    let done = register_done(&node);
+    let peers: Vec<u16> = (0..3).filter(|&p| p != id).collect();
+    if id != 0 {
+        until_reachable("ping", || {
+            node.request(NodeId(0), &Ping(1), Duration::from_secs(3))
+        });
+    }
+    match id {
+        0 => {
+            let expect = per * threads as u64;
+            wait_for(600, "the flood", || {
+                chk.received.load(Ordering::SeqCst) >= expect
+            });
+            chk.assert_ok();
+        }
+        1 => std::thread::scope(|s| {
+            for t in 0..threads {
+                let node = node.clone();
+                s.spawn(move || send_checked(&node, t, per, 16 << 10, |_| 0));
+            }
+        }),
+        _ => {
+            // Requests while node 1 floods node 0: each must be answered.
+            for i in 0..reqs {
+                let r = node.request(NodeId(0), &Ping(i), Duration::from_secs(60));
+                assert_eq!(r.unwrap().0, 2 * i, "request {i}");
+            }
+        }
+    }
+    end_barrier(&node, &peers, &done);
+    let st = node.stats();
+    println!(
+        "CHILD OK received={} requests={reqs} peak_buffers={}",
+        chk.received.load(Ordering::SeqCst),
+        st.incoming_peak_buffers
+    );
+}
+
+/// One peer floods a node whose handlers are slow while another peer sends
+/// it requests: the requests are answered, and the node queues no more
+/// received buffers than its incoming limit plus the receives it posts.
+#[test]
+fn ib_flooding_peer_stays_within_incoming_limits() {
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(3);
+    let (threads, per, reqs) = (4u16, 400u64, 100u64);
+    let kids: Vec<_> = (0..3u16)
+        .map(|id| {
+            spawn_child(
+                "child_ib_flood",
+                &[
+                    ("NODE", id.to_string()),
+                    ("BASE", base.to_string()),
+                    ("THREADS", threads.to_string()),
+                    ("PER", per.to_string()),
+                    ("REQS", reqs.to_string()),
+                    ("RDMA_DEV", std::env::var("RDMA_DEV").unwrap_or_default()),
+                    (
+                        "RDMA_GID_INDEX",
+                        std::env::var("RDMA_GID_INDEX").unwrap_or_default(),
+                    ),
+                ],
+            )
+        })
+        .collect();
+    let outs: Vec<String> = kids.into_iter().map(|k| wait_child(k, 600)).collect();
+    let expect = format!("CHILD OK received={}", threads as u64 * per);
+    assert!(outs[0].contains(&expect), "{}", outs[0]);
+    assert!(outs[2].contains(&format!("requests={reqs}")), "{}", outs[2]);
+    let peak: u64 = outs[0]
+        .split("peak_buffers=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no peak in {}", outs[0]));
+    let cfg = flood_receiver_config(base);
+    let bound = cfg.incoming_max_buffers as u64 + cfg.ib.srq_size as u64;
+    println!("node 0 queued at most {peak} buffers (bound {bound})");
+    assert!(
+        peak <= bound,
+        "node 0 queued {peak} buffers, more than its incoming limit and posted receives ({bound})"
+    );
+}

@@ -30,7 +30,7 @@ fn start(c: Config) -> Node {
 
 fn unreachable_why(r: Result<Pong, Error>, who: u16) -> String {
     match r {
-        Err(Error::Unreachable(NodeId(n), why)) if n == who => why,
+        Err(Error::Unreachable(NodeId(n), why)) if n == who => why.to_string(),
         other => panic!("expected Unreachable({who}), got {other:?}"),
     }
 }

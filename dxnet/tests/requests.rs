@@ -143,7 +143,7 @@ fn timeouts_fire_and_late_responses_are_dropped() {
     let e = cluster[0]
         .request(NodeId(1), &slow, Duration::from_millis(50))
         .unwrap_err();
-    assert_eq!(e, Error::Timeout("request"));
+    assert_eq!(e, Error::Timeout(dxnet::Waited::Response));
     assert!(
         t0.elapsed() < Duration::from_millis(290),
         "timed out before the response came"
@@ -152,7 +152,10 @@ fn timeouts_fire_and_late_responses_are_dropped() {
     let h = cluster[0]
         .request_async(NodeId(1), &slow, Duration::from_millis(50))
         .unwrap();
-    assert_eq!(block_on(h).unwrap_err(), Error::Timeout("request"));
+    assert_eq!(
+        block_on(h).unwrap_err(),
+        Error::Timeout(dxnet::Waited::Response)
+    );
     std::thread::sleep(Duration::from_millis(700)); // late responses arrive and are ignored
     let r = cluster[0]
         .request(NodeId(1), &req(5, 10), Duration::from_secs(10))

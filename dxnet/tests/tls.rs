@@ -42,7 +42,7 @@ fn cluster() -> (Vec<Config>, Node, Node) {
 
 fn assert_unreachable(r: Result<Pong, Error>, who: u16) -> String {
     match r {
-        Err(Error::Unreachable(NodeId(n), why)) if n == who => why,
+        Err(Error::Unreachable(NodeId(n), why)) if n == who => why.to_string(),
         other => panic!("expected Unreachable({who}), got {other:?}"),
     }
 }
@@ -98,24 +98,21 @@ fn bad_tls_files_are_config_errors_naming_the_field() {
     let good = generate_cluster_pki(&dir, &[NodeId(0)]).unwrap().remove(0);
     let cases = [
         (
-            TlsConfig {
-                cert: dir.join("missing.pem").display().to_string(),
-                ..good.clone()
-            },
+            TlsConfig::new(
+                dir.join("missing.pem").display().to_string(),
+                &good.key,
+                &good.ca,
+            ),
             "tls.cert",
         ),
         (
-            TlsConfig {
-                key: good.cert.clone(), // a certificate is not a key
-                ..good.clone()
-            },
+            // A certificate is not a key.
+            TlsConfig::new(&good.cert, &good.cert, &good.ca),
             "tls.key",
         ),
         (
-            TlsConfig {
-                ca: good.key.clone(), // a key holds no CA certificate
-                ..good.clone()
-            },
+            // A key holds no CA certificate.
+            TlsConfig::new(&good.cert, &good.key, &good.key),
             "tls.ca",
         ),
     ];

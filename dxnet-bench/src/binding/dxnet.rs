@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use dxnet::config::{IbConfig, NodeEntry};
+use dxnet::config::NodeEntry;
 use dxnet::{Config, Node, NodeId, TlsConfig, TransportKind};
 use serde::{Deserialize, Serialize};
 
@@ -62,42 +62,36 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
     let kind = BindingKind::parse(&setup.binding)?;
     let base = match kind {
         BindingKind::DxnetLoopback => Config::loopback(me, setup.nodes.len() as u16, &setup.fabric),
-        BindingKind::DxnetTcp | BindingKind::DxnetTcpTls | BindingKind::DxnetIb => Config {
-            node_id: me,
-            nodes: setup
+        BindingKind::DxnetTcp | BindingKind::DxnetTcpTls | BindingKind::DxnetIb => {
+            let mut c = Config::default();
+            c.node_id = me;
+            c.nodes = setup
                 .nodes
                 .iter()
-                .map(|(id, a)| NodeEntry {
-                    id: *id,
-                    address: a.clone(),
-                    public_key: None,
-                })
-                .collect(),
-            transport: if kind == BindingKind::DxnetIb {
+                .map(|(id, a)| NodeEntry::new(*id, a.clone()))
+                .collect();
+            c.transport = if kind == BindingKind::DxnetIb {
                 TransportKind::Ib
             } else {
                 TransportKind::Tcp
-            },
-            ib: IbConfig {
-                device: rdma.device.unwrap_or_default(),
-                port: rdma.port,
-                gid_index: match rdma.gid_index {
-                    Some(g) => u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255"))?,
-                    None => 0,
-                },
-                ..IbConfig::default()
-            },
-            tls: (kind == BindingKind::DxnetTcpTls).then(|| {
+            };
+            c.ib.device = rdma.device.unwrap_or_default();
+            c.ib.port = rdma.port;
+            c.ib.gid_index = match rdma.gid_index {
+                Some(g) => u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255"))?,
+                None => 0,
+            };
+            c.tls = (kind == BindingKind::DxnetTcpTls).then(|| {
                 let dir = setup.pki_dir();
                 let file = |ext: &str| dir.join(format!("node-{me}.{ext}")).display().to_string();
-                TlsConfig {
-                    cert: file("pem"),
-                    key: file("key"),
-                    ca: dir.join("ca.pem").display().to_string(),
-                }
-            }),
-            ..Config::default()
-        },
+                TlsConfig::new(
+                    file("pem"),
+                    file("key"),
+                    dir.join("ca.pem").display().to_string(),
+                )
+            });
+            c
+        }
         other => bail!("{} is not a dxnet binding", other.name()),
     };
     let mut v = serde_json::to_value(&base)?;

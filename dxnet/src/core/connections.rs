@@ -24,11 +24,16 @@ impl Core {
                             ConnState::Connecting => {
                                 return Err(Error::Unreachable(
                                     dest,
-                                    "connection not established in time".into(),
+                                    Unreachable::Connect(
+                                        "connection not established in time".into(),
+                                    ),
                                 ))
                             }
                             ConnState::Closed => {
-                                return Err(Error::Unreachable(dest, c.close_reason()))
+                                return Err(Error::Unreachable(
+                                    dest,
+                                    Unreachable::ConnectionLost(c.close_reason()),
+                                ))
                             }
                         }
                     }
@@ -41,7 +46,7 @@ impl Core {
             if self.config.transport != TransportKind::Loopback
                 && self.config.address_of(dest).is_none()
             {
-                return Err(Error::Unreachable(dest, "not in the node map".into()));
+                return Err(Error::Unreachable(dest, Unreachable::NotInNodeMap));
             }
             let Some(conn) = self.create_connection(dest, None)? else {
                 continue; // somebody else created it meanwhile
@@ -55,14 +60,19 @@ impl Core {
                     tracing::debug!("{}: connected to {dest}", self.own);
                     return Ok(conn);
                 }
-                Ok(()) => return Err(Error::Unreachable(dest, conn.close_reason())),
+                Ok(()) => {
+                    return Err(Error::Unreachable(
+                        dest,
+                        Unreachable::Connect(conn.close_reason()),
+                    ))
+                }
                 Err(e) => {
-                    let reason = match &e {
-                        Error::Unreachable(_, r) => r.clone(),
-                        other => other.to_string(),
+                    let cause = match e {
+                        Error::Unreachable(_, cause) => cause,
+                        other => Unreachable::Connect(other.to_string()),
                     };
-                    self.close_connection(&conn, &reason, true);
-                    return Err(Error::Unreachable(dest, reason));
+                    self.close_connection(&conn, cause.detail(), true);
+                    return Err(Error::Unreachable(dest, cause));
                 }
             }
         }
@@ -212,9 +222,9 @@ impl Core {
             t.close(conn);
         }
         let err = if failed {
-            Error::Unreachable(conn.peer, reason.to_string())
+            Error::Unreachable(conn.peer, Unreachable::ConnectionLost(reason.to_string()))
         } else {
-            Error::Cancelled("connection closed")
+            Error::Cancelled(Cancelled::ConnectionClosed)
         };
         self.requests.fail_peer(conn.peer, &err);
         self.stats.connections_closed.add(1);

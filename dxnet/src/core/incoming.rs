@@ -24,6 +24,9 @@ pub struct IncomingQueue {
     bytes: AtomicUsize,
     max_buffers: usize,
     max_bytes: usize,
+    /// Most buffers and bytes queued at once since start (for stats).
+    peak_buffers: AtomicUsize,
+    peak_bytes: AtomicUsize,
     starved: AtomicBool,
     /// Handler threads park on this.
     pub handlers: Signal,
@@ -38,6 +41,8 @@ impl IncomingQueue {
             bytes: AtomicUsize::new(0),
             max_buffers,
             max_bytes,
+            peak_buffers: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
             starved: AtomicBool::new(false),
             handlers: Signal::new(),
         }
@@ -97,8 +102,7 @@ impl IncomingQueue {
             if inbox.owner_blocked && !matches!(item, Incoming::Decoded(_)) {
                 return Some(item);
             }
-            self.buffers.fetch_add(1, Ordering::AcqRel);
-            self.bytes.fetch_add(len, Ordering::AcqRel);
+            self.count_in(len);
             inbox.items.push_back(item);
             inbox.bytes += len;
             !std::mem::replace(&mut inbox.scheduled, true)
@@ -113,8 +117,28 @@ impl IncomingQueue {
     /// Accounts for an item appended to an inbox directly (by the decode-ahead
     /// of a connection whose handler holds it).
     pub fn added(&self, len: usize) {
-        self.buffers.fetch_add(1, Ordering::AcqRel);
-        self.bytes.fetch_add(len, Ordering::AcqRel);
+        self.count_in(len);
+    }
+
+    /// Counts one queued item of `len` bytes, keeping the peaks.
+    fn count_in(&self, len: usize) {
+        let buffers = self.buffers.fetch_add(1, Ordering::AcqRel) + 1;
+        let bytes = self.bytes.fetch_add(len, Ordering::AcqRel) + len;
+        // A load first: the peak rarely moves, so this stays a read.
+        if buffers > self.peak_buffers.load(Ordering::Relaxed) {
+            self.peak_buffers.fetch_max(buffers, Ordering::Relaxed);
+        }
+        if bytes > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Most buffers and bytes queued at once since start.
+    pub fn peaks(&self) -> (usize, usize) {
+        (
+            self.peak_buffers.load(Ordering::Relaxed),
+            self.peak_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Accounts for `n` queued items merged into others (the count drops).

@@ -40,6 +40,7 @@ use crossbeam::channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{Config, ParkConfig, TransportKind};
+use crate::error::{Cancelled, Unreachable, Waited};
 use crate::message::{
     type_key, MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN,
 };
@@ -401,6 +402,7 @@ impl Core {
     /// Counters.
     pub fn stats(&self) -> NodeStats {
         let s = &self.stats;
+        let (peak_buffers, peak_bytes) = self.incoming.peaks();
         NodeStats {
             msgs_sent: s.msgs_sent.get(),
             msgs_received: s.msgs_received.get(),
@@ -410,6 +412,8 @@ impl Core {
             connections_closed: s.connections_closed.get(),
             unknown_messages: s.unknown_messages.get(),
             inline_buffers: s.inline_buffers.get(),
+            incoming_peak_buffers: peak_buffers as u64,
+            incoming_peak_bytes: peak_bytes as u64,
         }
     }
 
@@ -471,7 +475,7 @@ fn remote_error(h: &MessageHeader, payload: &[u8]) -> Error {
         Some(&REMOTE_DECODE) => {
             Error::Decode("the remote node could not decode the request".into())
         }
-        Some(&REMOTE_PANIC) => Error::Cancelled("the remote request handler panicked"),
+        Some(&REMOTE_PANIC) => Error::Cancelled(Cancelled::RemoteHandlerPanicked),
         _ => Error::Decode("malformed error response".into()),
     }
 }

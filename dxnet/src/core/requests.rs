@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::error::{Cancelled, Waited};
 use crate::{Error, NodeId, Result};
 
 const SHARDS: usize = 64;
@@ -320,7 +321,7 @@ impl RequestTable {
     fn expire(&self, id: u32) {
         let slot = self.shard(id).lock().remove(&id);
         if let Some(s) = slot {
-            s.complete(Err(Error::Timeout("request")));
+            s.complete(Err(Error::Timeout(Waited::Response)));
         }
     }
 
@@ -395,7 +396,7 @@ impl PendingResponse {
                 _ => unreachable!(),
             }
         } else if matches!(*st, SlotState::Taken) {
-            Some(Err(Error::Cancelled("response already taken")))
+            Some(Err(Error::Cancelled(Cancelled::AlreadyTaken)))
         } else {
             None
         }
@@ -456,7 +457,9 @@ impl PendingResponse {
                 } else {
                     self.slot().complete(Err(Error::Shutdown));
                 }
-                return self.take_done().unwrap_or(Err(Error::Timeout("request")));
+                return self
+                    .take_done()
+                    .unwrap_or(Err(Error::Timeout(Waited::Response)));
             }
             std::thread::park_timeout(self.slot().deadline - now);
         }
@@ -549,14 +552,14 @@ mod tests {
 
         let (_, p1) = t.insert(NodeId(3), Duration::from_secs(10)).unwrap();
         let (_, p2) = t.insert(NodeId(4), Duration::from_secs(10)).unwrap();
-        let e = Error::Unreachable(NodeId(3), "test".into());
+        let e = Error::Unreachable(NodeId(3), crate::Unreachable::ConnectionLost("test".into()));
         assert_eq!(t.fail_peer(NodeId(3), &e), 1);
         assert_eq!(p1.wait(), Err(e));
         drop(p2);
         assert_eq!(t.pending(), 0, "dropped handle removes its entry");
 
         let (_, p) = t.insert(NodeId(5), Duration::from_millis(5)).unwrap();
-        assert_eq!(p.wait(), Err(Error::Timeout("request")));
+        assert_eq!(p.wait(), Err(Error::Timeout(Waited::Response)));
         assert_eq!(t.pending(), 0);
         t.close();
         assert!(t.insert(NodeId(1), Duration::from_secs(1)).is_err());

@@ -240,8 +240,10 @@ impl Core {
             conn.flow
                 .acquire(total as u64, deadline, &self.config.park, open)
                 .map_err(|e| match e {
-                    FlowWaitError::Timeout => Error::Timeout("send blocked by flow control"),
-                    FlowWaitError::Closed => Error::Unreachable(dest, conn.close_reason()),
+                    FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
+                    FlowWaitError::Closed => {
+                        Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
+                    }
                 })?;
         }
         let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
@@ -305,14 +307,15 @@ impl Core {
             Err(OrbError::Timeout) => {
                 // Nothing was written: give the window back.
                 window_back(total);
-                Err(Error::Timeout("send blocked by a full ring buffer"))
+                Err(Error::Timeout(Waited::RingBuffer))
             }
-            Err(OrbError::Closed) => Err(Error::Unreachable(dest, conn.close_reason())),
+            Err(OrbError::Closed) => Err(Error::Unreachable(
+                dest,
+                Unreachable::ConnectionLost(conn.close_reason()),
+            )),
             Err(OrbError::Corrupted) => {
                 self.close_connection(conn, "message stream corrupted by a failed send", true);
-                Err(Error::Timeout(
-                    "send of a large message interrupted; connection closed",
-                ))
+                Err(Error::Timeout(Waited::RingBuffer))
             }
         }
     }
@@ -341,9 +344,7 @@ impl Core {
                 self.incoming.has_room() || self.is_shut_down()
             })
         {
-            return Err(Error::Timeout(
-                "local delivery blocked by a full incoming queue",
-            ));
+            return Err(Error::Timeout(Waited::IncomingQueue));
         }
         let depth = match inline::current_conn() {
             Some(c) if c.id == 0 => self

@@ -51,6 +51,7 @@ use crate::core::{Core, InlineWork};
 use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
 use crate::proto::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
+use crate::transport::cannot_connect;
 use crate::transport::{resolve, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
@@ -963,14 +964,14 @@ impl IbEngine {
                 return Turn::Sleep(r.idle.max_park);
             }
             if r.idle.step_polling() {
-                if !r.empty_slots.is_empty() && core.pool.available() < self.sges_per_recv {
-                    // Receive queue not full and no buffers: wait for
-                    // handlers to return some (`wake_receiver`).
+                let can_post =
+                    || core.pool.available() >= self.sges_per_recv && core.incoming.has_room();
+                if !r.empty_slots.is_empty() && !can_post() {
+                    // Receive queue not full, and no buffers or no room in
+                    // the incoming queue: wait for handlers to return some
+                    // (`wake_receiver`).
                     self.recv_signal.park_unless(
-                        || {
-                            self.stop.load(Ordering::Acquire)
-                                || core.pool.available() >= self.sges_per_recv
-                        },
+                        || self.stop.load(Ordering::Acquire) || can_post(),
                         Duration::from_millis(1),
                     );
                 } else if let Err(e) = self.recv_cq.req_notify(false) {
@@ -1136,7 +1137,11 @@ impl IbEngine {
         let base = self.pool_mr.addr() as usize;
         while let Some(&slot) = empty.last() {
             let need = self.sges_per_recv.saturating_sub(posted[slot].len());
-            if core.pool.available() < need {
+            // The incoming queue's limits bound what is received but not
+            // handled yet: beyond them no receive is posted (senders get
+            // receiver-not-ready and retry) until handlers drained some and
+            // wake this thread, as TCP stops reading its sockets.
+            if core.pool.available() < need || !core.incoming.has_room() {
                 break;
             }
             while posted[slot].len() < self.sges_per_recv {
@@ -1186,7 +1191,10 @@ impl Transport for IbEngine {
     fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
         let core = self.core.upgrade().ok_or(Error::Shutdown)?;
         if core.config().address_of(conn.peer).is_none() {
-            return Err(Error::Unreachable(conn.peer, "not in the node map".into()));
+            return Err(Error::Unreachable(
+                conn.peer,
+                crate::error::Unreachable::NotInNodeMap,
+            ));
         }
         let _ = self.jobs.send(Job::Create(conn.clone()));
         conn.state_changed.wait_until(core.park(), deadline, || {
@@ -1194,12 +1202,12 @@ impl Transport for IbEngine {
         });
         match conn.state() {
             ConnState::Open => Ok(()),
-            ConnState::Closed => Err(Error::Unreachable(conn.peer, conn.close_reason())),
+            ConnState::Closed => Err(cannot_connect(conn.peer, conn.close_reason())),
             ConnState::Connecting => {
                 self.pending.lock().remove(&conn.peer.0);
-                Err(Error::Unreachable(
+                Err(cannot_connect(
                     conn.peer,
-                    "no answer to the connection request in time".into(),
+                    "no answer to the connection request in time",
                 ))
             }
         }

@@ -16,6 +16,7 @@ use crate::core::connection::{ConnState, Connection};
 use crate::core::Core;
 use crate::primitives::park::{Idle, Signal};
 use crate::proto::wire::Status;
+use crate::transport::cannot_connect;
 use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
@@ -189,13 +190,11 @@ impl Transport for LoopbackEngine {
             .lock()
             .get(&peer.0)
             .and_then(Weak::upgrade)
-            .ok_or_else(|| {
-                Error::Unreachable(peer, "no such node in the loopback fabric".into())
-            })?;
+            .ok_or_else(|| cannot_connect(peer, "no such node in the loopback fabric"))?;
         let rcore = remote_engine
             .core
             .upgrade()
-            .ok_or_else(|| Error::Unreachable(peer, "node shut down".into()))?;
+            .ok_or_else(|| cannot_connect(peer, "node shut down"))?;
         match rcore.accept_incoming(self.own, core.instance) {
             Ok(rconn) => {
                 self.links.lock().insert(
@@ -235,13 +234,10 @@ impl Transport for LoopbackEngine {
                 if conn.state() == ConnState::Open {
                     Ok(())
                 } else {
-                    Err(Error::Unreachable(
-                        peer,
-                        "connection not established in time".into(),
-                    ))
+                    Err(cannot_connect(peer, "connection not established in time"))
                 }
             }
-            Err(s) => Err(Error::Unreachable(peer, s.to_string())),
+            Err(s) => Err(cannot_connect(peer, s.to_string())),
         }
     }
 

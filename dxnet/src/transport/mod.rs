@@ -86,6 +86,12 @@ pub trait Transport: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
+/// The error of a connection set-up that failed (see
+/// [`crate::error::Unreachable::Connect`]).
+pub(crate) fn cannot_connect(peer: NodeId, why: impl Into<String>) -> crate::Error {
+    crate::Error::Unreachable(peer, crate::error::Unreachable::Connect(why.into()))
+}
+
 /// The first socket address a node-map address (`host:port`) resolves to.
 #[cfg(any(feature = "tcp", feature = "ib"))]
 pub(crate) fn resolve(addr: &str) -> std::io::Result<std::net::SocketAddr> {

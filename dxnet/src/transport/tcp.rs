@@ -39,6 +39,7 @@ use crate::proto::wire::{
     self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
     CHUNK_HEADER_LEN, HANDSHAKE_LEN,
 };
+use crate::transport::cannot_connect;
 use crate::transport::tls::{self, TlsContext, TlsStream};
 use crate::transport::{resolve, Transport};
 use crate::{Error, NodeId, Result};
@@ -1158,31 +1159,25 @@ impl Transport for TcpEngine {
     fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
         let core = self.core.upgrade().ok_or(Error::Shutdown)?;
         let peer = conn.peer;
-        let addr = core
-            .config()
-            .address_of(peer)
-            .ok_or_else(|| Error::Unreachable(peer, "not in the node map".into()))?;
-        let addr = resolve(addr).map_err(|e| Error::Unreachable(peer, e.to_string()))?;
+        let addr = core.config().address_of(peer).ok_or(Error::Unreachable(
+            peer,
+            crate::error::Unreachable::NotInNodeMap,
+        ))?;
+        let addr = resolve(addr).map_err(|e| cannot_connect(peer, e.to_string()))?;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::Unreachable(
-                    peer,
-                    "connection not established in time".into(),
-                ));
+                return Err(cannot_connect(peer, "connection not established in time"));
             }
             let mut s = TcpStream::connect_timeout(&addr, left)
-                .map_err(|e| Error::Unreachable(peer, format!("connect to {addr}: {e}")))?;
+                .map_err(|e| cannot_connect(peer, format!("connect to {addr}: {e}")))?;
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
             let _ = s.set_read_timeout(Some(left));
             let _ = s.set_write_timeout(Some(left));
             let mut tls_conn = match &self.tls {
-                Some(t) => Some(
-                    t.dial(&mut s, peer)
-                        .map_err(|e| Error::Unreachable(peer, e))?,
-                ),
+                Some(t) => Some(t.dial(&mut s, peer).map_err(|e| cannot_connect(peer, e))?),
                 None => None,
             };
             let res = match tls_conn.as_mut() {
@@ -1202,11 +1197,11 @@ impl Transport for TcpEngine {
                         return Ok(());
                     }
                     if theirs.instance == 0 {
-                        return Err(Error::Unreachable(peer, "peer sent instance id 0".into()));
+                        return Err(cannot_connect(peer, "peer sent instance id 0"));
                     }
                     return self
                         .attach(&core, conn, s, tls_conn, &theirs)
-                        .map_err(|e| Error::Unreachable(peer, e));
+                        .map_err(|e| cannot_connect(peer, e));
                 }
                 Err(DialFailure::Rejected(Status::Duplicate)) => {
                     // The peer's own dial wins; it will open `conn`.
@@ -1215,13 +1210,11 @@ impl Transport for TcpEngine {
                         .wait_until(core.park(), wait, || conn.state() != ConnState::Connecting);
                     match conn.state() {
                         ConnState::Open => return Ok(()),
-                        ConnState::Closed => {
-                            return Err(Error::Unreachable(peer, conn.close_reason()))
-                        }
+                        ConnState::Closed => return Err(cannot_connect(peer, conn.close_reason())),
                         ConnState::Connecting => continue,
                     }
                 }
-                Err(e) => return Err(Error::Unreachable(peer, e.to_string())),
+                Err(e) => return Err(cannot_connect(peer, e.to_string())),
             }
         }
     }
