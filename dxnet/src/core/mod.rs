@@ -21,6 +21,7 @@
 
 pub mod connection;
 mod connections;
+mod engine_api;
 pub mod flow;
 mod handlers;
 pub mod incoming;
@@ -156,11 +157,11 @@ pub struct Core {
     /// Open connections.
     pub connections: ConnectionTable,
     /// Connections with data or confirmations to send.
-    pub wim: WriteInterest,
+    wim: WriteInterest,
     /// Receive buffers.
-    pub pool: BufferPool,
+    pool: BufferPool,
     /// Received buffers waiting for handler threads.
-    pub incoming: IncomingQueue,
+    incoming: IncomingQueue,
     /// Pending requests.
     pub requests: Arc<RequestTable>,
     /// Counters.

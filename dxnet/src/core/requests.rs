@@ -187,7 +187,7 @@ impl RequestTable {
         self.insert_at(peer, Instant::now(), timeout)
     }
 
-    /// [`RequestTable::insert`] for a request sent at `now` (the caller's
+    /// Registers a new pending request to `peer` sent at `now` (the caller's
     /// clock reading, also used for the send: one clock read less per
     /// request, which costs ~0.1 µs under CPU emulation).
     pub fn insert_at(

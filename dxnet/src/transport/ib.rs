@@ -194,7 +194,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let srq = pd
         .create_srq(recv_wrs as u32, ib.sges_per_recv)
         .map_err(verbs_err)?;
-    let (base, len) = core.pool.arena();
+    let (base, len) = core.recv_arena();
     // SAFETY: the arena lives as long as the core's pool, which outlives the
     // engine's use of it: the engine holds the core (weakly) and stops its
     // threads in `shutdown` before the core is dropped; receive buffers posted
@@ -654,7 +654,7 @@ impl IbEngine {
                     self.watchdog(&core);
                 }
             }
-            while let Some(peer) = core.wim.pop() {
+            while let Some(peer) = core.next_write_interest() {
                 if !worked {
                     worked = true;
                     self.send_busy.store(true, Ordering::SeqCst);
@@ -692,7 +692,7 @@ impl IbEngine {
                 };
                 self.send_signal.park_unless(
                     || {
-                        !core.wim.is_empty()
+                        !core.write_interest_is_empty()
                             || self.send_woken.load(Ordering::SeqCst)
                             || self.stop.load(Ordering::Acquire)
                     },
@@ -933,7 +933,7 @@ impl IbEngine {
             |r| {
                 for bufs in r.posted.iter_mut() {
                     for b in bufs.drain(..) {
-                        core.pool.put(b);
+                        core.return_recv_buffer(b);
                     }
                 }
             },
@@ -964,8 +964,9 @@ impl IbEngine {
                 return Turn::Sleep(r.idle.max_park);
             }
             if r.idle.step_polling() {
-                let can_post =
-                    || core.pool.available() >= self.sges_per_recv && core.incoming.has_room();
+                let can_post = || {
+                    core.recv_buffers_available() >= self.sges_per_recv && core.incoming_has_room()
+                };
                 if !r.empty_slots.is_empty() && !can_post() {
                     // Receive queue not full, and no buffers or no room in
                     // the incoming queue: wait for handlers to return some
@@ -1033,7 +1034,7 @@ impl IbEngine {
                 let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
                 if !wc.is_success() {
                     for b in bufs.drain(..) {
-                        core.pool.put(b);
+                        core.return_recv_buffer(b);
                     }
                     if let (Some(ic), false) = (&ic, wc.is_flush()) {
                         core.close_connection(
@@ -1046,7 +1047,7 @@ impl IbEngine {
                 }
                 let Some(ic) = ic else {
                     for b in bufs.drain(..) {
-                        core.pool.put(b);
+                        core.return_recv_buffer(b);
                     }
                     break 'wc;
                 };
@@ -1065,7 +1066,7 @@ impl IbEngine {
                 };
                 if let Some(why) = bad {
                     for b in bufs.drain(..) {
-                        core.pool.put(b);
+                        core.return_recv_buffer(b);
                     }
                     core.close_connection(&ic.conn, &format!("protocol error: {why}"), true);
                     break 'wc;
@@ -1109,7 +1110,7 @@ impl IbEngine {
                 }
             }
             for b in bufs.drain(..) {
-                core.pool.put(b);
+                core.return_recv_buffer(b);
             }
             *taken = bufs;
         }
@@ -1141,11 +1142,13 @@ impl IbEngine {
             // handled yet: beyond them no receive is posted (senders get
             // receiver-not-ready and retry) until handlers drained some and
             // wake this thread, as TCP stops reading its sockets.
-            if core.pool.available() < need || !core.incoming.has_room() {
+            if core.recv_buffers_available() < need || !core.incoming_has_room() {
                 break;
             }
             while posted[slot].len() < self.sges_per_recv {
-                let Some(b) = core.pool.get() else { break };
+                let Some(b) = core.take_recv_buffer() else {
+                    break;
+                };
                 posted[slot].push(b);
             }
             if posted[slot].len() < self.sges_per_recv {
@@ -1164,7 +1167,7 @@ impl IbEngine {
             }
             if sges.len() < self.sges_per_recv {
                 for b in posted[slot].drain(..) {
-                    core.pool.put(b);
+                    core.return_recv_buffer(b);
                 }
                 break;
             }
@@ -1179,7 +1182,7 @@ impl IbEngine {
             tracing::error!("{}: posting receive work requests failed: {e}", self.own);
             for &slot in filled.iter() {
                 for b in posted[slot].drain(..) {
-                    core.pool.put(b);
+                    core.return_recv_buffer(b);
                 }
                 empty.push(slot);
             }

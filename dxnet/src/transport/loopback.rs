@@ -106,10 +106,10 @@ impl LoopbackEngine {
             if epoch != seen_epoch && !stalled.is_empty() {
                 seen_epoch = epoch;
                 for p in stalled.drain(..) {
-                    core.wim.push(p);
+                    core.requeue_write_interest(p);
                 }
             }
-            while let Some(peer) = core.wim.pop() {
+            while let Some(peer) = core.next_write_interest() {
                 worked = true;
                 if self.pump(&core, peer) {
                     stalled.push(peer);
@@ -123,7 +123,7 @@ impl LoopbackEngine {
                 let max = idle.max_park;
                 self.signal.park_unless(
                     || {
-                        !core.wim.is_empty()
+                        !core.write_interest_is_empty()
                             || self.stop.load(Ordering::Acquire)
                             || (!stalled.is_empty()
                                 && self.fabric.resource_epoch.load(Ordering::Acquire) != seen_epoch)
@@ -154,10 +154,10 @@ impl LoopbackEngine {
             if orb.unposted_len() == 0 {
                 return false;
             }
-            if !rcore.incoming.has_room() {
+            if !rcore.incoming_has_room() {
                 return true;
             }
-            let Some(mut buf) = rcore.pool.get() else {
+            let Some(mut buf) = rcore.take_recv_buffer() else {
                 return true;
             };
             let cap = buf.capacity();
@@ -174,7 +174,7 @@ impl LoopbackEngine {
             rcore.deliver(&link.remote, buf);
         }
         // More data than one round: serve the others first.
-        core.wim.push(peer);
+        core.requeue_write_interest(peer);
         false
     }
 }
@@ -282,14 +282,14 @@ impl Transport for LoopbackEngine {
             return false;
         };
         let _send = link.send.lock();
-        if conn.orb.has_unsent() || !rcore.incoming.has_room() {
+        if conn.orb.has_unsent() || !rcore.incoming_has_room() {
             return false;
         }
-        let Some(mut buf) = rcore.pool.get() else {
+        let Some(mut buf) = rcore.take_recv_buffer() else {
             return false;
         };
         if frame.len() > buf.capacity() {
-            rcore.pool.put(buf);
+            rcore.return_recv_buffer(buf);
             return false;
         }
         link.remote.flow.on_confirm(conn.flow.take_units(u32::MAX));

@@ -790,7 +790,7 @@ impl TcpEngine {
             }
             if !paused.is_empty() {
                 paused.retain(|tc| {
-                    let keep = tc.conn.is_alive() && core.incoming.over_share(&tc.conn);
+                    let keep = tc.conn.is_alive() && core.incoming_over_share(&tc.conn);
                     if !keep {
                         readable.push_back(tc.clone());
                     }
@@ -826,7 +826,7 @@ impl TcpEngine {
             }
             if *starved {
                 // Resources may have come back before the flags were set.
-                *starved = !(core.incoming.has_room() && core.pool.available() > 0);
+                *starved = !(core.incoming_has_room() && core.recv_buffers_available() > 0);
             }
         }
         None
@@ -841,13 +841,13 @@ impl TcpEngine {
         if !tc.conn.is_alive() {
             return ReadOutcome::Closed;
         }
-        if !core.incoming.has_room() {
+        if !core.incoming_has_room() {
             return ReadOutcome::Starved;
         }
-        if core.incoming.over_share(&tc.conn) {
+        if core.incoming_over_share(&tc.conn) {
             return ReadOutcome::Paused;
         }
-        let Some(mut buf) = core.pool.get() else {
+        let Some(mut buf) = core.take_recv_buffer() else {
             return ReadOutcome::Starved;
         };
         if let Some(tls) = &tc.tls {
@@ -856,21 +856,21 @@ impl TcpEngine {
         let cap = buf.capacity();
         let n = match (&tc.stream).read(buf.space()) {
             Ok(0) => {
-                core.pool.put(buf);
+                core.return_recv_buffer(buf);
                 core.close_connection(&tc.conn, "peer closed the connection", true);
                 return ReadOutcome::Closed;
             }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                core.pool.put(buf);
+                core.return_recv_buffer(buf);
                 return ReadOutcome::Drained;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                core.pool.put(buf);
+                core.return_recv_buffer(buf);
                 return ReadOutcome::More;
             }
             Err(e) => {
-                core.pool.put(buf);
+                core.return_recv_buffer(buf);
                 core.close_connection(&tc.conn, &format!("receive failed: {e}"), true);
                 return ReadOutcome::Closed;
             }
@@ -922,7 +922,7 @@ impl TcpEngine {
     ) -> ReadOutcome {
         let mut t = tls.lock();
         let fail = |t: &mut tls::Session, buf: RecvBuffer, why: String| {
-            core.pool.put(buf);
+            core.return_recv_buffer(buf);
             // Best effort: tell the peer why (a TLS alert).
             let _ = t.write_tls(&mut &tc.stream);
             core.close_connection(&tc.conn, &why, true);
@@ -955,7 +955,7 @@ impl TcpEngine {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let wants_write = t.wants_write();
                     drop(t);
-                    core.pool.put(buf);
+                    core.return_recv_buffer(buf);
                     if wants_write {
                         core.on_write_interest(tc.conn.peer);
                     }
@@ -974,7 +974,7 @@ impl TcpEngine {
         let mut idle = Idle::new(core.park());
         while !self.stop.load(Ordering::Acquire) {
             let mut worked = false;
-            while let Some(peer) = core.wim.pop() {
+            while let Some(peer) = core.next_write_interest() {
                 worked = true;
                 let tc = self.by_peer.lock().get(&peer).cloned();
                 if let Some(tc) = tc {
@@ -986,7 +986,7 @@ impl TcpEngine {
                 Duration::ZERO
             } else if idle.step() {
                 self.send_sleeping.store(true, Ordering::SeqCst);
-                if core.wim.is_empty() {
+                if core.write_interest_is_empty() {
                     idle.max_park
                 } else {
                     Duration::ZERO
@@ -1023,7 +1023,7 @@ impl TcpEngine {
     fn write_some(&self, core: &Core, tc: &TcpConn) {
         let mut st = tc.send.lock();
         if self.write_locked(core, tc, &mut st) {
-            core.wim.push(tc.conn.peer.0);
+            core.requeue_write_interest(tc.conn.peer.0);
         }
     }
 
@@ -1251,7 +1251,7 @@ impl Transport for TcpEngine {
         };
         if self.write_locked(&core, &tc, &mut st) {
             drop(st);
-            if core.wim.push(peer.0) {
+            if core.requeue_write_interest(peer.0) {
                 self.wake_sender();
             }
         }
