@@ -6,7 +6,6 @@
 
 #[cfg(loom)]
 pub use loom::{
-    hint::spin_loop,
     sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,

@@ -251,7 +251,7 @@ impl WaitQueue {
     }
 
     /// Whether no thread is queued (a snapshot).
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -430,11 +430,10 @@ mod tests {
 /// Loom models: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p
 /// dxnet --release --lib loom`. Deadlines never pass under loom and waits
 /// have no timeout, so a lost wake-up shows up as a deadlock.
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
     use loom::sync::atomic::AtomicU64;
-    use loom::sync::Arc;
 
     fn take(tokens: &AtomicU64) -> Option<()> {
         tokens

@@ -1,0 +1,393 @@
+//! The send side: the send thread, posting ring-buffer data as RDMA sends
+//! with immediate data (zero-copy from the registered ring), send
+//! completions and the watchdog.
+
+use super::*;
+
+impl IbEngine {
+    pub(super) fn send_loop(self: Arc<Self>, core: Arc<Core>) {
+        let mut idle = Idle::new(core.park());
+        let mut wcs = vec![ibv::WorkCompletion::default(); POLL_BATCH];
+        let mut last_watch = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            let mut worked = false;
+            if self.outstanding_total.load(Ordering::Acquire) > 0 {
+                // Completions alone do not restart the idle clock: a thread
+                // that spins for them would take the spinning budget from
+                // the receive thread, whose spinning is what keeps round
+                // trips short.
+                self.poll_send(&core, &mut wcs, None);
+                if last_watch.elapsed() >= Duration::from_millis(100) {
+                    last_watch = Instant::now();
+                    self.watchdog(&core);
+                }
+            }
+            while let Some(peer) = core.next_write_interest() {
+                if !worked {
+                    worked = true;
+                    self.send_busy.store(true, Ordering::SeqCst);
+                }
+                let ic = self.by_peer.lock().get(&peer).cloned();
+                if let Some(ic) = ic {
+                    self.post(&core, &ic);
+                }
+            }
+            if worked {
+                idle.reset();
+                continue;
+            }
+            self.send_busy.store(false, Ordering::SeqCst);
+            if idle.step() {
+                // Completions outstanding that someone waits for (a
+                // producer blocked on a full ring, a post refused for a
+                // full send queue): look again soon. Otherwise they wait
+                // for the next post or wake-up (inline posters retire them
+                // too, see `try_flush`): a timer per send would wake this
+                // thread thousands of times a second in a ping-pong.
+                // Cleared before the check: a wake after it is not lost.
+                self.send_woken.store(false, Ordering::SeqCst);
+                let pressure = self.outstanding_total.load(Ordering::Acquire) > 0
+                    && (self.sq_refused.swap(false, Ordering::AcqRel)
+                        || self
+                            .by_peer
+                            .lock()
+                            .values()
+                            .any(|ic| ic.conn.orb.has_waiters()));
+                let max = if pressure {
+                    Duration::from_micros(200)
+                } else {
+                    idle.max_park.min(Duration::from_millis(100))
+                };
+                self.send_signal.park_unless(
+                    || {
+                        !core.write_interest_is_empty()
+                            || self.send_woken.load(Ordering::SeqCst)
+                            || self.stop.load(Ordering::Acquire)
+                    },
+                    max,
+                );
+            }
+        }
+    }
+
+    /// A peer that died without a word leaves our sends without completions
+    /// on some devices (no retry-exceeded error): a connection whose oldest
+    /// send has not completed within the send timeout is declared broken.
+    pub(super) fn watchdog(&self, core: &Core) {
+        let limit = Duration::from_millis(
+            core.config()
+                .send_timeout_ms
+                .max(core.config().connect_timeout_ms),
+        );
+        let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
+        for ic in conns {
+            let stale = ic
+                .send
+                .lock()
+                .chains
+                .front()
+                .is_some_and(|c| c.2.elapsed() > limit);
+            if stale {
+                core.close_connection(
+                    &ic.conn,
+                    &format!("no send completion within {limit:?}: peer unresponsive"),
+                    true,
+                );
+            }
+        }
+    }
+
+    /// Retires send completions; connections with data left to post are
+    /// handed to the send thread, except `posting` (an inline poster about
+    /// to post its data itself: waking the send thread for it would cost a
+    /// wake-up per round trip).
+    pub(super) fn poll_send(
+        &self,
+        core: &Core,
+        wcs: &mut [ibv::WorkCompletion],
+        posting: Option<NodeId>,
+    ) -> bool {
+        let n = match self.send_cq.poll(wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(
+                    "{}: polling the send completion queue failed: {e}",
+                    self.own
+                );
+                return false;
+            }
+        };
+        for wc in &wcs[..n] {
+            let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+            tracing::trace!(
+                "{}: send completion qp {} status {} known {}",
+                self.own,
+                wc.qp_num(),
+                wc.status_name(),
+                ic.is_some()
+            );
+            let Some(ic) = ic else { continue };
+            if !wc.is_success() {
+                if !wc.is_flush() {
+                    core.close_connection(
+                        &ic.conn,
+                        &format!("send completion error: {}", wc.status_name()),
+                        true,
+                    );
+                }
+                continue;
+            }
+            let more = {
+                let mut st = ic.send.lock();
+                if let Some((bytes, wrs, _)) = st.chains.pop_front() {
+                    ic.conn.orb.mark_completed(bytes);
+                    st.outstanding -= wrs;
+                    self.outstanding_total
+                        .fetch_sub(wrs as u64, Ordering::AcqRel);
+                }
+                ic.conn.orb.unposted_len() > 0 || ic.conn.flow.pending_units() > 0
+            };
+            if more && posting != Some(ic.conn.peer) {
+                core.on_write_interest(ic.conn.peer);
+            }
+        }
+        n > 0
+    }
+
+    /// Posts `ic`'s unposted ring-buffer data (and pending flow-control
+    /// units) as one chain of SEND_WITH_IMM work requests.
+    pub(super) fn post(&self, core: &Core, ic: &IbConn) {
+        let conn = &ic.conn;
+        if conn.state() != ConnState::Open {
+            return;
+        }
+        let mut st = ic.send.lock();
+        let free = self.sq_size.saturating_sub(st.outstanding);
+        if free == 0 {
+            // A completion will re-register interest; the send thread
+            // must poll for it.
+            self.sq_refused.store(true, Ordering::Release);
+            return;
+        }
+        let units = conn.flow.take_units(u8::MAX as u32) as u8;
+        // SAFETY: the ring's consumer side is used only under the
+        // connection's send lock (held here, by the send thread or an
+        // inline poster), and the slices are handed to the device before
+        // `mark_completed` (called under the same lock after their
+        // completion) frees their bytes.
+        let (a, b) = unsafe { conn.orb.unposted(free as usize * self.max_recv_size) };
+        let total = a.len() + b.len();
+        if total == 0 && units == 0 {
+            return;
+        }
+        tracing::trace!(
+            "{}: posting {total} bytes, {units} units to {} (free {free})",
+            self.own,
+            conn.peer
+        );
+        let base = ic.orb_mr.addr() as usize;
+        let imm_first = wire::encode_imm(self.own.0, units);
+        let imm_rest = wire::encode_imm(self.own.0, 0);
+        let mut st_chain = std::mem::take(&mut st.chain);
+        st_chain.clear();
+        let mut wrs = 0u32;
+        let result: std::result::Result<(), String> = (|| {
+            if total == 0 {
+                st_chain.push(
+                    conn.id,
+                    ibv::SendOp::SendWithImm(imm_first),
+                    &[],
+                    ibv::SendFlags::SIGNALED,
+                );
+                wrs = 1;
+                return Ok(());
+            }
+            // Work requests of at most max_recv_size bytes over the (up to
+            // two) ring slices.
+            let slices = [a, b];
+            let planned = plan_send_wrs([a.len(), b.len()], self.max_recv_size, |pieces, last| {
+                let mut s: [Option<ibv::Sge>; 2] = [None, None];
+                for (slot, &(which, off, len)) in s.iter_mut().zip(pieces) {
+                    let piece = &slices[which][off..off + len];
+                    let at = piece.as_ptr() as usize - base;
+                    *slot = Some(ic.orb_mr.sge(at, len as u32).map_err(|e| e.to_string())?);
+                }
+                let sl: &[ibv::Sge] = match (&s[0], &s[1]) {
+                    (Some(x), Some(y)) => &[*x, *y],
+                    (Some(x), None) => std::slice::from_ref(x),
+                    _ => &[],
+                };
+                let imm = if wrs == 0 { imm_first } else { imm_rest };
+                let mut flags = if last {
+                    ibv::SendFlags::SIGNALED
+                } else {
+                    ibv::SendFlags::NONE
+                };
+                let bytes: usize = pieces.iter().map(|p| p.2).sum();
+                if bytes <= ic.max_inline {
+                    // Copied into the request at post time.
+                    flags = flags | ibv::SendFlags::INLINE;
+                }
+                st_chain.push(conn.id, ibv::SendOp::SendWithImm(imm), sl, flags);
+                wrs += 1;
+                Ok(())
+            })?;
+            debug_assert_eq!(planned, wrs);
+            Ok(())
+        })();
+        let posted = result.and_then(|_| ic.qp.post_send(&mut st_chain).map_err(|e| e.to_string()));
+        st.chain = st_chain;
+        match posted {
+            Ok(()) => {
+                tracing::trace!(
+                    "{}: posted {wrs} work requests, {total} bytes, to {}",
+                    self.own,
+                    conn.peer
+                );
+                conn.orb.mark_posted(total);
+                st.outstanding += wrs;
+                st.chains.push_back((total, wrs, Instant::now()));
+                self.outstanding_total
+                    .fetch_add(wrs as u64, Ordering::AcqRel);
+            }
+            Err(e) => {
+                drop(st);
+                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+            }
+        }
+    }
+
+    /// The connection to `peer` for a post on the calling thread (see
+    /// [`Transport::try_flush`], [`Transport::send_standalone`]); `None`
+    /// while the send thread is at work (it aggregates) or without one.
+    /// The idle send thread does not poll send completions: they are
+    /// retired here once half the send queue is in use (in batches: polling
+    /// on every post was a visible part of a round trip), or the send queue
+    /// fills up (`sq_size` round trips) and the next post waits for the
+    /// send thread (measured: every 20th round trip stalled ~100 ms). Safe
+    /// beside the send thread: chains complete in queue order under the
+    /// connection's send lock.
+    pub(super) fn inline_poster(&self, core: &Core, peer: NodeId) -> Option<Arc<IbConn>> {
+        if self.send_busy.load(Ordering::SeqCst) {
+            return None;
+        }
+        let ic = self.by_peer.lock().get(&peer.0).cloned()?;
+        if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
+            let mut wcs: [ibv::WorkCompletion; 8] =
+                std::array::from_fn(|_| ibv::WorkCompletion::default());
+            self.poll_send(core, &mut wcs, Some(peer));
+        }
+        Some(ic)
+    }
+}
+
+/// Plans the send work requests for ring-buffer data given as the lengths of
+/// its (up to) two slices, before and after the ring's end: every request
+/// carries at most `max` bytes, as one piece, or two where it crosses from
+/// the first slice into the second. `emit` gets each request's pieces as
+/// (slice index, offset in that slice, length) and whether it is the last
+/// one. Returns the number of requests.
+pub(super) fn plan_send_wrs(
+    lens: [usize; 2],
+    max: usize,
+    mut emit: impl FnMut(&[(usize, usize, usize)], bool) -> std::result::Result<(), String>,
+) -> std::result::Result<u32, String> {
+    assert!(max > 0, "receive size must be positive");
+    let total = lens[0] + lens[1];
+    let (mut which, mut off) = (0usize, 0usize);
+    let mut left = total;
+    let mut wrs = 0u32;
+    let mut pieces = [(0usize, 0usize, 0usize); 2];
+    while left > 0 {
+        let mut want = left.min(max);
+        let mut n = 0;
+        while want > 0 {
+            if off == lens[which] {
+                which += 1;
+                off = 0;
+            }
+            let take = want.min(lens[which] - off);
+            pieces[n] = (which, off, take);
+            n += 1;
+            off += take;
+            want -= take;
+            left -= take;
+        }
+        emit(&pieces[..n], left == 0)?;
+        wrs += 1;
+    }
+    Ok(wrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte of both slices is covered once, in order; requests are
+    /// at most `max` bytes with one piece, or two only across the wrap.
+    fn check(lens: [usize; 2], max: usize) {
+        let mut covered = Vec::new();
+        let mut seen_last = 0;
+        let n = plan_send_wrs(lens, max, |pieces, last| {
+            assert!(!pieces.is_empty() && pieces.len() <= 2, "{pieces:?}");
+            let bytes: usize = pieces.iter().map(|p| p.2).sum();
+            assert!(bytes > 0 && bytes <= max);
+            if pieces.len() == 2 {
+                assert_eq!(
+                    (pieces[0].0, pieces[1].0),
+                    (0, 1),
+                    "two pieces only across the wrap"
+                );
+                assert_eq!(
+                    pieces[0].1 + pieces[0].2,
+                    lens[0],
+                    "first piece ends at the ring's end"
+                );
+                assert_eq!(pieces[1].1, 0, "second piece starts at the ring's start");
+            }
+            for &(w, off, len) in pieces {
+                assert!(len > 0 && off + len <= lens[w]);
+                covered.extend((off..off + len).map(|i| (w, i)));
+            }
+            if last {
+                seen_last += 1;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<_> = (0..lens[0])
+            .map(|i| (0, i))
+            .chain((0..lens[1]).map(|i| (1, i)))
+            .collect();
+        assert_eq!(covered, want, "lens {lens:?} max {max}");
+        let total = lens[0] + lens[1];
+        assert_eq!(n as usize, total.div_ceil(max));
+        assert_eq!(seen_last, usize::from(total > 0));
+    }
+
+    #[test]
+    fn slicing_sges_and_wrap_around() {
+        for max in [1, 3, 7, 64, 65536] {
+            for a in [0, 1, 2, 5, 63, 64, 65, 200, 65536, 65537] {
+                for b in [0, 1, 6, 64, 100, 131072] {
+                    check([a, b], max);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slicing_stops_at_the_first_error() {
+        let mut calls = 0;
+        let r = plan_send_wrs([100, 0], 10, |_, _| {
+            calls += 1;
+            if calls == 3 {
+                Err("post failed".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r, Err("post failed".to_string()));
+        assert_eq!(calls, 3);
+    }
+}

@@ -1,0 +1,419 @@
+//! TCP transport: non-blocking sockets on epoll (mio), one send thread and
+//! one receive thread per node (not per connection), a listener thread, and
+//! short-lived handshake threads for incoming connections.
+//!
+//! Wire format of a connection after the handshake: a sequence of chunks,
+//! each an 8-byte header (data length, flow-control units) followed by that
+//! many bytes of the sender's ring buffer. The send thread writes a chunk
+//! with one `writev` straight out of the ring buffer (two slices when the
+//! data wraps around); a chunk with no data carries flow control alone (the
+//! TCP analogue of an RDMA zero-length send with immediate data). The
+//! receive thread reads into pooled buffers and marks which byte ranges are
+//! message data, so nothing is copied again before the handler threads
+//! decode in place.
+//!
+//! With `[tls]` configured the same chunks travel inside TLS 1.3 records
+//! (rustls): the send thread copies them from the ring buffer into rustls,
+//! which encrypts into its own bounded buffer, and the receive thread
+//! decrypts into the pooled buffers (see [`super::tls`]).
+//!
+//! Files: this one holds the engine's state, start-up and the [`Transport`]
+//! methods; `setup.rs` the connection set-up (handshakes, listener),
+//! `recv.rs` the receive side, `send.rs` the send side.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+
+use crate::core::connection::{ConnState, Connection};
+use crate::core::inline::{ReceiveRole, Turn};
+use crate::core::{Core, InlineWork};
+use crate::primitives::park::Idle;
+use crate::primitives::pool::RecvBuffer;
+use crate::proto::wire::{
+    self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
+    CHUNK_HEADER_LEN, HANDSHAKE_LEN,
+};
+use crate::transport::cannot_connect;
+use crate::transport::tls::{self, TlsContext, TlsStream};
+use crate::transport::{resolve, Transport};
+use crate::{Error, NodeId, Result};
+
+mod recv;
+mod send;
+mod setup;
+
+use setup::DialFailure;
+
+const WAKER: Token = Token(usize::MAX);
+const LISTENER: Token = Token(usize::MAX - 1);
+/// Largest chunk one `writev` sends (bytes of ring-buffer data).
+const MAX_CHUNK: usize = 1 << 20;
+/// Chunks the send thread writes for one connection before serving the next.
+const SEND_ROUNDS: usize = 4;
+/// Incoming handshakes in progress at once. A new connection beyond it
+/// evicts the oldest handshake still in progress (a legit dialer finishes in
+/// a few round trips, a half-open flood holds its slots for the whole
+/// connect timeout, so eviction keeps a slot for newcomers), so thousands of
+/// half-open connections cannot exhaust threads or memory nor lock new
+/// nodes out.
+const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Accept backlog of the listening socket (capped by the kernel's
+/// `net.core.somaxconn`).
+const LISTEN_BACKLOG: i32 = 4096;
+/// Handshake threads alive at once (evicted ones may take a moment to exit);
+/// connections beyond it are refused.
+const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING_HANDSHAKES * 3 / 2;
+
+/// Incoming handshakes in progress, oldest first: a clone of each socket so
+/// that the listener can cut off the oldest.
+#[derive(Default)]
+struct HandshakeSlots {
+    next: u64,
+    pending: VecDeque<(u64, TcpStream)>,
+}
+
+/// One incoming handshake's place in [`HandshakeSlots`]; leaves it on drop.
+struct HandshakeSlot<'a> {
+    slots: &'a Mutex<HandshakeSlots>,
+    id: u64,
+}
+
+impl HandshakeSlot<'_> {
+    /// Leaves the slots before the socket becomes a connection; false if
+    /// the handshake was evicted (its socket is shut down).
+    fn finish(&self) -> bool {
+        let mut sl = self.slots.lock();
+        let before = sl.pending.len();
+        sl.pending.retain(|(i, _)| *i != self.id);
+        sl.pending.len() < before
+    }
+}
+
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Send-side state of a connection's stream (send thread only).
+#[derive(Debug)]
+struct SendState {
+    header: [u8; CHUNK_HEADER_LEN],
+    /// Bytes of `header` already written (`CHUNK_HEADER_LEN`: none pending).
+    header_off: usize,
+    /// Data bytes of the current chunk not yet written.
+    data_left: usize,
+    /// The socket buffer was full; wait for a writable event.
+    blocked: bool,
+}
+
+/// The receive role: the poll set and lists of the receive loop, held by
+/// one of the two receive threads at a time.
+struct Receiver {
+    poll: Poll,
+    events: Events,
+    readable: VecDeque<Arc<TcpConn>>,
+    /// Readable connections holding their share of the incoming queue.
+    paused: Vec<Arc<TcpConn>>,
+    idle: Idle,
+    /// No receive buffer or queue room: wait for a wake-up.
+    starved: bool,
+}
+
+/// Receive-side state (receive thread only).
+#[derive(Debug, Default)]
+struct RecvState {
+    parser: ChunkParser,
+    /// Queued in the receive thread's readable list.
+    readable: bool,
+}
+
+/// The engine's half of one connection.
+struct TcpConn {
+    conn: Arc<Connection>,
+    stream: TcpStream,
+    send: Mutex<SendState>,
+    recv: Mutex<RecvState>,
+    /// Send an empty chunk even if there is nothing to send (liveness probe).
+    poke: AtomicBool,
+    /// TLS state when the node uses TLS; locked by the send path (after
+    /// `send`) and by the receive thread.
+    tls: Option<Mutex<tls::Session>>,
+}
+
+/// The TCP engine of one node.
+pub struct TcpEngine {
+    core: Weak<Core>,
+    own: NodeId,
+    secret: Option<Vec<u8>>,
+    tls: Option<TlsContext>,
+    /// Connections the receive thread must read without a readiness event
+    /// (TLS may hold data it already took off the socket in the handshake).
+    kick: Mutex<Vec<Arc<TcpConn>>>,
+    by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
+    by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
+    recv_registry: mio::Registry,
+    /// The receive role of the two receive threads.
+    receiver: ReceiveRole<Receiver>,
+    recv_waker: Waker,
+    recv_sleeping: AtomicBool,
+    send_registry: mio::Registry,
+    send_waker: Waker,
+    send_sleeping: AtomicBool,
+    listen_waker: Waker,
+    /// Handshake threads alive.
+    pending_handshakes: AtomicUsize,
+    handshakes: Mutex<HandshakeSlots>,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::Transport(e.to_string())
+}
+
+/// Starts the TCP engine: binds the listener on the own node-map address and
+/// starts the listener, send and receive threads.
+pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
+    let cfg = core.config();
+    let own = core.own_id();
+    let addr = cfg
+        .address_of(own)
+        .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
+    let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
+    let mut listener = bind_listener(addr)
+        .map_err(|e| Error::Transport(format!("cannot listen on {addr}: {e}")))?;
+    let recv_poll = Poll::new().map_err(io_err)?;
+    let send_poll = Poll::new().map_err(io_err)?;
+    let listen_poll = Poll::new().map_err(io_err)?;
+    listen_poll
+        .registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)
+        .map_err(io_err)?;
+    let engine = Arc::new(TcpEngine {
+        core: Arc::downgrade(core),
+        own,
+        secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
+        kick: Mutex::new(Vec::new()),
+        by_peer: Mutex::new(HashMap::new()),
+        by_token: Mutex::new(HashMap::new()),
+        recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
+        recv_waker: Waker::new(recv_poll.registry(), WAKER).map_err(io_err)?,
+        receiver: ReceiveRole::new(Receiver {
+            poll: recv_poll,
+            events: Events::with_capacity(256),
+            readable: VecDeque::new(),
+            paused: Vec::new(),
+            idle: Idle::new(core.park()),
+            starved: false,
+        }),
+        recv_sleeping: AtomicBool::new(false),
+        send_registry: send_poll.registry().try_clone().map_err(io_err)?,
+        send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
+        send_sleeping: AtomicBool::new(false),
+        listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
+        pending_handshakes: AtomicUsize::new(0),
+        handshakes: Mutex::new(HandshakeSlots::default()),
+        stop: AtomicBool::new(false),
+        threads: Mutex::new(Vec::new()),
+    });
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
+    };
+    let mut threads = Vec::new();
+    for _ in 0..2 {
+        let (e, c) = (engine.clone(), core.clone());
+        threads.push(spawn(
+            format!("dxnet-tcp-recv-{}", own.0),
+            Box::new(move || e.recv_thread(c)),
+        )?);
+    }
+    let (e, c) = (engine.clone(), core.clone());
+    threads.push(spawn(
+        format!("dxnet-tcp-send-{}", own.0),
+        Box::new(move || e.send_loop(c, send_poll)),
+    )?);
+    let e = engine.clone();
+    threads.push(spawn(
+        format!("dxnet-tcp-listen-{}", own.0),
+        Box::new(move || e.listen_loop(listener, listen_poll)),
+    )?);
+    *engine.threads.lock() = threads;
+    tracing::debug!("{own}: listening on {addr}");
+    Ok(engine)
+}
+
+/// Binds the listening socket with a deep accept backlog (mio's `bind` uses
+/// 128, which a burst of connecting nodes overflows: the kernel then drops
+/// SYNs and dialers wait a second for the retransmit). The kernel caps it
+/// at `net.core.somaxconn`.
+fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<mio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_reuse_address(true)?;
+    sock.set_nonblocking(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(LISTEN_BACKLOG)?;
+    Ok(mio::net::TcpListener::from_std(sock.into()))
+}
+
+impl TcpEngine {
+    fn hello(&self, core: &Core, target: u16) -> Hello {
+        Hello {
+            node_id: self.own.0,
+            target_id: target,
+            instance: core.instance,
+            fc_window: core.fc_window.min(u32::MAX as u64) as u32,
+            fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
+            nonce: rand::random(),
+        }
+    }
+
+    fn secret(&self) -> Option<&[u8]> {
+        self.secret.as_deref()
+    }
+}
+
+impl Transport for TcpEngine {
+    fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
+        let core = self.core.upgrade().ok_or(Error::Shutdown)?;
+        let peer = conn.peer;
+        let addr = core.config().address_of(peer).ok_or(Error::Unreachable(
+            peer,
+            crate::error::Unreachable::NotInNodeMap,
+        ))?;
+        let addr = resolve(addr).map_err(|e| cannot_connect(peer, e.to_string()))?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(cannot_connect(peer, "connection not established in time"));
+            }
+            let mut s = TcpStream::connect_timeout(&addr, left)
+                .map_err(|e| cannot_connect(peer, format!("connect to {addr}: {e}")))?;
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let _ = s.set_read_timeout(Some(left));
+            let _ = s.set_write_timeout(Some(left));
+            let mut tls_conn = match &self.tls {
+                Some(t) => Some(t.dial(&mut s, peer).map_err(|e| cannot_connect(peer, e))?),
+                None => None,
+            };
+            let res = match tls_conn.as_mut() {
+                Some(c) => {
+                    let mut ts = TlsStream {
+                        conn: c,
+                        sock: &mut s,
+                    };
+                    self.dial_handshake(&core, &mut ts, peer)
+                }
+                None => self.dial_handshake(&core, &mut s, peer),
+            };
+            match res {
+                Ok(theirs) => {
+                    if conn.state() == ConnState::Open {
+                        // Opened meanwhile from the other side: keep that one.
+                        return Ok(());
+                    }
+                    if theirs.instance == 0 {
+                        return Err(cannot_connect(peer, "peer sent instance id 0"));
+                    }
+                    return self
+                        .attach(&core, conn, s, tls_conn, &theirs)
+                        .map_err(|e| cannot_connect(peer, e));
+                }
+                Err(DialFailure::Rejected(Status::Duplicate)) => {
+                    // The peer's own dial wins; it will open `conn`.
+                    let wait = deadline.min(Instant::now() + Duration::from_millis(100));
+                    conn.state_changed
+                        .wait_until(core.park(), wait, || conn.state() != ConnState::Connecting);
+                    match conn.state() {
+                        ConnState::Open => return Ok(()),
+                        ConnState::Closed => return Err(cannot_connect(peer, conn.close_reason())),
+                        ConnState::Connecting => continue,
+                    }
+                }
+                Err(e) => return Err(cannot_connect(peer, e.to_string())),
+            }
+        }
+    }
+
+    fn close(&self, conn: &Arc<Connection>) {
+        let tc = {
+            let mut by_peer = self.by_peer.lock();
+            match by_peer.get(&conn.peer.0) {
+                Some(t) if t.conn.id == conn.id => by_peer.remove(&conn.peer.0),
+                _ => None,
+            }
+        };
+        self.by_token.lock().remove(&(conn.id as usize));
+        if let Some(tc) = tc {
+            let fd = tc.stream.as_raw_fd();
+            let _ = self.recv_registry.deregister(&mut SourceFd(&fd));
+            let _ = self.send_registry.deregister(&mut SourceFd(&fd));
+            let _ = tc.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn try_flush(&self, peer: NodeId) -> bool {
+        if !self.send_sleeping.load(Ordering::Acquire) {
+            return false; // the send thread is awake and aggregates
+        }
+        let Some(core) = self.core.upgrade() else {
+            return false;
+        };
+        let Some(tc) = self.by_peer.lock().get(&peer.0).cloned() else {
+            return false;
+        };
+        let Some(mut st) = tc.send.try_lock() else {
+            return false;
+        };
+        if self.write_locked(&core, &tc, &mut st) {
+            drop(st);
+            if core.requeue_write_interest(peer.0) {
+                self.wake_sender();
+            }
+        }
+        true
+    }
+
+    fn wake_sender(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.send_sleeping.load(Ordering::SeqCst) {
+            let _ = self.send_waker.wake();
+        }
+    }
+
+    fn wake_receiver(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let _ = self.recv_waker.wake();
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.recv_waker.wake();
+        self.receiver.stopping();
+        let _ = self.send_waker.wake();
+        let _ = self.listen_waker.wake();
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The send side: the send thread's loop over connections with write
+//! interest, and writing chunks straight out of the ring buffer (through
+//! rustls with TLS).
+
+use super::*;
+
+impl TcpEngine {
+    pub(super) fn send_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
+        let mut events = Events::with_capacity(256);
+        let mut idle = Idle::new(core.park());
+        while !self.stop.load(Ordering::Acquire) {
+            let mut worked = false;
+            while let Some(peer) = core.next_write_interest() {
+                worked = true;
+                let tc = self.by_peer.lock().get(&peer).cloned();
+                if let Some(tc) = tc {
+                    self.write_some(&core, &tc);
+                }
+            }
+            let timeout = if worked {
+                idle.reset();
+                Duration::ZERO
+            } else if idle.step() {
+                self.send_sleeping.store(true, Ordering::SeqCst);
+                if core.write_interest_is_empty() {
+                    idle.max_park
+                } else {
+                    Duration::ZERO
+                }
+            } else {
+                Duration::ZERO
+            };
+            let res = poll.poll(&mut events, Some(timeout));
+            self.send_sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = res {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!("{}: send poll failed: {e}", self.own);
+                    return;
+                }
+            }
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    continue;
+                }
+                let tc = self.by_token.lock().get(&ev.token().0).cloned();
+                if let Some(tc) = tc {
+                    let was_blocked = std::mem::replace(&mut tc.send.lock().blocked, false);
+                    if was_blocked {
+                        idle.reset();
+                        self.write_some(&core, &tc);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes chunks of `tc`'s ring buffer until it is empty, the socket is
+    /// full, or the round budget is used up.
+    pub(super) fn write_some(&self, core: &Core, tc: &TcpConn) {
+        let mut st = tc.send.lock();
+        if self.write_locked(core, tc, &mut st) {
+            core.requeue_write_interest(tc.conn.peer.0);
+        }
+    }
+
+    /// [`TcpEngine::write_some`] with the send state held; returns true if
+    /// data is left that the socket would take (round budget used up).
+    pub(super) fn write_locked(&self, core: &Core, tc: &TcpConn, st: &mut SendState) -> bool {
+        let conn = &tc.conn;
+        if conn.state() != ConnState::Open || st.blocked {
+            return false;
+        }
+        // With TLS, chunks are copied from the ring buffer into rustls
+        // (bounded by its buffer limit, so a chunk counts as sent once
+        // rustls holds it) and its records written out, pending records
+        // before new data.
+        let mut tls = tc.tls.as_ref().map(|t| t.lock());
+        for _ in 0..SEND_ROUNDS {
+            if let Some(t) = tls.as_deref_mut() {
+                if let Err(e) = flush_tls(t, &tc.stream) {
+                    self.write_failed(core, conn, st, e);
+                    return false;
+                }
+            }
+            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
+                let units = conn.flow.take_units(u32::MAX);
+                let avail = conn.orb.unposted_len().min(MAX_CHUNK);
+                let poke = tc.poke.swap(false, Ordering::AcqRel);
+                if avail == 0 && units == 0 && !poke {
+                    return false;
+                }
+                st.header = encode_chunk_header(avail as u32, units);
+                st.header_off = 0;
+                st.data_left = avail;
+            }
+            // SAFETY: the caller holds the send state, so it is the ring's
+            // only consumer; the slices are written out (or copied into
+            // rustls) before `mark_completed` frees them.
+            let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
+            let hdr = &st.header[st.header_off..];
+            let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
+            let written = match tls.as_deref_mut() {
+                None => (&tc.stream).write_vectored(&iov),
+                Some(t) => t.writer().write_vectored(&iov),
+            };
+            match written {
+                Ok(n) => {
+                    let h = n.min(hdr.len());
+                    st.header_off += h;
+                    let d = n - h;
+                    if d > 0 {
+                        conn.orb.mark_posted(d);
+                        conn.orb.mark_completed(d);
+                        st.data_left -= d;
+                    }
+                }
+                Err(e) => {
+                    if !self.write_failed(core, conn, st, e) {
+                        return false;
+                    }
+                }
+            }
+        }
+        if let Some(t) = tls.as_deref_mut() {
+            if let Err(e) = flush_tls(t, &tc.stream) {
+                self.write_failed(core, conn, st, e);
+                return false;
+            }
+        }
+        // Budget used: come back after the other connections.
+        st.data_left > 0
+            || st.header_off < CHUNK_HEADER_LEN
+            || conn.orb.unposted_len() > 0
+            || conn.flow.pending_units() > 0
+    }
+
+    /// Handles a failed write: a full socket waits for a writable event,
+    /// an interrupted call is retried (true), anything else closes the
+    /// connection.
+    pub(super) fn write_failed(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        st: &mut SendState,
+        e: std::io::Error,
+    ) -> bool {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => st.blocked = true,
+            std::io::ErrorKind::Interrupted => return true,
+            _ => core.close_connection(conn, &format!("send failed: {e}"), true),
+        }
+        false
+    }
+}
+
+/// Writes a TLS connection's pending records to its socket.
+pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io::Result<()> {
+    while t.wants_write() {
+        match t.write_tls(&mut stream) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
