@@ -56,7 +56,7 @@ impl Node {
     /// Starts a node: validates `config`, starts the transport, handler
     /// threads and (for TCP) the listener.
     pub fn start(config: Config) -> Result<Node> {
-        let core = Core::start(config)?;
+        let core = Core::start_with(config, crate::transport::start)?;
         Ok(Node { core })
     }
 

@@ -449,16 +449,19 @@ mod tests {
         const PER_HELPER: usize = 300;
         const STRAY: usize = 2000;
         let total = HELPERS * PER_HELPER + STRAY;
-        let core = Core::start(crate::Config {
-            node_id: 1,
-            transport: crate::config::TransportKind::Loopback,
-            park: crate::config::ParkConfig {
-                yield_us: 200,
-                max_park_ms: 2,
-                ..Default::default()
+        let core = Core::start_with(
+            crate::Config {
+                node_id: 1,
+                transport: crate::config::TransportKind::Loopback,
+                park: crate::config::ParkConfig {
+                    yield_us: 200,
+                    max_park_ms: 2,
+                    ..Default::default()
+                },
+                ..crate::Config::default()
             },
-            ..crate::Config::default()
-        })
+            crate::transport::start,
+        )
         .unwrap();
         let (tx, rx): (Sender<usize>, Receiver<usize>) = crossbeam::channel::unbounded();
         let delivered: Arc<Vec<AtomicU32>> =

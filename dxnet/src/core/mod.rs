@@ -29,6 +29,8 @@ pub mod inline;
 mod receive;
 pub mod requests;
 mod send;
+#[cfg(test)]
+mod tests;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -200,8 +202,12 @@ impl std::fmt::Debug for Core {
 
 impl Core {
     /// Validates the configuration, builds the core, starts the handler
-    /// threads and the transport.
-    pub fn start(config: Config) -> Result<Arc<Core>> {
+    /// threads and the engine `start_engine` returns (the caller picks
+    /// it: the runtime knows engines only through [`Transport`]).
+    pub fn start_with(
+        config: Config,
+        start_engine: impl FnOnce(&Arc<Core>) -> Result<Arc<dyn Transport>>,
+    ) -> Result<Arc<Core>> {
         config.validate()?;
         // Blocking waits in the primitives hand inline work over first.
         crate::primitives::set_blocking_hook(inline::before_blocking);
@@ -276,7 +282,7 @@ impl Core {
                     .map_err(|e| Error::Config(format!("cannot spawn exclusive thread: {e}")))?,
             );
         }
-        match crate::transport::start(&core) {
+        match start_engine(&core) {
             Ok(t) => {
                 let _ = core.transport.set(t);
             }

@@ -1,0 +1,178 @@
+//! The runtime's decisions, tested against a test engine (no sockets, no
+//! engine threads): what a failed or closed connection does to pending
+//! requests, least-recently-used closing, refused connections, and the
+//! flow-control window a send gives back when it cannot be written.
+
+use std::collections::HashSet;
+use std::sync::Weak;
+
+use serde::{Deserialize, Serialize};
+
+use super::*;
+use crate::transport::cannot_connect;
+
+/// An engine that opens every connection at once (unless told to refuse
+/// it) and never moves a byte: what the runtime does is all there is to
+/// observe.
+#[derive(Default)]
+struct TestEngine {
+    core: OnceLock<Weak<Core>>,
+    refuse: Mutex<HashSet<u16>>,
+    connects: Mutex<Vec<u16>>,
+    closed: Mutex<Vec<u16>>,
+}
+
+impl Transport for TestEngine {
+    fn connect(&self, conn: &Arc<Connection>, _deadline: Instant) -> Result<()> {
+        self.connects.lock().push(conn.peer.0);
+        if self.refuse.lock().contains(&conn.peer.0) {
+            return Err(cannot_connect(conn.peer, "refused by the test engine"));
+        }
+        let core = self
+            .core
+            .get()
+            .and_then(Weak::upgrade)
+            .ok_or(Error::Shutdown)?;
+        core.opened(conn, 7, 1 << 20, 1 << 19);
+        Ok(())
+    }
+
+    fn close(&self, conn: &Arc<Connection>) {
+        self.closed.lock().push(conn.peer.0);
+    }
+
+    fn wake_sender(&self) {}
+
+    fn wake_receiver(&self) {}
+
+    fn shutdown(&self) {}
+}
+
+fn start(tune: impl FnOnce(&mut Config)) -> (Arc<Core>, Arc<TestEngine>) {
+    let mut config = Config::loopback(0, 8, "runtime unit tests");
+    config.handler_threads = 1;
+    tune(&mut config);
+    let engine = Arc::new(TestEngine::default());
+    let e = engine.clone();
+    let core = Core::start_with(config, move |core| {
+        let _ = e.core.set(Arc::downgrade(core));
+        Ok(e as Arc<dyn Transport>)
+    })
+    .unwrap();
+    (core, engine)
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Ask(u32);
+#[derive(Serialize, Deserialize, Debug)]
+struct Answer(u32);
+crate::message!(Answer, 40, 2);
+crate::request!(Ask, 40, 1 => Answer);
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A connection the engine reports broken fails its pending requests with
+/// the reason as `Unreachable(ConnectionLost)`; one closed for another
+/// reason (here: shutdown of the connection by the runtime) cancels them.
+#[test]
+fn pending_requests_fail_with_their_connections_cause() {
+    let (core, _engine) = start(|_| {});
+    let p = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
+    let conn = core.connections.get(NodeId(1)).unwrap();
+    core.close_connection(&conn, "link down", true);
+    assert_eq!(
+        core.wait_response(p),
+        Err(Error::Unreachable(
+            NodeId(1),
+            Unreachable::ConnectionLost("link down".into())
+        ))
+    );
+
+    let p = core.send_request(NodeId(2), &Ask(2), LONG).unwrap();
+    let conn = core.connections.get(NodeId(2)).unwrap();
+    core.close_connection(&conn, "no longer needed", false);
+    assert_eq!(
+        core.wait_response(p),
+        Err(Error::Cancelled(Cancelled::ConnectionClosed))
+    );
+    // The next send to the node opens a new connection.
+    core.send_raw(NodeId(1), 40, 3, b"again").unwrap();
+    let again = core.connections.get(NodeId(1)).unwrap();
+    assert_ne!(again.id, conn.id);
+    assert_eq!(again.state(), ConnState::Open);
+    core.shutdown();
+}
+
+/// Beyond `max_connections` the least recently used connection is closed
+/// (the engine is told), and its pending requests are cancelled.
+#[test]
+fn least_recently_used_connection_is_closed_beyond_the_limit() {
+    let (core, engine) = start(|c| c.max_connections = 2);
+    let p1 = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
+    let p2 = core.send_request(NodeId(2), &Ask(2), LONG).unwrap();
+    // Node 2's connection was used last, node 1's long before.
+    core.connections.get(NodeId(1)).unwrap().touch(10);
+    core.connections.get(NodeId(2)).unwrap().touch(1_000);
+    core.send_raw(NodeId(3), 40, 3, b"third").unwrap();
+    assert_eq!(*engine.closed.lock(), vec![1]);
+    assert!(core.connections.get(NodeId(1)).is_none());
+    assert!(core.connections.get(NodeId(2)).is_some());
+    assert!(core.connections.get(NodeId(3)).is_some());
+    assert_eq!(
+        core.wait_response(p1),
+        Err(Error::Cancelled(Cancelled::ConnectionClosed))
+    );
+    let mut p2 = p2;
+    assert!(p2.try_take().is_none(), "node 2's request still waits");
+    core.shutdown();
+}
+
+/// A refused connection is `Unreachable(Connect)`, leaves no connection
+/// behind, and the next send tries again.
+#[test]
+fn refused_connection_is_unreachable_and_retried() {
+    let (core, engine) = start(|_| {});
+    engine.refuse.lock().insert(5);
+    for _ in 0..2 {
+        match core.send_raw(NodeId(5), 40, 3, b"x") {
+            Err(Error::Unreachable(NodeId(5), Unreachable::Connect(why))) => {
+                assert!(why.contains("refused by the test engine"), "{why}")
+            }
+            other => panic!("expected Unreachable(Connect), got {other:?}"),
+        }
+        assert!(core.connections.get(NodeId(5)).is_none());
+    }
+    assert_eq!(*engine.connects.lock(), vec![5, 5]);
+    engine.refuse.lock().clear();
+    core.send_raw(NodeId(5), 40, 3, b"x").unwrap();
+    core.shutdown();
+}
+
+/// Sends that cannot be written (the engine never drains the ring buffer)
+/// time out waiting for ring space and give their flow-control window
+/// back: what stays claimed is exactly what is in the ring.
+#[test]
+fn a_send_that_times_out_gives_its_window_back() {
+    let (core, _engine) = start(|c| {
+        c.orb_size = 4096;
+        c.send_timeout_ms = 20;
+    });
+    let payload = [7u8; 1000];
+    let mut sent = 0;
+    let err = loop {
+        match core.send_raw(NodeId(1), 40, 3, &payload) {
+            Ok(()) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent < 100, "a 4 KiB ring took {sent} KiB");
+    };
+    assert_eq!(err, Error::Timeout(Waited::RingBuffer));
+    let conn = core.connections.get(NodeId(1)).unwrap();
+    let pos = conn.orb.positions();
+    assert_eq!(
+        sent as u64 * (HEADER_LEN as u64 + 1000),
+        pos.reserved - pos.front
+    );
+    assert_eq!(conn.flow.in_flight(), pos.reserved - pos.front);
+    core.shutdown();
+}
