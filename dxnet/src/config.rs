@@ -279,7 +279,7 @@ pub struct Config {
     /// run) on the TCP/IB receive thread itself when every handler thread is
     /// parked, saving a thread wake-up per message in request/response
     /// traffic; the receive thread hands its role to a standby while it
-    /// does (see `dxnet::core::inline`). 0 hands everything to the handler
+    /// does (see `core/inline.rs`). 0 hands everything to the handler
     /// threads. Default 4096.
     pub inline_receive_bytes: usize,
     /// Parking of idle internal threads.
