@@ -330,6 +330,22 @@ impl Default for Config {
 }
 
 impl Config {
+    /// This node's identity (`identity_key` and the node map's public
+    /// keys), if configured.
+    pub(crate) fn identity(&self) -> Result<Option<crate::proto::identity::Identity>> {
+        let nodes: Vec<(u16, Option<&str>)> = self
+            .nodes
+            .iter()
+            .map(|n| (n.id, n.public_key.as_deref()))
+            .collect();
+        crate::proto::identity::Identity::from_config(
+            self.node_id,
+            self.identity_key.as_deref(),
+            &nodes,
+        )
+        .map_err(|e| Error::Config(e.0))
+    }
+
     /// A loopback configuration for node `id` among `n` nodes with ids 0..n.
     pub fn loopback(id: u16, n: u16, fabric: &str) -> Self {
         Self {
@@ -462,7 +478,7 @@ impl Config {
         {
             return bad("timeouts must be > 0 ms".into());
         }
-        crate::proto::identity::Identity::from_config(self)?;
+        self.identity()?;
         if !self.transport.is_available() {
             return bad(format!(
                 "transport {:?}: {}",

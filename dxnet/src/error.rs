@@ -119,5 +119,11 @@ pub enum Cancelled {
     RemoteHandlerPanicked,
 }
 
+impl From<dxnet_proto::codec::CodecError> for Error {
+    fn from(e: dxnet_proto::codec::CodecError) -> Self {
+        Error::Decode(e.0)
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -41,7 +41,8 @@ mod node;
 #[cfg(feature = "pki-gen")]
 pub mod pki;
 pub(crate) mod primitives;
-pub mod proto;
+/// The protocol without I/O (the `dxnet-proto` crate).
+pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::core::Core;
-use crate::{Config, Message, NodeId, Request, Result};
+use crate::{Config, Error, Message, NodeId, Request, Result};
 
 /// A running dxnet node. Cheap to share between threads (`&Node` is enough to
 /// send); dropping it (or [`Node::shutdown`]) stops every thread it started.
@@ -195,7 +195,7 @@ impl<T: Message> Future for ResponseHandle<T> {
 /// Decodes a response payload and hands its buffer back for the thread's
 /// next request (see `core::requests::recycle_payload`).
 fn decode_response<T: Message>(bytes: Vec<u8>) -> Result<T> {
-    let resp = crate::proto::codec::decode::<T>(&bytes);
+    let resp = crate::proto::codec::decode::<T>(&bytes).map_err(Error::from);
     crate::core::requests::recycle_payload(bytes);
     resp
 }

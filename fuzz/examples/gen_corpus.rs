@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use dxnet::proto::codec::encode_into;
-use dxnet::proto::wire::{
+use dxnet_proto::codec::encode_into;
+use dxnet_proto::wire::{
     encode_chunk_header, Exchange, ExchangeKind, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
-use dxnet::message::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
+use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
 use dxnet_fuzz::{make_split_input, sample, Item};
 
 fn header(t: u8, flags: u8, id: u32, len: u32) -> [u8; HEADER_LEN] {

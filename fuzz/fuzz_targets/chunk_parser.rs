@@ -7,7 +7,7 @@
 //! Input: [n: u8][n × u16 cut offsets][stream].
 #![no_main]
 
-use dxnet::proto::wire::{ChunkParser, CHUNK_HEADER_LEN};
+use dxnet_proto::wire::{ChunkParser, CHUNK_HEADER_LEN};
 use dxnet_fuzz::{pieces, split_input};
 use libfuzzer_sys::fuzz_target;
 

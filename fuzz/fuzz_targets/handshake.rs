@@ -4,7 +4,7 @@
 //! proof check (HMAC), which must not panic on any key or MAC.
 #![no_main]
 
-use dxnet::proto::wire::{
+use dxnet_proto::wire::{
     proof, verify_proof, HandshakeError, HandshakeMsg, HANDSHAKE_LEN, HANDSHAKE_MAGIC,
     PROTOCOL_VERSION,
 };

@@ -7,11 +7,11 @@
 //! Input: [secret length: u8][secret][datagram].
 #![no_main]
 
-use dxnet::proto::wire::{
+use dxnet_proto::wire::{
     decode_imm, encode_imm, Exchange, HandshakeError, EXCHANGE_LEN, EXCHANGE_MAGIC,
     PROTOCOL_VERSION,
 };
-use dxnet::proto::identity::Identity;
+use dxnet_proto::identity::Identity;
 use libfuzzer_sys::fuzz_target;
 
 /// End of the bytes the HMAC covers.

@@ -3,7 +3,7 @@
 //! exactly the input bytes.
 #![no_main]
 
-use dxnet::message::{
+use dxnet_proto::header::{
     HeaderError, MessageHeader, FLAGS_KNOWN, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN,
     HEADER_MAGIC,
 };

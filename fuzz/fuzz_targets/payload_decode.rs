@@ -1,10 +1,10 @@
-//! dxnet::proto::codec::decode of hostile payloads into nested serde types:
+//! dxnet_proto::codec::decode of hostile payloads into nested serde types:
 //! never panics, never allocates beyond what the payload carries (run with
 //! -malloc_limit_mb; scripts/fuzz.sh does), and a decoded value re-encodes
 //! to exactly the payload (the size computation agrees).
 #![no_main]
 
-use dxnet::proto::codec::{decode, encode_into, encoded_len};
+use dxnet_proto::codec::{decode, encode_into, encoded_len};
 use dxnet_fuzz::{Item, Nested};
 use libfuzzer_sys::fuzz_target;
 use serde::{de::DeserializeOwned, Serialize};

@@ -234,7 +234,7 @@ impl Core {
             })
             .collect();
         let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
-        let identity = identity::Identity::from_config(&config)?;
+        let identity = config.identity()?;
         let core = Arc::new(Core {
             own,
             identity,

@@ -13,8 +13,13 @@ use std::collections::HashMap;
 
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 
-use crate::config::Config;
-use crate::{Error, Result};
+/// An identity configuration that cannot work (the text names the
+/// field: `identity_key`, or `nodes: node N public_key`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct IdentityError(pub String);
+
+type Result<T, E = IdentityError> = std::result::Result<T, E>;
 
 /// Length of a signature on the wire.
 pub const SIGNATURE_LEN: usize = 64;
@@ -39,43 +44,46 @@ impl std::fmt::Debug for Identity {
 
 fn key_bytes(what: &str, hex_text: &str) -> Result<[u8; 32]> {
     let v = hex::decode(hex_text.trim())
-        .map_err(|e| Error::Config(format!("{what}: not a hex string: {e}")))?;
+        .map_err(|e| IdentityError(format!("{what}: not a hex string: {e}")))?;
     v.try_into()
-        .map_err(|v: Vec<u8>| Error::Config(format!("{what}: {} bytes, expected 32", v.len())))
+        .map_err(|v: Vec<u8>| IdentityError(format!("{what}: {} bytes, expected 32", v.len())))
 }
 
 impl Identity {
-    /// The identity of `cfg`'s node: `None` without `identity_key`. Every
-    /// node-map entry then needs a `public_key`, and the own entry's must
-    /// match the private key; any problem is a configuration error naming
-    /// the field.
-    pub fn from_config(cfg: &Config) -> Result<Option<Self>> {
-        let Some(secret) = &cfg.identity_key else {
-            if let Some(n) = cfg.nodes.iter().find(|n| n.public_key.is_some()) {
-                return Err(Error::Config(format!(
-                    "nodes: node {} has a public_key but identity_key is not set",
-                    n.id
+    /// The identity of node `own` from its configuration: `None` without
+    /// `identity_key`. Every node-map entry (`nodes`: id and hex public
+    /// key) then needs a public key, and the own entry's must match the
+    /// private key; any problem is an error naming the field.
+    pub fn from_config(
+        own: u16,
+        identity_key: Option<&str>,
+        nodes: &[(u16, Option<&str>)],
+    ) -> Result<Option<Self>> {
+        let Some(secret) = identity_key else {
+            if let Some((id, _)) = nodes.iter().find(|(_, pk)| pk.is_some()) {
+                return Err(IdentityError(format!(
+                    "nodes: node {id} has a public_key but identity_key is not set"
                 )));
             }
             return Ok(None);
         };
         let signing = SigningKey::from_bytes(&key_bytes("identity_key", secret)?);
         let mut peers = HashMap::new();
-        for n in &cfg.nodes {
-            let what = format!("nodes: node {} public_key", n.id);
-            let Some(pk) = &n.public_key else {
-                return Err(Error::Config(format!(
+        for &(id, pk) in nodes {
+            let what = format!("nodes: node {id} public_key");
+            let Some(pk) = pk else {
+                return Err(IdentityError(format!(
                     "{what} missing (identity_key is set, so every node needs one)"
                 )));
             };
             let key = VerifyingKey::from_bytes(&key_bytes(&what, pk)?)
-                .map_err(|e| Error::Config(format!("{what}: {e}")))?;
-            if n.id == cfg.node_id && key != signing.verifying_key() {
-                return Err(Error::Config(format!(
+                .map_err(|e| IdentityError(format!("{what}: {e}")))?;
+            if id == own && key != signing.verifying_key() {
+                return Err(IdentityError(format!(
                     "{what} does not belong to identity_key"
                 )));
             }
-            peers.insert(n.id, key);
+            peers.insert(id, key);
         }
         Ok(Some(Self { signing, peers }))
     }
@@ -86,7 +94,7 @@ impl Identity {
         let mut map = HashMap::new();
         for (id, pk) in peers {
             let key = VerifyingKey::from_bytes(pk)
-                .map_err(|e| Error::Config(format!("public key of node {id}: {e}")))?;
+                .map_err(|e| IdentityError(format!("public key of node {id}: {e}")))?;
             map.insert(*id, key);
         }
         Ok(Self {
@@ -127,30 +135,42 @@ pub fn generate_keypair() -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::NodeEntry;
 
-    fn cfg(me: u16, keys: &[(String, String)]) -> Config {
-        Config {
-            node_id: me,
-            nodes: keys
+    /// Node `me` of a node map whose node `i` has key pair `keys[i]`.
+    struct Cfg {
+        me: u16,
+        key: Option<String>,
+        nodes: Vec<(u16, Option<String>)>,
+    }
+
+    impl Cfg {
+        fn new(me: u16, keys: &[(String, String)]) -> Self {
+            Cfg {
+                me,
+                key: Some(keys[me as usize].0.clone()),
+                nodes: keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, pk))| (i as u16, Some(pk.clone())))
+                    .collect(),
+            }
+        }
+
+        fn identity(&self) -> Result<Option<Identity>> {
+            let nodes: Vec<_> = self
+                .nodes
                 .iter()
-                .enumerate()
-                .map(|(i, (_, pk))| NodeEntry {
-                    id: i as u16,
-                    address: format!("127.0.0.1:{}", 1000 + i),
-                    public_key: Some(pk.clone()),
-                })
-                .collect(),
-            identity_key: Some(keys[me as usize].0.clone()),
-            ..Config::default()
+                .map(|(id, pk)| (*id, pk.as_deref()))
+                .collect();
+            Identity::from_config(self.me, self.key.as_deref(), &nodes)
         }
     }
 
     #[test]
     fn signatures_bind_node_ids() {
         let keys: Vec<_> = (0..3).map(|_| generate_keypair()).collect();
-        let a = Identity::from_config(&cfg(0, &keys)).unwrap().unwrap();
-        let b = Identity::from_config(&cfg(1, &keys)).unwrap().unwrap();
+        let a = Cfg::new(0, &keys).identity().unwrap().unwrap();
+        let b = Cfg::new(1, &keys).identity().unwrap().unwrap();
         let sig = b.sign(b"transcript");
         assert!(a.verify(1, b"transcript", &sig));
         assert!(!a.verify(2, b"transcript", &sig), "node 1 cannot pass as 2");
@@ -161,24 +181,24 @@ mod tests {
     #[test]
     fn config_errors_name_the_field() {
         let keys: Vec<_> = (0..2).map(|_| generate_keypair()).collect();
-        let mut c = cfg(0, &keys);
-        c.nodes[1].public_key = None;
-        let e = Identity::from_config(&c).unwrap_err().to_string();
+        let mut c = Cfg::new(0, &keys);
+        c.nodes[1].1 = None;
+        let e = c.identity().unwrap_err().to_string();
         assert!(e.contains("node 1 public_key missing"), "{e}");
-        let mut c = cfg(0, &keys);
-        c.identity_key = Some(keys[1].0.clone());
-        let e = Identity::from_config(&c).unwrap_err().to_string();
+        let mut c = Cfg::new(0, &keys);
+        c.key = Some(keys[1].0.clone());
+        let e = c.identity().unwrap_err().to_string();
         assert!(e.contains("does not belong to identity_key"), "{e}");
-        let mut c = cfg(0, &keys);
-        c.identity_key = Some("abc".into());
-        assert!(Identity::from_config(&c).is_err());
-        let mut c = cfg(0, &keys);
-        c.identity_key = None;
-        let e = Identity::from_config(&c).unwrap_err().to_string();
+        let mut c = Cfg::new(0, &keys);
+        c.key = Some("abc".into());
+        assert!(c.identity().is_err());
+        let mut c = Cfg::new(0, &keys);
+        c.key = None;
+        let e = c.identity().unwrap_err().to_string();
         assert!(e.contains("identity_key is not set"), "{e}");
         for n in &mut c.nodes {
-            n.public_key = None;
+            n.1 = None;
         }
-        assert!(Identity::from_config(&c).unwrap().is_none());
+        assert!(c.identity().unwrap().is_none());
     }
 }

@@ -6,7 +6,7 @@
 //! scratch vector that grows only as bytes actually arrive, never to a size
 //! claimed by the peer, and is capped by `max_message_size`.
 
-use crate::message::{HeaderError, MessageHeader, HEADER_LEN};
+use crate::header::{HeaderError, MessageHeader, HEADER_LEN};
 
 /// Scratch capacity kept after a large reassembled message (bytes).
 const KEEP_SCRATCH: usize = 256 << 10;
@@ -108,7 +108,7 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::FLAG_REQUEST;
+    use crate::header::FLAG_REQUEST;
 
     fn encode(t: u8, id: u32, payload: &[u8]) -> Vec<u8> {
         let h = MessageHeader {

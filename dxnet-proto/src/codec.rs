@@ -8,8 +8,16 @@ use std::io;
 use bincode::Options;
 use serde::{de::DeserializeOwned, Serialize};
 
-use super::depth::{DepthLimited, DEFAULT_MAX_DEPTH};
-use crate::{Error, Result};
+use crate::depth::{DepthLimited, DEFAULT_MAX_DEPTH};
+
+/// A payload that could not be sized, encoded or decoded (the text says
+/// why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CodecError(pub String);
+
+/// `Result` with [`CodecError`].
+pub type Result<T, E = CodecError> = std::result::Result<T, E>;
 
 /// Deepest nesting [`decode`] accepts (see [`DepthLimited`]).
 pub const MAX_DEPTH: usize = DEFAULT_MAX_DEPTH;
@@ -25,7 +33,7 @@ pub fn encoded_len<T: Serialize + ?Sized>(value: &T) -> Result<usize> {
     options()
         .serialized_size(value)
         .map(|n| n as usize)
-        .map_err(|e| Error::Decode(format!("cannot size message: {e}")))
+        .map_err(|e| CodecError(format!("cannot size message: {e}")))
 }
 
 /// Serializes `value` into `w`.
@@ -54,10 +62,10 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
         let mut de = bincode::Deserializer::with_bincode_read(Rest(&mut rest), options());
         T::deserialize(DepthLimited::new(&mut de, MAX_DEPTH))
     }
-    .map_err(|e| Error::Decode(e.to_string()))?;
+    .map_err(|e| CodecError(e.to_string()))?;
     if !rest.is_empty() {
         // bincode's own wording (`reject_trailing_bytes`).
-        return Err(Error::Decode(
+        return Err(CodecError(
             "Slice had bytes remaining after deserialization".into(),
         ));
     }
@@ -226,7 +234,7 @@ mod tests {
 
     fn assert_too_deep<T: DeserializeOwned + std::fmt::Debug>(bytes: &[u8]) {
         match decode::<T>(bytes) {
-            Err(Error::Decode(m)) => assert!(
+            Err(CodecError(m)) => assert!(
                 m.contains(&format!("nesting deeper than {MAX_DEPTH} levels")),
                 "{m}"
             ),
@@ -368,7 +376,7 @@ mod tests {
         }
         buf.push(0);
         match decode::<Everything>(&buf) {
-            Err(Error::Decode(m)) => assert!(m.contains("bytes remaining"), "{m}"),
+            Err(CodecError(m)) => assert!(m.contains("bytes remaining"), "{m}"),
             other => panic!("{other:?}"),
         }
     }
@@ -398,7 +406,7 @@ mod tests {
             .with_limit(bytes.len() as u64)
             .reject_trailing_bytes()
             .deserialize(bytes)
-            .map_err(|e| Error::Decode(e.to_string()))
+            .map_err(|e| CodecError(e.to_string()))
     }
 
     #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]

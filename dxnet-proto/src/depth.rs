@@ -53,7 +53,7 @@ impl Budget {
 /// levels deep instead of recursing without bound.
 ///
 /// ```
-/// use dxnet::proto::depth::DepthLimited;
+/// use dxnet_proto::depth::DepthLimited;
 /// use serde::Deserialize;
 ///
 /// let json = "[[[1]]]";

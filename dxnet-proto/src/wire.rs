@@ -7,7 +7,7 @@
 
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::proto::identity::Identity;
+use crate::identity::Identity;
 use sha2::Sha256;
 
 /// Protocol version; peers with another version are rejected.

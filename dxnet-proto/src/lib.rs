@@ -1,0 +1,24 @@
+//! # dxnet-proto
+//!
+//! The dxnet protocol without I/O: byte formats and the pure logic over
+//! them. No sockets, no threads, no clock reads; everything that parses
+//! bytes from the network is here and is fuzzed (`fuzz/`). Being its own
+//! crate makes that a compiler rule: it cannot reach the runtime.
+//!
+//! - [`header`]: the 12-byte message header and its [`header::MessageKind`].
+//! - [`codec`]: message payloads (bincode via serde, size computed first).
+//! - [`depth`]: a nesting-depth limit for decoding untrusted payloads.
+//! - [`decoder`]: reassembly of messages across received buffers.
+//! - [`wire`]: TCP handshake and chunk header, InfiniBand immediate data
+//!   and connection-exchange datagrams.
+//! - [`identity`]: node identities (Ed25519) and the signed handshake
+//!   material.
+
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod decoder;
+pub mod depth;
+pub mod header;
+pub mod identity;
+pub mod wire;
