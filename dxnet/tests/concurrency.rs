@@ -442,6 +442,8 @@ fn child_node() {
     let received = t0.elapsed();
     end_barrier(&side.node, &[peer], &side.done);
     side.assert_settled(peer, loads[peer as usize]);
+    // Neither node exits (closing the connection) before both checked it.
+    barrier_round(&side.node, &[peer], &side.done, 2);
     println!(
         "CHILD OK node={me} msgs={} jobs={} own_threads_done={sent:?} all_received={received:?}",
         side.msgs.received.load(Ordering::SeqCst),

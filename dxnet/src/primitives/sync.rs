@@ -1,8 +1,10 @@
 //! Synchronization shim.
 //!
-//! Everything in `orb.rs` and `write_interest.rs` takes its atomics, locks
-//! and threads from here: the std primitives normally, loom's under
-//! `--cfg loom`, so the loom models check the real code rather than a copy.
+//! Everything in `orb/`, `write_interest.rs` and `wait_queue.rs` takes its
+//! atomics and threads from here: the std primitives normally, loom's
+//! under `--cfg loom`, so the loom models check the real code rather than
+//! a copy. (Locks: `wait_queue.rs` uses parking_lot's normally, loom's
+//! under loom; the loom-only helpers below serve it and the model queue.)
 
 #[cfg(loom)]
 pub use loom::{
@@ -14,15 +16,17 @@ pub use loom::{
 pub use std::{
     hint::spin_loop,
     sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-    sync::{Arc, Condvar, Mutex, MutexGuard},
+    sync::Arc,
     thread,
 };
 
+#[cfg(loom)]
 use std::sync::PoisonError;
 use std::time::Instant;
 
-/// Locks `m`, ignoring poisoning: the data these mutexes guard (`()` or a
-/// queue of ids) stays consistent even if a holder panicked.
+/// Locks loom's `m`, ignoring poisoning: the data these mutexes guard
+/// stays consistent even if a holder panicked.
+#[cfg(loom)]
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -41,27 +45,16 @@ pub fn deadline_passed(deadline: Instant) -> bool {
     }
 }
 
-/// Blocks on `cv` until notified or until `deadline` (std). Callers re-check
-/// their condition in a loop, so spurious or timed-out returns are harmless.
-/// Under loom the wait has no timeout, so a lost wakeup shows up as a
-/// deadlock in the model instead of being papered over by a timer.
+/// Blocks on loom's `cv` until notified. Loom cannot model time, so the
+/// wait has no timeout: a lost wake-up shows up as a deadlock in the model
+/// instead of being papered over by a timer.
+#[cfg(loom)]
 pub fn wait_until<'a, T>(
     cv: &Condvar,
     guard: MutexGuard<'a, T>,
-    deadline: Instant,
+    _deadline: Instant,
 ) -> MutexGuard<'a, T> {
-    #[cfg(loom)]
-    {
-        let _ = deadline;
-        cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
-    }
-    #[cfg(not(loom))]
-    {
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        cv.wait_timeout(guard, timeout)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-    }
+    cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Bounded MPMC queue, allocated once: crossbeam's lock-free `ArrayQueue`

@@ -28,7 +28,41 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::sync::{self, fence, Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
+use super::sync::{self, fence, Arc, AtomicBool, AtomicUsize, Ordering};
+// parking_lot's condition variable moves the threads a `notify_all` wakes
+// onto the mutex's queue instead of waking them all to fight for it (std's
+// wakes them all): a release that wakes a dozen blocked senders then costs
+// one wake-up at a time. Loom's under loom, for the models.
+#[cfg(loom)]
+use loom::sync::{Condvar, Mutex, MutexGuard};
+#[cfg(not(loom))]
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(loom)]
+    return sync::lock(m);
+    #[cfg(not(loom))]
+    return m.lock();
+}
+
+/// Sleeps on `cv` until notified or `deadline` (no timeout under loom,
+/// see [`sync::wait_until`]).
+fn wait_until<'a, T>(
+    cv: &Condvar,
+    mut guard: MutexGuard<'a, T>,
+    deadline: Instant,
+) -> MutexGuard<'a, T> {
+    #[cfg(loom)]
+    {
+        let _ = &mut guard;
+        sync::wait_until(cv, guard, deadline)
+    }
+    #[cfg(not(loom))]
+    {
+        cv.wait_until(&mut guard, deadline);
+        guard
+    }
+}
 
 /// Lost races after which a waiter makes the queue serve in order. (One
 /// under loom, so the models reach the starving mode.)
@@ -145,7 +179,7 @@ impl WaitQueue {
         on_block: impl Fn(),
     ) -> Result<T, WaitError> {
         let wake = own_condvar();
-        let mut guard = sync::lock(&self.inner);
+        let mut guard = lock(&self.inner);
         let ticket = guard.next_ticket;
         guard.next_ticket += 1;
         let waiter = Waiter {
@@ -194,7 +228,7 @@ impl WaitQueue {
             } else {
                 &self.racing
             };
-            guard = sync::wait_until(cv, guard, deadline);
+            guard = wait_until(cv, guard, deadline);
             woken = true;
         };
         let at = guard
@@ -228,7 +262,7 @@ impl WaitQueue {
     pub fn wake(&self) {
         fence(Ordering::SeqCst);
         if self.queued.load(Ordering::Relaxed) != 0 {
-            let guard = sync::lock(&self.inner);
+            let guard = lock(&self.inner);
             if guard.starvers > 0 {
                 guard.wake_front();
             } else {
@@ -240,7 +274,7 @@ impl WaitQueue {
     /// Wakes every queued thread, unconditionally (after the resource was
     /// closed: each sees `closed()` and leaves).
     pub fn wake_all(&self) {
-        let guard = sync::lock(&self.inner);
+        let guard = lock(&self.inner);
         guard.wake_each();
         self.racing.notify_all();
     }
