@@ -304,7 +304,10 @@ fn own_condvar() -> Arc<Condvar> {
     thread_local! {
         static OWN: Arc<Condvar> = Arc::new(Condvar::new());
     }
-    OWN.with(Arc::clone)
+    // `try_with`: blocking paths are reached from thread-local destructors
+    // at thread exit, after `OWN` may be gone (a fresh one serves then).
+    OWN.try_with(Arc::clone)
+        .unwrap_or_else(|_| Arc::new(Condvar::new()))
 }
 
 #[cfg(loom)]
