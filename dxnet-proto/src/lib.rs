@@ -9,7 +9,9 @@
 //! - [`codec`]: message payloads (bincode via serde, size computed first).
 //! - [`depth`]: a nesting-depth limit for decoding untrusted payloads.
 //! - [`decoder`]: reassembly of messages across received buffers.
-//! - [`wire`]: TCP handshake and chunk header, InfiniBand immediate data
+//! - [`handshake`]: the connection handshake's state machine (dialer and
+//!   acceptor roles).
+//! - [`wire`]: TCP handshake messages and chunk header, InfiniBand immediate data
 //!   and connection-exchange datagrams.
 //! - [`identity`]: node identities (Ed25519) and the signed handshake
 //!   material.
@@ -19,6 +21,7 @@
 pub mod codec;
 pub mod decoder;
 pub mod depth;
+pub mod handshake;
 pub mod header;
 pub mod identity;
 pub mod wire;

@@ -87,6 +87,7 @@ impl ChunkParser {
 
 /// Why a handshake failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandshakeError {
     /// Not a dxnet peer.
     #[error("bad handshake magic")]
@@ -108,6 +109,32 @@ pub enum HandshakeError {
     /// The peer's proof of the cluster secret was wrong.
     #[error("authentication failed (wrong cluster secret?)")]
     Auth,
+    /// The peer's identity signature does not match the node map's public
+    /// key of the id it claims.
+    #[error("node {0}'s identity signature is not valid")]
+    Signature(u16),
+    /// A handshake message out of turn.
+    #[error("expected the {expected}, got a {got} message")]
+    Unexpected {
+        /// What this side waited for.
+        expected: &'static str,
+        /// What arrived.
+        got: &'static str,
+    },
+    /// Another node answered at the address of the one dialed.
+    #[error("node {got} answered at the address of node {expected}")]
+    WrongPeer {
+        /// The node dialed.
+        expected: u16,
+        /// The node that answered.
+        got: u16,
+    },
+    /// We refused the peer (the status it was sent).
+    #[error("refused: {0}")]
+    Refused(Status),
+    /// The peer announced instance id 0 (reserved: no process has it).
+    #[error("peer announced instance id 0")]
+    ZeroInstance,
 }
 
 /// Outcome codes of a handshake.
@@ -203,6 +230,17 @@ pub enum HandshakeMsg {
 }
 
 impl HandshakeMsg {
+    /// The message kind in words (for errors).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hello(_) => "hello",
+            Self::Reply(..) => "reply",
+            Self::Proof(_) => "proof",
+            Self::Final(_) => "final",
+            Self::Signature(_) => "identity signature",
+        }
+    }
+
     /// Encodes the message into its fixed-size form.
     pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
         let mut b = [0u8; HANDSHAKE_LEN];

@@ -39,9 +39,10 @@ use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::{Core, InlineWork};
 use crate::primitives::park::Idle;
 use crate::primitives::pool::RecvBuffer;
+use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
 use crate::proto::wire::{
-    self, encode_chunk_header, ChunkParser, HandshakeError, HandshakeMsg, Hello, Status,
-    CHUNK_HEADER_LEN, HANDSHAKE_LEN,
+    encode_chunk_header, ChunkParser, HandshakeError, Hello, Status, CHUNK_HEADER_LEN,
+    HANDSHAKE_LEN,
 };
 use crate::transport::cannot_connect;
 use crate::transport::tls::{self, TlsContext, TlsStream};
@@ -52,7 +53,7 @@ mod recv;
 mod send;
 mod setup;
 
-use setup::DialFailure;
+use setup::SetupFailure;
 
 const WAKER: Token = Token(usize::MAX);
 const LISTENER: Token = Token(usize::MAX - 1);
@@ -329,14 +330,11 @@ impl Transport for TcpEngine {
                         // Opened meanwhile from the other side: keep that one.
                         return Ok(());
                     }
-                    if theirs.instance == 0 {
-                        return Err(cannot_connect(peer, "peer sent instance id 0"));
-                    }
                     return self
                         .attach(&core, conn, s, tls_conn, &theirs)
                         .map_err(|e| cannot_connect(peer, e));
                 }
-                Err(DialFailure::Rejected(Status::Duplicate)) => {
+                Err(SetupFailure::Protocol(HandshakeError::Rejected(Status::Duplicate))) => {
                     // The peer's own dial wins; it will open `conn`.
                     let wait = deadline.min(Instant::now() + Duration::from_millis(100));
                     conn.state_changed

@@ -4,108 +4,90 @@
 
 use super::*;
 
-/// Why the dialer's side of a handshake failed: the peer's decision (which
-/// the caller acts on) or anything else (reported as text).
+/// Why this side of a handshake failed: the protocol's typed error (which
+/// the caller may act on, e.g. [`Status::Duplicate`]) or an I/O error.
 #[derive(Debug)]
-pub(super) enum DialFailure {
-    Rejected(Status),
-    Failed(String),
+pub(super) enum SetupFailure {
+    Protocol(HandshakeError),
+    Io(String),
 }
 
-impl From<String> for DialFailure {
-    fn from(e: String) -> Self {
-        Self::Failed(e)
+impl From<HandshakeError> for SetupFailure {
+    fn from(e: HandshakeError) -> Self {
+        Self::Protocol(e)
     }
 }
 
-impl std::fmt::Display for DialFailure {
+impl std::fmt::Display for SetupFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Rejected(st) => write!(f, "{}", HandshakeError::Rejected(*st)),
-            Self::Failed(e) => f.write_str(e),
+            Self::Protocol(e) => write!(f, "{e}"),
+            Self::Io(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Sends what the handshake has queued.
+fn flush<S: Write>(hs: &mut Handshake<'_>, s: &mut S) -> Result<(), SetupFailure> {
+    let mut wrote = false;
+    while let Some(m) = hs.poll_transmit() {
+        s.write_all(&m)
+            .map_err(|e| SetupFailure::Io(format!("handshake write: {e}")))?;
+        wrote = true;
+    }
+    if wrote {
+        s.flush()
+            .map_err(|e| SetupFailure::Io(format!("handshake write: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Runs `hs` over a blocking stream (its read and write timeouts bound the
+/// wait) until it hands back an event or fails; on failure the peer still
+/// gets what the handshake has to tell it. Reads exactly the bytes of the
+/// expected message, so nothing of the data that follows is taken.
+fn drive<S: Read + Write>(hs: &mut Handshake<'_>, s: &mut S) -> Result<Event, SetupFailure> {
+    let mut b = [0u8; HANDSHAKE_LEN];
+    loop {
+        flush(hs, s)?;
+        let n = hs.wants_read();
+        if n == 0 {
+            return Err(SetupFailure::Io("handshake already over".into()));
+        }
+        s.read_exact(&mut b[..n])
+            .map_err(|e| SetupFailure::Io(format!("handshake read: {e}")))?;
+        match hs.read(&b[..n]) {
+            Ok(Progress {
+                event: Some(ev), ..
+            }) => return Ok(ev),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = flush(hs, s);
+                return Err(e.into());
+            }
         }
     }
 }
 
 impl TcpEngine {
+    fn credentials<'a>(&'a self, core: &'a Core) -> Credentials<'a> {
+        Credentials {
+            secret: self.secret(),
+            identity: core.identity.as_ref(),
+        }
+    }
+
     /// Dialer side of the handshake; returns the acceptor's hello.
     pub(super) fn dial_handshake<S: Read + Write>(
         &self,
         core: &Core,
         s: &mut S,
         peer: NodeId,
-    ) -> std::result::Result<Hello, DialFailure> {
-        let mine = self.hello(core, peer.0);
-        write_msg(s, &HandshakeMsg::Hello(mine)).map_err(|e| format!("handshake write: {e}"))?;
-        let theirs = match read_msg(s)? {
-            HandshakeMsg::Reply(h, mac) => {
-                if h.node_id != peer.0 {
-                    return Err(
-                        format!("node {} answered at the address of {peer}", h.node_id).into(),
-                    );
-                }
-                if !wire::verify_proof(
-                    self.secret(),
-                    b"acceptor",
-                    &h.nonce,
-                    &mine.nonce,
-                    h.node_id,
-                    self.own.0,
-                    h.instance,
-                    &mac,
-                ) {
-                    return Err(HandshakeError::Auth.to_string().into());
-                }
-                h
-            }
-            HandshakeMsg::Final(st) => return Err(DialFailure::Rejected(st)),
-            other => return Err(format!("unexpected handshake message {other:?}").into()),
-        };
-        if let Some(id) = &core.identity {
-            let t = wire::transcript(
-                b"acceptor",
-                &theirs.nonce,
-                &mine.nonce,
-                theirs.node_id,
-                self.own.0,
-                theirs.instance,
-            );
-            match read_msg(s)? {
-                HandshakeMsg::Signature(sig) if id.verify(theirs.node_id, &t, &sig) => {}
-                HandshakeMsg::Signature(_) => {
-                    return Err(format!("{peer}'s identity signature is not valid").into())
-                }
-                other => {
-                    return Err(format!("expected an identity signature, got {other:?}").into())
-                }
-            }
-        }
-        let proof = wire::proof(
-            self.secret(),
-            b"dialer",
-            &mine.nonce,
-            &theirs.nonce,
-            self.own.0,
-            peer.0,
-            core.instance,
-        );
-        write_msg(s, &HandshakeMsg::Proof(proof)).map_err(|e| format!("handshake write: {e}"))?;
-        if let Some(id) = &core.identity {
-            let t = wire::transcript(
-                b"dialer",
-                &mine.nonce,
-                &theirs.nonce,
-                self.own.0,
-                peer.0,
-                core.instance,
-            );
-            write_msg(s, &HandshakeMsg::Signature(id.sign(&t)))
-                .map_err(|e| format!("handshake write: {e}"))?;
-        }
-        match read_msg(s)? {
-            HandshakeMsg::Final(Status::Accept) => Ok(theirs),
-            HandshakeMsg::Final(st) => Err(DialFailure::Rejected(st)),
-            other => Err(format!("unexpected handshake message {other:?}").into()),
+    ) -> std::result::Result<Hello, SetupFailure> {
+        let mut hs = Handshake::dialer(self.credentials(core), self.hello(core, peer.0));
+        match drive(&mut hs, s)? {
+            Event::Established(theirs) => Ok(theirs),
+            other => Err(SetupFailure::Io(format!("dialer got {other:?}"))),
         }
     }
 
@@ -156,101 +138,55 @@ impl TcpEngine {
         timeout: Duration,
         identity: &dyn Fn(NodeId) -> std::result::Result<(), String>,
     ) -> std::result::Result<(Arc<Connection>, Hello), String> {
-        let theirs = match read_msg(s)? {
-            HandshakeMsg::Hello(h) => h,
-            other => return Err(format!("expected hello, got {other:?}")),
+        let mut hs = Handshake::acceptor(self.credentials(core), self.hello(core, 0));
+        let failed = |hs: &Handshake<'_>, e: SetupFailure| match hs.peer() {
+            Some(h) => format!("rejected node {}: {e}", h.node_id),
+            None => e.to_string(),
         };
-        let reject = |s: &mut S, st: Status| {
-            let _ = write_msg(s, &HandshakeMsg::Final(st));
-            Err(format!("rejected node {}: {st}", theirs.node_id))
+        let reject = |hs: &mut Handshake<'_>, s: &mut S, st: Status, why: String| {
+            hs.reject(st);
+            let _ = flush(hs, s);
+            Err(format!(
+                "rejected node {}: {why}",
+                hs.peer().map_or(0, |h| h.node_id)
+            ))
         };
-        if theirs.target_id != self.own.0 {
-            return reject(s, Status::WrongTarget);
-        }
-        if core.config().address_of(NodeId(theirs.node_id)).is_none()
-            || theirs.node_id == self.own.0
-        {
-            return reject(s, Status::UnknownNode);
-        }
-        if let Err(e) = identity(NodeId(theirs.node_id)) {
-            let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
-            return Err(format!("rejected node {}: {e}", theirs.node_id));
-        }
-        let mine = self.hello(core, 0);
-        let mac = wire::proof(
-            self.secret(),
-            b"acceptor",
-            &mine.nonce,
-            &theirs.nonce,
-            self.own.0,
-            theirs.node_id,
-            core.instance,
-        );
-        write_msg(s, &HandshakeMsg::Reply(mine, mac)).map_err(|e| e.to_string())?;
-        if let Some(id) = &core.identity {
-            let t = wire::transcript(
-                b"acceptor",
-                &mine.nonce,
-                &theirs.nonce,
-                self.own.0,
-                theirs.node_id,
-                core.instance,
-            );
-            write_msg(s, &HandshakeMsg::Signature(id.sign(&t))).map_err(|e| e.to_string())?;
-        }
-        match read_msg(s)? {
-            HandshakeMsg::Proof(p) => {
-                if !wire::verify_proof(
-                    self.secret(),
-                    b"dialer",
-                    &theirs.nonce,
-                    &mine.nonce,
-                    theirs.node_id,
-                    self.own.0,
-                    theirs.instance,
-                    &p,
-                ) {
-                    return reject(s, Status::AuthFailed);
-                }
-            }
-            other => return Err(format!("expected proof, got {other:?}")),
-        }
-        if let Some(id) = &core.identity {
-            let t = wire::transcript(
-                b"dialer",
-                &theirs.nonce,
-                &mine.nonce,
-                theirs.node_id,
-                self.own.0,
-                theirs.instance,
-            );
-            match read_msg(s)? {
-                HandshakeMsg::Signature(sig) if id.verify(theirs.node_id, &t, &sig) => {}
-                HandshakeMsg::Signature(_) => {
-                    let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
-                    return Err(format!(
-                        "rejected node {}: identity signature not valid for that id",
-                        theirs.node_id
-                    ));
-                }
-                other => {
-                    let _ = write_msg(s, &HandshakeMsg::Final(Status::AuthFailed));
-                    return Err(format!(
-                        "rejected node {}: expected an identity signature, got {other:?}",
-                        theirs.node_id
-                    ));
-                }
-            }
-        }
+        let theirs = match drive(&mut hs, s) {
+            Ok(Event::Introduced(h)) => h,
+            Ok(other) => return Err(format!("acceptor got {other:?}")),
+            Err(e) => return Err(failed(&hs, e)),
+        };
         let peer = NodeId(theirs.node_id);
+        if core.config().address_of(peer).is_none() {
+            return reject(
+                &mut hs,
+                s,
+                Status::UnknownNode,
+                Status::UnknownNode.to_string(),
+            );
+        }
+        if let Err(e) = identity(peer) {
+            return reject(&mut hs, s, Status::AuthFailed, e);
+        }
+        hs.admit();
+        let theirs = match drive(&mut hs, s) {
+            Ok(Event::Authenticated(h)) => h,
+            Ok(other) => return Err(format!("acceptor got {other:?}")),
+            Err(e) => return Err(failed(&hs, e)),
+        };
         if !self.old_connection_gone(core, peer, theirs.instance, timeout / 2) {
-            return reject(s, Status::Duplicate);
+            return reject(&mut hs, s, Status::Duplicate, Status::Duplicate.to_string());
         }
         let conn = match core.accept_incoming(peer, theirs.instance) {
             Ok(c) => c,
-            Err(st) => return reject(s, st),
+            Err(st) => return reject(&mut hs, s, st, st.to_string()),
         };
-        write_msg(s, &HandshakeMsg::Final(Status::Accept)).map_err(|e| e.to_string())?;
+        hs.accept();
+        if let Err(e) = flush(&mut hs, s) {
+            let why = e.to_string();
+            core.close_connection(&conn, &why, true);
+            return Err(why);
+        }
         Ok((conn, theirs))
     }
 
@@ -441,16 +377,4 @@ impl TcpEngine {
             }
         }
     }
-}
-
-pub(super) fn write_msg(s: &mut impl Write, m: &HandshakeMsg) -> std::io::Result<()> {
-    s.write_all(&m.encode())?;
-    s.flush()
-}
-
-pub(super) fn read_msg(s: &mut impl Read) -> std::result::Result<HandshakeMsg, String> {
-    let mut b = [0u8; HANDSHAKE_LEN];
-    s.read_exact(&mut b)
-        .map_err(|e| format!("handshake read: {e}"))?;
-    HandshakeMsg::decode(&b).map_err(|e| e.to_string())
 }

@@ -1,0 +1,466 @@
+//! The connection handshake as a state machine without I/O: bytes in,
+//! messages out, and the two decisions only the runtime can take handed
+//! back as [`Event`]s. The TCP engine drives it over a (TLS) stream in both
+//! roles; the fuzz target `handshake_machine` drives both roles against
+//! each other, with tampered messages and with arbitrary bytes.
+//!
+//! Every message is [`HANDSHAKE_LEN`] bytes ([`HandshakeMsg`]):
+//!
+//! ```text
+//! dialer                                       acceptor
+//!   Hello (id, target, instance, window, nonce) ──▶  Event::Introduced → admit / reject
+//!        ◀── Reply (its hello, proof over the dialer's nonce) [+ Signature]
+//!   Proof (over the acceptor's nonce) [+ Signature] ──▶  Event::Authenticated → accept / reject
+//!        ◀── Final (status)
+//!   Event::Established
+//! ```
+//!
+//! Proofs are HMACs with the cluster secret ([`wire::proof`]: role, both
+//! challenges, both ids, the prover's instance); with identity keys each
+//! side also signs its [`wire::transcript`]. A side that sees a bad proof
+//! or signature fails, and the acceptor tells the dialer so (`Final` with
+//! [`Status::AuthFailed`]): after an error, send what
+//! [`Handshake::poll_transmit`] still returns, then close.
+
+use std::collections::VecDeque;
+
+use crate::identity::Identity;
+use crate::wire::{self, HandshakeError, HandshakeMsg, Hello, Status, HANDSHAKE_LEN};
+
+/// What proves this side's membership and identity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials<'a> {
+    /// The cluster secret; without it proofs are not made nor checked.
+    pub secret: Option<&'a [u8]>,
+    /// This node's identity key and the node map's public keys; without it
+    /// no signatures are exchanged.
+    pub identity: Option<&'a Identity>,
+}
+
+/// Which side of the connection this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Opened the connection.
+    Dialer,
+    /// Accepted it.
+    Acceptor,
+}
+
+/// What the handshake hands back to its driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Acceptor: a dialer introduced itself (already checked: it asks for
+    /// our id, claims another id than ours, has an instance id). The driver
+    /// checks that the node is one it serves (node map, TLS certificate)
+    /// and calls [`Handshake::admit`] or [`Handshake::reject`].
+    Introduced(Hello),
+    /// Acceptor: the dialer proved the claimed id (and the cluster secret).
+    /// The driver decides whether the connection may open (duplicates,
+    /// limits) and calls [`Handshake::accept`] or [`Handshake::reject`].
+    Authenticated(Hello),
+    /// Dialer: the acceptor proved its id and accepted; data may flow.
+    Established(Hello),
+}
+
+/// Bytes consumed by [`Handshake::read`] and what they completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes of the input taken (never past the message that produced
+    /// `event`, nor past the end of the handshake).
+    pub consumed: usize,
+    /// A decision to take or the end of the handshake.
+    pub event: Option<Event>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    AwaitReply,
+    AwaitAcceptorSignature,
+    AwaitFinal,
+    AwaitHello,
+    Introduced,
+    AwaitProof,
+    AwaitDialerSignature,
+    Authenticated,
+    Established,
+    Failed,
+}
+
+/// One side of one handshake.
+#[derive(Debug)]
+pub struct Handshake<'a> {
+    role: Role,
+    creds: Credentials<'a>,
+    mine: Hello,
+    theirs: Option<Hello>,
+    state: State,
+    buf: [u8; HANDSHAKE_LEN],
+    have: usize,
+    out: VecDeque<HandshakeMsg>,
+}
+
+const ACCEPTOR: &[u8] = b"acceptor";
+const DIALER: &[u8] = b"dialer";
+
+impl<'a> Handshake<'a> {
+    /// The dialer's side: `mine` announces this node (its `target_id` is
+    /// the node it wants, its `nonce` fresh random bytes). The hello is
+    /// ready to send.
+    pub fn dialer(creds: Credentials<'a>, mine: Hello) -> Self {
+        let mut hs = Self::new(Role::Dialer, creds, mine, State::AwaitReply);
+        hs.out.push_back(HandshakeMsg::Hello(mine));
+        hs
+    }
+
+    /// The acceptor's side: `mine` announces this node (`target_id` is
+    /// ignored; `nonce` fresh random bytes). It waits for the hello.
+    pub fn acceptor(creds: Credentials<'a>, mine: Hello) -> Self {
+        let mine = Hello {
+            target_id: 0,
+            ..mine
+        };
+        Self::new(Role::Acceptor, creds, mine, State::AwaitHello)
+    }
+
+    fn new(role: Role, creds: Credentials<'a>, mine: Hello, state: State) -> Self {
+        Self {
+            role,
+            creds,
+            mine,
+            theirs: None,
+            state,
+            buf: [0; HANDSHAKE_LEN],
+            have: 0,
+            out: VecDeque::with_capacity(2),
+        }
+    }
+
+    /// This side's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The peer's hello, once received.
+    pub fn peer(&self) -> Option<&Hello> {
+        self.theirs.as_ref()
+    }
+
+    /// True once the connection may carry data (dialer: the acceptor
+    /// accepted; acceptor: [`Handshake::accept`] was called).
+    pub fn is_established(&self) -> bool {
+        self.state == State::Established
+    }
+
+    /// True once the handshake failed or was rejected.
+    pub fn is_failed(&self) -> bool {
+        self.state == State::Failed
+    }
+
+    /// Bytes still needed to complete the next expected message; 0 while a
+    /// decision is pending or when the handshake is over.
+    pub fn wants_read(&self) -> usize {
+        match self.state {
+            State::AwaitReply
+            | State::AwaitAcceptorSignature
+            | State::AwaitFinal
+            | State::AwaitHello
+            | State::AwaitProof
+            | State::AwaitDialerSignature => HANDSHAKE_LEN - self.have,
+            State::Introduced | State::Authenticated | State::Established | State::Failed => 0,
+        }
+    }
+
+    /// The next message to send, encoded.
+    pub fn poll_transmit(&mut self) -> Option<[u8; HANDSHAKE_LEN]> {
+        self.out.pop_front().map(|m| m.encode())
+    }
+
+    /// Feeds received bytes. Stops after a message that produced an event
+    /// (the rest of `input` is the caller's to feed again after acting on
+    /// it) and at the end of the handshake (what follows is connection
+    /// data). Any error ends the handshake.
+    pub fn read(&mut self, input: &[u8]) -> Result<Progress, HandshakeError> {
+        let mut consumed = 0;
+        while consumed < input.len() && self.wants_read() > 0 {
+            let take = (HANDSHAKE_LEN - self.have).min(input.len() - consumed);
+            self.buf[self.have..self.have + take]
+                .copy_from_slice(&input[consumed..consumed + take]);
+            self.have += take;
+            consumed += take;
+            if self.have < HANDSHAKE_LEN {
+                break;
+            }
+            self.have = 0;
+            let msg = match HandshakeMsg::decode(&self.buf) {
+                Ok(m) => m,
+                Err(e) => return Err(self.fail(e, None)),
+            };
+            let event = match self.role {
+                Role::Dialer => self.on_dialer_msg(msg)?,
+                Role::Acceptor => self.on_acceptor_msg(msg)?,
+            };
+            if event.is_some() {
+                return Ok(Progress { consumed, event });
+            }
+        }
+        Ok(Progress {
+            consumed,
+            event: None,
+        })
+    }
+
+    /// Acceptor, after [`Event::Introduced`]: answer with our hello and
+    /// proof.
+    ///
+    /// # Panics
+    /// Outside that state (a bug in the driver, not something a peer can
+    /// cause).
+    pub fn admit(&mut self) {
+        assert_eq!(self.state, State::Introduced, "admit() without Introduced");
+        let theirs = self.theirs.expect("introduced");
+        let mine = self.mine;
+        let mac = wire::proof(
+            self.creds.secret,
+            ACCEPTOR,
+            &mine.nonce,
+            &theirs.nonce,
+            mine.node_id,
+            theirs.node_id,
+            mine.instance,
+        );
+        self.out.push_back(HandshakeMsg::Reply(mine, mac));
+        if let Some(id) = self.creds.identity {
+            let t = wire::transcript(
+                ACCEPTOR,
+                &mine.nonce,
+                &theirs.nonce,
+                mine.node_id,
+                theirs.node_id,
+                mine.instance,
+            );
+            self.out.push_back(HandshakeMsg::Signature(id.sign(&t)));
+        }
+        self.state = State::AwaitProof;
+    }
+
+    /// Acceptor, after [`Event::Authenticated`]: tell the dialer the
+    /// connection is open. Returns its hello.
+    ///
+    /// # Panics
+    /// Outside that state (a bug in the driver).
+    pub fn accept(&mut self) -> Hello {
+        assert_eq!(
+            self.state,
+            State::Authenticated,
+            "accept() without Authenticated"
+        );
+        self.out.push_back(HandshakeMsg::Final(Status::Accept));
+        self.state = State::Established;
+        self.theirs.expect("authenticated")
+    }
+
+    /// Acceptor, after either event: refuse the dialer with `status` (sent
+    /// as the final message).
+    ///
+    /// # Panics
+    /// Outside those states, or with [`Status::Accept`] (a bug in the
+    /// driver).
+    pub fn reject(&mut self, status: Status) {
+        assert!(
+            matches!(self.state, State::Introduced | State::Authenticated),
+            "reject() without a pending decision"
+        );
+        assert_ne!(status, Status::Accept, "reject() with Accept");
+        self.out.push_back(HandshakeMsg::Final(status));
+        self.state = State::Failed;
+    }
+
+    /// Ends the handshake with `e`; `tell` is the final status the peer
+    /// gets (the acceptor's answer to a dialer that failed a check).
+    fn fail(&mut self, e: HandshakeError, tell: Option<Status>) -> HandshakeError {
+        if let Some(st) = tell {
+            self.out.push_back(HandshakeMsg::Final(st));
+        }
+        self.state = State::Failed;
+        e
+    }
+
+    fn unexpected(&mut self, expected: &'static str, got: &HandshakeMsg) -> HandshakeError {
+        let tell =
+            (self.role == Role::Acceptor && self.theirs.is_some()).then_some(Status::AuthFailed);
+        self.fail(
+            HandshakeError::Unexpected {
+                expected,
+                got: got.name(),
+            },
+            tell,
+        )
+    }
+
+    fn on_dialer_msg(&mut self, msg: HandshakeMsg) -> Result<Option<Event>, HandshakeError> {
+        let mine = self.mine;
+        match (self.state, msg) {
+            (State::AwaitFinal, HandshakeMsg::Final(Status::Accept)) => {
+                self.state = State::Established;
+                Ok(Some(Event::Established(
+                    self.theirs.expect("reply received"),
+                )))
+            }
+            (_, HandshakeMsg::Final(st)) if st != Status::Accept => {
+                Err(self.fail(HandshakeError::Rejected(st), None))
+            }
+            (State::AwaitReply, HandshakeMsg::Reply(h, mac)) => {
+                if h.node_id != mine.target_id {
+                    return Err(self.fail(
+                        HandshakeError::WrongPeer {
+                            expected: mine.target_id,
+                            got: h.node_id,
+                        },
+                        None,
+                    ));
+                }
+                if !wire::verify_proof(
+                    self.creds.secret,
+                    ACCEPTOR,
+                    &h.nonce,
+                    &mine.nonce,
+                    h.node_id,
+                    mine.node_id,
+                    h.instance,
+                    &mac,
+                ) {
+                    return Err(self.fail(HandshakeError::Auth, None));
+                }
+                if h.instance == 0 {
+                    return Err(self.fail(HandshakeError::ZeroInstance, None));
+                }
+                self.theirs = Some(h);
+                if self.creds.identity.is_some() {
+                    self.state = State::AwaitAcceptorSignature;
+                } else {
+                    self.send_proof(h);
+                }
+                Ok(None)
+            }
+            (State::AwaitAcceptorSignature, HandshakeMsg::Signature(sig)) => {
+                let h = self.theirs.expect("reply received");
+                let t = wire::transcript(
+                    ACCEPTOR,
+                    &h.nonce,
+                    &mine.nonce,
+                    h.node_id,
+                    mine.node_id,
+                    h.instance,
+                );
+                let id = self.creds.identity.expect("identity configured");
+                if !id.verify(h.node_id, &t, &sig) {
+                    return Err(self.fail(HandshakeError::Signature(h.node_id), None));
+                }
+                self.send_proof(h);
+                Ok(None)
+            }
+            (State::AwaitReply, m) => Err(self.unexpected("reply", &m)),
+            (State::AwaitAcceptorSignature, m) => Err(self.unexpected("identity signature", &m)),
+            (_, m) => Err(self.unexpected("final", &m)),
+        }
+    }
+
+    fn send_proof(&mut self, theirs: Hello) {
+        let mine = self.mine;
+        let p = wire::proof(
+            self.creds.secret,
+            DIALER,
+            &mine.nonce,
+            &theirs.nonce,
+            mine.node_id,
+            theirs.node_id,
+            mine.instance,
+        );
+        self.out.push_back(HandshakeMsg::Proof(p));
+        if let Some(id) = self.creds.identity {
+            let t = wire::transcript(
+                DIALER,
+                &mine.nonce,
+                &theirs.nonce,
+                mine.node_id,
+                theirs.node_id,
+                mine.instance,
+            );
+            self.out.push_back(HandshakeMsg::Signature(id.sign(&t)));
+        }
+        self.state = State::AwaitFinal;
+    }
+
+    fn on_acceptor_msg(&mut self, msg: HandshakeMsg) -> Result<Option<Event>, HandshakeError> {
+        let mine = self.mine;
+        match (self.state, msg) {
+            (State::AwaitHello, HandshakeMsg::Hello(h)) => {
+                self.theirs = Some(h);
+                if h.target_id != mine.node_id {
+                    return Err(self.fail(
+                        HandshakeError::Refused(Status::WrongTarget),
+                        Some(Status::WrongTarget),
+                    ));
+                }
+                if h.node_id == mine.node_id {
+                    return Err(self.fail(
+                        HandshakeError::Refused(Status::UnknownNode),
+                        Some(Status::UnknownNode),
+                    ));
+                }
+                if h.instance == 0 {
+                    return Err(self.fail(HandshakeError::ZeroInstance, Some(Status::AuthFailed)));
+                }
+                self.state = State::Introduced;
+                Ok(Some(Event::Introduced(h)))
+            }
+            (State::AwaitProof, HandshakeMsg::Proof(p)) => {
+                let h = self.theirs.expect("hello received");
+                if !wire::verify_proof(
+                    self.creds.secret,
+                    DIALER,
+                    &h.nonce,
+                    &mine.nonce,
+                    h.node_id,
+                    mine.node_id,
+                    h.instance,
+                    &p,
+                ) {
+                    return Err(self.fail(HandshakeError::Auth, Some(Status::AuthFailed)));
+                }
+                if self.creds.identity.is_some() {
+                    self.state = State::AwaitDialerSignature;
+                    return Ok(None);
+                }
+                self.state = State::Authenticated;
+                Ok(Some(Event::Authenticated(h)))
+            }
+            (State::AwaitDialerSignature, HandshakeMsg::Signature(sig)) => {
+                let h = self.theirs.expect("hello received");
+                let t = wire::transcript(
+                    DIALER,
+                    &h.nonce,
+                    &mine.nonce,
+                    h.node_id,
+                    mine.node_id,
+                    h.instance,
+                );
+                let id = self.creds.identity.expect("identity configured");
+                if !id.verify(h.node_id, &t, &sig) {
+                    return Err(self.fail(
+                        HandshakeError::Signature(h.node_id),
+                        Some(Status::AuthFailed),
+                    ));
+                }
+                self.state = State::Authenticated;
+                Ok(Some(Event::Authenticated(h)))
+            }
+            (State::AwaitHello, m) => Err(self.unexpected("hello", &m)),
+            (State::AwaitProof, m) => Err(self.unexpected("proof", &m)),
+            (_, m) => Err(self.unexpected("identity signature", &m)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

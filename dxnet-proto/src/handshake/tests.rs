@@ -1,0 +1,341 @@
+use super::*;
+use crate::wire::HandshakeMsg;
+
+fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
+    Hello {
+        node_id,
+        target_id,
+        instance: 0x1000 + n as u64,
+        fc_window: 1 << 20,
+        fc_unit: 1 << 16,
+        nonce: [n; 16],
+    }
+}
+
+fn identities() -> (Identity, Identity) {
+    let (k1, k2) = ([1u8; 32], [2u8; 32]);
+    let p1 = Identity::from_keys(k1, &[]).unwrap().public_key();
+    let p2 = Identity::from_keys(k2, &[]).unwrap().public_key();
+    let peers = [(1, p1), (2, p2)];
+    (
+        Identity::from_keys(k1, &peers).unwrap(),
+        Identity::from_keys(k2, &peers).unwrap(),
+    )
+}
+
+/// Moves every queued message of `from` into `to`, `chunk` bytes at a
+/// time; returns the first event or error `to` produced.
+fn pump(
+    from: &mut Handshake,
+    to: &mut Handshake,
+    chunk: usize,
+) -> Option<Result<Event, HandshakeError>> {
+    let mut stream = Vec::new();
+    while let Some(m) = from.poll_transmit() {
+        stream.extend_from_slice(&m);
+    }
+    let mut at = 0;
+    while at < stream.len() {
+        let end = (at + chunk).min(stream.len());
+        match to.read(&stream[at..end]) {
+            Ok(p) => {
+                assert!(p.consumed <= end - at);
+                at += p.consumed;
+                if let Some(ev) = p.event {
+                    assert_eq!(at, stream.len(), "an event ends the peer's burst");
+                    return Some(Ok(ev));
+                }
+                if p.consumed == 0 {
+                    break;
+                }
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    None
+}
+
+/// Runs a whole handshake; the acceptor admits and accepts unless told
+/// otherwise. Returns what each side ended with.
+fn run(
+    d: &mut Handshake,
+    a: &mut Handshake,
+    chunk: usize,
+    on_authenticated: Option<Status>,
+) -> Result<(Hello, Hello), HandshakeError> {
+    match pump(d, a, chunk) {
+        Some(Ok(Event::Introduced(_))) => a.admit(),
+        Some(Err(e)) => {
+            if let Some(Err(de)) = pump(a, d, chunk) {
+                return Err(de);
+            }
+            return Err(e);
+        }
+        other => panic!("acceptor after hello: {other:?}"),
+    }
+    if let Some(r) = pump(a, d, chunk) {
+        return Err(r.expect_err("the dialer has no event before final"));
+    }
+    let theirs = match pump(d, a, chunk) {
+        Some(Ok(Event::Authenticated(h))) => match on_authenticated {
+            None => a.accept(),
+            Some(st) => {
+                a.reject(st);
+                h
+            }
+        },
+        Some(Err(e)) => {
+            if let Some(Err(de)) = pump(a, d, chunk) {
+                assert_eq!(de, HandshakeError::Rejected(Status::AuthFailed));
+            }
+            return Err(e);
+        }
+        other => panic!("acceptor after proof: {other:?}"),
+    };
+    match pump(a, d, chunk) {
+        Some(Ok(Event::Established(h))) => Ok((h, theirs)),
+        Some(Err(e)) => Err(e),
+        other => panic!("dialer after final: {other:?}"),
+    }
+}
+
+#[test]
+fn honest_sides_establish_with_every_credential_set() {
+    let (i1, i2) = identities();
+    for (secret, ids) in [
+        (None, false),
+        (Some(&b"s3cret"[..]), false),
+        (Some(&b"s3cret"[..]), true),
+    ] {
+        for chunk in [1, 7, HANDSHAKE_LEN, 4 * HANDSHAKE_LEN] {
+            let cd = Credentials {
+                secret,
+                identity: ids.then_some(&i1),
+            };
+            let ca = Credentials {
+                secret,
+                identity: ids.then_some(&i2),
+            };
+            let mut d = Handshake::dialer(cd, hello(1, 2, 10));
+            let mut a = Handshake::acceptor(ca, hello(2, 99, 20));
+            let (seen_by_d, seen_by_a) = run(&mut d, &mut a, chunk, None).unwrap();
+            assert_eq!(seen_by_d, hello(2, 0, 20), "dialer saw the acceptor");
+            assert_eq!(seen_by_a, hello(1, 2, 10), "acceptor saw the dialer");
+            assert!(d.is_established() && a.is_established());
+            assert_eq!((d.wants_read(), a.wants_read()), (0, 0));
+            assert_eq!(a.poll_transmit(), None);
+        }
+    }
+}
+
+#[test]
+fn bytes_after_the_final_message_are_left_to_the_caller() {
+    let mut d = Handshake::dialer(Credentials::default(), hello(1, 2, 1));
+    let mut a = Handshake::acceptor(Credentials::default(), hello(2, 0, 2));
+    assert!(matches!(
+        pump(&mut d, &mut a, 1),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    assert!(pump(&mut a, &mut d, 1).is_none());
+    assert!(matches!(
+        pump(&mut d, &mut a, 1),
+        Some(Ok(Event::Authenticated(_)))
+    ));
+    a.accept();
+    let mut bytes = a.poll_transmit().unwrap().to_vec();
+    bytes.extend_from_slice(b"chunk data");
+    let p = d.read(&bytes).unwrap();
+    assert_eq!(p.consumed, HANDSHAKE_LEN);
+    assert!(matches!(p.event, Some(Event::Established(_))));
+    assert_eq!(d.read(b"more").unwrap().consumed, 0);
+}
+
+#[test]
+fn a_wrong_secret_fails_on_both_sides() {
+    // The dialer checks the acceptor's proof first.
+    let mut d = Handshake::dialer(
+        Credentials {
+            secret: Some(b"one"),
+            identity: None,
+        },
+        hello(1, 2, 1),
+    );
+    let mut a = Handshake::acceptor(
+        Credentials {
+            secret: Some(b"two"),
+            identity: None,
+        },
+        hello(2, 0, 2),
+    );
+    assert_eq!(run(&mut d, &mut a, 13, None), Err(HandshakeError::Auth));
+    assert!(d.is_failed());
+    // The acceptor checks the dialer's proof and says so.
+    let mut a = Handshake::acceptor(
+        Credentials {
+            secret: Some(b"two"),
+            identity: None,
+        },
+        hello(2, 0, 2),
+    );
+    a.read(&HandshakeMsg::Hello(hello(1, 2, 1)).encode())
+        .unwrap();
+    a.admit();
+    while a.poll_transmit().is_some() {}
+    let err = a.read(&HandshakeMsg::Proof([7; 32]).encode()).unwrap_err();
+    assert_eq!(err, HandshakeError::Auth);
+    assert_eq!(
+        a.poll_transmit().map(|b| HandshakeMsg::decode(&b)),
+        Some(Ok(HandshakeMsg::Final(Status::AuthFailed)))
+    );
+}
+
+#[test]
+fn rejections_reach_the_dialer_typed() {
+    let creds = Credentials::default();
+    // Wrong target: refused by the machine itself.
+    let mut d = Handshake::dialer(creds, hello(1, 3, 1));
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert_eq!(
+        pump(&mut d, &mut a, 96),
+        Some(Err(HandshakeError::Refused(Status::WrongTarget)))
+    );
+    assert_eq!(
+        pump(&mut a, &mut d, 96),
+        Some(Err(HandshakeError::Rejected(Status::WrongTarget)))
+    );
+    // The runtime's decision after authentication.
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert_eq!(
+        run(&mut d, &mut a, 96, Some(Status::Duplicate)),
+        Err(HandshakeError::Rejected(Status::Duplicate))
+    );
+    assert!(a.is_failed() && d.is_failed());
+    // The runtime's decision on the introduction.
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.reject(Status::UnknownNode);
+    assert_eq!(
+        pump(&mut a, &mut d, 96),
+        Some(Err(HandshakeError::Rejected(Status::UnknownNode)))
+    );
+}
+
+#[test]
+fn claims_are_checked() {
+    let creds = Credentials::default();
+    // Our own id.
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert_eq!(
+        a.read(&HandshakeMsg::Hello(hello(2, 2, 1)).encode()),
+        Err(HandshakeError::Refused(Status::UnknownNode))
+    );
+    // Instance 0.
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    let h = Hello {
+        instance: 0,
+        ..hello(1, 2, 1)
+    };
+    assert_eq!(
+        a.read(&HandshakeMsg::Hello(h).encode()),
+        Err(HandshakeError::ZeroInstance)
+    );
+    // Another node answering at the dialed address.
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    let r = HandshakeMsg::Reply(hello(5, 0, 5), [0; 32]).encode();
+    assert_eq!(
+        d.read(&r),
+        Err(HandshakeError::WrongPeer {
+            expected: 2,
+            got: 5
+        })
+    );
+    // Messages out of turn.
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert_eq!(
+        a.read(&HandshakeMsg::Proof([0; 32]).encode()),
+        Err(HandshakeError::Unexpected {
+            expected: "hello",
+            got: "proof"
+        })
+    );
+    assert_eq!(a.poll_transmit(), None, "nothing said to a non-dialer");
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    d.poll_transmit();
+    assert!(matches!(
+        d.read(&HandshakeMsg::Final(Status::Accept).encode()),
+        Err(HandshakeError::Unexpected { .. })
+    ));
+}
+
+#[test]
+fn an_identity_signature_of_another_key_is_refused() {
+    let (_, i2) = identities();
+    let impostor = Identity::from_keys([9; 32], &[]).unwrap();
+    let mut d = Handshake::dialer(
+        Credentials {
+            secret: Some(b"s"),
+            identity: Some(&impostor),
+        },
+        hello(1, 2, 1),
+    );
+    let mut a = Handshake::acceptor(
+        Credentials {
+            secret: Some(b"s"),
+            identity: Some(&i2),
+        },
+        hello(2, 0, 2),
+    );
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    let reply = a.poll_transmit().unwrap();
+    let sig = a.poll_transmit().unwrap();
+    d.read(&reply).unwrap();
+    // The impostor's identity has no key for node 2: the acceptor's
+    // signature does not verify for it either.
+    assert_eq!(d.read(&sig), Err(HandshakeError::Signature(2)));
+    // A dialer signing with the wrong key is refused by the acceptor.
+    let mut d = Handshake::dialer(
+        Credentials {
+            secret: Some(b"s"),
+            identity: Some(&impostor),
+        },
+        hello(1, 2, 3),
+    );
+    let mut a = Handshake::acceptor(
+        Credentials {
+            secret: Some(b"s"),
+            identity: Some(&i2),
+        },
+        hello(2, 0, 4),
+    );
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    let reply = a.poll_transmit().unwrap();
+    a.poll_transmit().unwrap();
+    let HandshakeMsg::Reply(h, _) = HandshakeMsg::decode(&reply).unwrap() else {
+        panic!()
+    };
+    // Skip the dialer's signature check and send its proof and signature.
+    d.theirs = Some(h);
+    d.send_proof(h);
+    assert_eq!(
+        pump(&mut d, &mut a, 96),
+        Some(Err(HandshakeError::Signature(1)))
+    );
+    assert_eq!(
+        a.poll_transmit().map(|b| HandshakeMsg::decode(&b)),
+        Some(Ok(HandshakeMsg::Final(Status::AuthFailed)))
+    );
+}
