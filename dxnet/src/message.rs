@@ -61,6 +61,6 @@ macro_rules! request {
 }
 
 pub use dxnet_proto::header::{
-    type_key, HeaderError, MessageHeader, FLAGS_KNOWN, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE,
-    HEADER_LEN, HEADER_MAGIC,
+    type_key, HeaderError, MessageHeader, MessageKind, FLAGS_KNOWN, FLAG_ERROR, FLAG_REQUEST,
+    FLAG_RESPONSE, HEADER_LEN, HEADER_MAGIC,
 };

@@ -54,7 +54,7 @@ impl Core {
         };
         let res = {
             let mut on_msg = |h: &MessageHeader, p: &[u8]| {
-                if h.flags & FLAG_RESPONSE != 0 {
+                if h.kind().is_response() {
                     // Outside the flow-control window: counted in the
                     // stats only.
                     responses += (HEADER_LEN + p.len()) as u64;
@@ -137,8 +137,9 @@ impl Core {
     }
 
     pub(super) fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
-        if h.flags & FLAG_RESPONSE != 0 {
-            let completed = if h.flags & FLAG_ERROR != 0 {
+        let kind = h.kind();
+        if kind.is_response() {
+            let completed = if kind == MessageKind::ErrorResponse {
                 self.requests
                     .complete(h.request_id, src, Err(remote_error(h, payload)))
             } else {
@@ -172,7 +173,7 @@ impl Core {
                     h.subtype
                 );
             }
-            if h.flags & FLAG_REQUEST != 0 {
+            if kind == MessageKind::Request {
                 self.send_error_response(
                     src,
                     h.request_id,
@@ -185,7 +186,7 @@ impl Core {
         };
         match &entry.kind {
             HandlerKind::Request(f) => {
-                if h.flags & FLAG_REQUEST == 0 {
+                if kind != MessageKind::Request {
                     tracing::warn!(
                         "{}: request type ({}, {}) sent without request flag by {src}",
                         self.own,

@@ -44,9 +44,7 @@ use parking_lot::Mutex;
 
 use crate::config::{Config, ParkConfig, TransportKind};
 use crate::error::{Cancelled, Unreachable, Waited};
-use crate::message::{
-    type_key, MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN,
-};
+use crate::message::{type_key, MessageHeader, MessageKind, HEADER_LEN};
 use crate::node::NodeStats;
 use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, Message, NodeId, Request, Result};
@@ -63,7 +61,7 @@ use flow::{FlowControl, FlowWaitError};
 use incoming::IncomingQueue;
 use requests::{Outcome, PendingResponse, RequestTable};
 
-/// Error codes carried by error responses (`FLAG_ERROR`).
+/// Error codes carried by error responses ([`MessageKind::ErrorResponse`]).
 const REMOTE_UNKNOWN_TYPE: u8 = 1;
 const REMOTE_DECODE: u8 = 2;
 const REMOTE_PANIC: u8 = 3;

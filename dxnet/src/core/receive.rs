@@ -113,7 +113,7 @@ impl Core {
                     let mut ok = true;
                     while ok && pos < seg.len() {
                         match message_at(seg, pos, self.config.max_message_size) {
-                            Some((h, end)) if h.flags & FLAG_RESPONSE != 0 => pos = end,
+                            Some((h, end)) if h.kind().is_response() => pos = end,
                             _ => ok = false,
                         }
                     }
@@ -296,7 +296,7 @@ impl Core {
         let mut out = Vec::new();
         let mut done = 0u64;
         let mut on_msg = |h: &MessageHeader, p: &[u8]| {
-            if h.flags & FLAG_RESPONSE != 0 {
+            if h.kind().is_response() {
                 done += (HEADER_LEN + p.len()) as u64;
                 self.stats.msgs_received.add(1);
                 self.dispatch(conn.peer, h, p);

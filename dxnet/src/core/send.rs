@@ -12,7 +12,7 @@ impl Core {
             dest,
             M::TYPE,
             M::SUBTYPE,
-            0,
+            MessageKind::Plain,
             0,
             len,
             None,
@@ -26,9 +26,17 @@ impl Core {
         if t == 0 {
             return Err(Error::Config("message type 0 is reserved for dxnet".into()));
         }
-        self.send_frame(dest, t, s, 0, 0, payload.len(), None, Instant::now(), |w| {
-            w.write_all(payload)
-        })
+        self.send_frame(
+            dest,
+            t,
+            s,
+            MessageKind::Plain,
+            0,
+            payload.len(),
+            None,
+            Instant::now(),
+            |w| w.write_all(payload),
+        )
     }
 
     /// Sends a request; the handle waits for its response.
@@ -46,7 +54,7 @@ impl Core {
             dest,
             R::TYPE,
             R::SUBTYPE,
-            FLAG_REQUEST,
+            MessageKind::Request,
             id,
             len,
             Some(deadline),
@@ -101,7 +109,7 @@ impl Core {
             dest,
             M::TYPE,
             M::SUBTYPE,
-            FLAG_RESPONSE,
+            MessageKind::Response,
             id,
             len,
             None,
@@ -116,7 +124,7 @@ impl Core {
             dest,
             t,
             s,
-            FLAG_RESPONSE | FLAG_ERROR,
+            MessageKind::ErrorResponse,
             id,
             3,
             None,
@@ -138,7 +146,7 @@ impl Core {
         dest: NodeId,
         t: u8,
         s: u8,
-        flags: u8,
+        kind: MessageKind,
         request_id: u32,
         payload_len: usize,
         deadline: Option<Instant>,
@@ -160,7 +168,7 @@ impl Core {
         let header = MessageHeader {
             msg_type: t,
             subtype: s,
-            flags,
+            flags: kind.flags(),
             request_id,
             payload_len: payload_len as u32,
         };
@@ -190,13 +198,13 @@ impl Core {
         // handler thread for `send_timeout_ms` per request and its
         // unprocessed buffers would fill the incoming queue of every
         // connection.
-        let response = flags & FLAG_RESPONSE != 0;
+        let response = kind.is_response();
         let deadline = if response && conn.responses_stalled.load(Ordering::Relaxed) {
             now
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, flags, deadline, now, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, kind, deadline, now, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -214,7 +222,7 @@ impl Core {
         dest: NodeId,
         hb: &[u8; HEADER_LEN],
         total: usize,
-        flags: u8,
+        kind: MessageKind,
         deadline: Instant,
         now: Instant,
         fill: F,
@@ -229,7 +237,7 @@ impl Core {
         // other's messages deadlock: each one's handler waits for window
         // to answer a request, which only the other's blocked handler
         // could free.
-        let flow_controlled = flags & FLAG_RESPONSE == 0;
+        let flow_controlled = !kind.is_response();
         let window_back = |total: usize| {
             if flow_controlled {
                 conn.flow.on_confirm_bytes(total as u64);
@@ -246,7 +254,7 @@ impl Core {
                     }
                 })?;
         }
-        let urgent = flags & (FLAG_REQUEST | FLAG_RESPONSE) != 0;
+        let urgent = kind != MessageKind::Plain;
         // A small request or response goes out at once, outside the ring
         // buffer, where the engine has such a path (InfiniBand, loopback): encoded on
         // the stack first, and into the ring after all if the engine

@@ -123,6 +123,47 @@ impl Waiters {
     }
 }
 
+/// A queued waiter on its way out: removes it from the queue, ends the
+/// starving mode it started and hands the turn on, on every exit of
+/// [`WaitQueue::wait`] (a result, a timeout, a close or a panic in a
+/// caller's closure).
+struct Leave<'q> {
+    queue: &'q WaitQueue,
+    /// The queue's lock while the waiter holds it (always, except inside
+    /// the wait itself).
+    guard: Option<MutexGuard<'q, Waiters>>,
+    ticket: u64,
+    /// Races lost after a wake-up.
+    lost: u32,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let q = self.queue;
+        let mut guard = self.guard.take().unwrap_or_else(|| lock(&q.inner));
+        let Some(at) = guard.queue.iter().position(|w| w.ticket == self.ticket) else {
+            return; // unreachable: a waiter stays queued until it leaves
+        };
+        guard.queue.remove(at);
+        q.queued.fetch_sub(1, Ordering::Relaxed);
+        if self.lost >= STARVING_AFTER {
+            guard.starvers -= 1;
+            if guard.starvers == 0 {
+                // Racing again: the others may take what is left now,
+                // without waiting for the next release.
+                q.starving.store(false, Ordering::Release);
+                guard.wake_each();
+                return;
+            }
+        }
+        if at == 0 && guard.starvers > 0 {
+            // Serving in order: the next waiter's turn (it may find the
+            // resource taken again and sleep until the next release).
+            guard.wake_front();
+        }
+    }
+}
+
 impl Default for WaitQueue {
     fn default() -> Self {
         Self::new()
@@ -193,22 +234,30 @@ impl WaitQueue {
         }
         self.queued.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        let mut lost = 0u32;
+        // From here on the waiter leaves through `Leave::drop`, also when a
+        // caller's closure panics: nothing of it stays queued or starving.
+        let mut leave = Leave {
+            queue: self,
+            guard: Some(guard),
+            ticket,
+            lost: 0,
+        };
         let mut woken = false;
-        let result = loop {
+        loop {
+            let guard = leave.guard.as_mut().expect("held while looping");
             if closed() {
-                break Err(WaitError::Closed);
+                return Err(WaitError::Closed);
             }
             let turn = priority
                 || guard.starvers == 0
                 || guard.queue.front().map(|w| w.ticket) == Some(ticket);
             if turn {
                 if let Some(v) = attempt() {
-                    break Ok(v);
+                    return Ok(v);
                 }
                 if woken && !priority {
-                    lost += 1;
-                    if lost == STARVING_AFTER {
+                    leave.lost += 1;
+                    if leave.lost == STARVING_AFTER {
                         guard.starvers += 1;
                         if guard.starvers == 1 {
                             self.starving.store(true, Ordering::Release);
@@ -220,40 +269,18 @@ impl WaitQueue {
                 }
             }
             if sync::deadline_passed(deadline) {
-                break Err(WaitError::Timeout);
+                return Err(WaitError::Timeout);
             }
             on_block();
+            let guard = leave.guard.take().expect("held while looping");
             let cv = if guard.starvers > 0 {
                 &*wake
             } else {
                 &self.racing
             };
-            guard = wait_until(cv, guard, deadline);
+            leave.guard = Some(wait_until(cv, guard, deadline));
             woken = true;
-        };
-        let at = guard
-            .queue
-            .iter()
-            .position(|w| w.ticket == ticket)
-            .expect("a waiter stays queued until it leaves");
-        guard.queue.remove(at);
-        self.queued.fetch_sub(1, Ordering::Relaxed);
-        if lost >= STARVING_AFTER {
-            guard.starvers -= 1;
-            if guard.starvers == 0 {
-                // Racing again: the others may take what is left now,
-                // without waiting for the next release.
-                self.starving.store(false, Ordering::Release);
-                guard.wake_each();
-                return result;
-            }
         }
-        if at == 0 && guard.starvers > 0 {
-            // Serving in order: the next waiter's turn (it may find the
-            // resource taken again and sleep until the next release).
-            guard.wake_front();
-        }
-        result
     }
 
     /// Wakes the queued threads, if any, to retry; costs a fence and a load
@@ -462,6 +489,46 @@ mod tests {
         });
         assert!(q.is_empty() && q.may_race());
     }
+
+    /// A waiter whose closure panics after it made the queue starving
+    /// leaves nothing behind: the queue races again, is empty, and the
+    /// next waiter is served.
+    #[test]
+    fn a_panicking_waiter_leaves_the_queue_clean() {
+        let q = WaitQueue::new();
+        let tokens = AtomicU64::new(0);
+        let tries = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                q.wait(
+                    far(),
+                    false,
+                    || false,
+                    || -> Option<()> {
+                        if tries.fetch_add(1, Ordering::AcqRel) > STARVING_AFTER + 1 {
+                            panic!("attempt fails hard");
+                        }
+                        None
+                    },
+                    || {},
+                )
+            });
+            let mut saw_starving = false;
+            while !waiter.is_finished() {
+                saw_starving |= q.is_starving();
+                q.wake();
+                std::thread::yield_now();
+            }
+            assert!(waiter.join().is_err(), "the closure's panic propagates");
+            assert!(saw_starving, "the waiter lost enough races to starve");
+        });
+        assert!(q.is_empty() && q.may_race());
+        tokens.store(1, Ordering::Release);
+        assert_eq!(
+            q.wait(far(), false, || false, || take(&tokens), || {}),
+            Ok(())
+        );
+    }
 }
 
 /// Loom models: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p
@@ -575,6 +642,73 @@ mod loom_tests {
             closed.store(true, Ordering::Release);
             q.wake_all();
             assert_eq!(waiter.join().unwrap(), Err(WaitError::Closed));
+        });
+    }
+
+    /// Two waiters that lose races (the queue starves) leave with `Closed`
+    /// when the resource closes, and leave the queue empty and racing.
+    #[test]
+    fn loom_close_while_starving() {
+        loom::model(|| {
+            let q = Arc::new(WaitQueue::new());
+            let closed = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (q, closed) = (q.clone(), closed.clone());
+                    loom::thread::spawn(move || {
+                        let far = Instant::now() + std::time::Duration::from_secs(3600);
+                        q.wait(
+                            far,
+                            false,
+                            || closed.load(Ordering::Acquire),
+                            || None::<()>,
+                            || {},
+                        )
+                    })
+                })
+                .collect();
+            q.wake(); // nothing to take: a woken waiter loses and starves
+            closed.store(true, Ordering::Release);
+            q.wake_all();
+            for w in waiters {
+                assert_eq!(w.join().unwrap(), Err(WaitError::Closed));
+            }
+            assert!(q.is_empty() && q.may_race());
+        });
+    }
+
+    /// A priority waiter (the exclusive writer) that arrives while another
+    /// waiter may be starving is not held back behind it; both get their
+    /// token and the queue ends empty and racing.
+    #[test]
+    fn loom_priority_while_starving() {
+        loom::model(|| {
+            let q = Arc::new(WaitQueue::new());
+            let tokens = Arc::new(AtomicU64::new(0));
+            let far = || Instant::now() + std::time::Duration::from_secs(3600);
+            let normal = {
+                let (q, tokens) = (q.clone(), tokens.clone());
+                loom::thread::spawn(move || {
+                    q.wait(far(), false, || false, || take(&tokens), || {})
+                        .unwrap();
+                })
+            };
+            q.wake(); // nothing to take: if woken, the waiter starves
+            let priority = {
+                let (q, tokens) = (q.clone(), tokens.clone());
+                loom::thread::spawn(move || {
+                    q.wait(far(), true, || false, || take(&tokens), || {})
+                        .unwrap();
+                })
+            };
+            for _ in 0..2 {
+                tokens.fetch_add(1, Ordering::AcqRel);
+                q.wake();
+            }
+            normal.join().unwrap();
+            priority.join().unwrap();
+            assert_eq!(tokens.load(Ordering::Acquire), 0);
+            assert!(q.is_empty() && q.may_race());
         });
     }
 }
