@@ -170,6 +170,16 @@ fn child_ib_node() {
     println!("CHILD OK received={expect} hwm_kib={}", hwm_kib());
 }
 
+/// Runs test `name` as a child process with `vars` and the RDMA device
+/// settings of this process.
+fn spawn_ib_child(name: &str, vars: &[(&str, String)]) -> ChildProc {
+    let mut all = vars.to_vec();
+    for k in ["RDMA_DEV", "RDMA_GID_INDEX"] {
+        all.push((k, std::env::var(k).unwrap_or_default()));
+    }
+    spawn_child(name, &all)
+}
+
 fn run(
     n: u16,
     threads: u16,
@@ -182,7 +192,7 @@ fn run(
     let base = base_port(n);
     let kids: Vec<_> = (0..n)
         .map(|id| {
-            spawn_child(
+            spawn_ib_child(
                 "child_ib_node",
                 &[
                     ("NODE", id.to_string()),
@@ -194,11 +204,6 @@ fn run(
                     ("REQS", reqs.to_string()),
                     ("SLOW_US", slow_us.to_string()),
                     ("STEPS", steps.to_string()),
-                    ("RDMA_DEV", std::env::var("RDMA_DEV").unwrap_or_default()),
-                    (
-                        "RDMA_GID_INDEX",
-                        std::env::var("RDMA_GID_INDEX").unwrap_or_default(),
-                    ),
                 ],
             )
         })
@@ -267,19 +272,12 @@ fn ib_node_killed_and_restarted() {
         return;
     }
     let base = base_port(2);
-    let vars = [
-        ("BASE", base.to_string()),
-        ("RDMA_DEV", std::env::var("RDMA_DEV").unwrap_or_default()),
-        (
-            "RDMA_GID_INDEX",
-            std::env::var("RDMA_GID_INDEX").unwrap_or_default(),
-        ),
-    ];
+    let vars = [("BASE", base.to_string())];
     let mut cfg = ib_config(0, 2, base);
     cfg.request_timeout_ms = 3000;
     cfg.send_timeout_ms = 3000;
     let a = Node::start(cfg).unwrap();
-    let mut b = spawn_child("child_ib_echo", &vars);
+    let mut b = spawn_ib_child("child_ib_echo", &vars);
     b.wait_line("READY", 60);
     assert_eq!(
         until_reachable("first", || a.request(
@@ -307,7 +305,7 @@ fn ib_node_killed_and_restarted() {
     assert!(saw_unreachable, "the broken queue pair was detected");
     println!("unreachable after {:?}", t0.elapsed());
     // Restarted with the same id: a new instance; the node reconnects.
-    let mut b = spawn_child("child_ib_echo", &vars);
+    let mut b = spawn_ib_child("child_ib_echo", &vars);
     b.wait_line("READY", 60);
     assert_eq!(
         until_reachable("after restart", || a.request(
@@ -409,7 +407,7 @@ fn ib_flooding_peer_stays_within_incoming_limits() {
     let (threads, per, reqs) = (4u16, 400u64, 100u64);
     let kids: Vec<_> = (0..3u16)
         .map(|id| {
-            spawn_child(
+            spawn_ib_child(
                 "child_ib_flood",
                 &[
                     ("NODE", id.to_string()),
@@ -417,11 +415,6 @@ fn ib_flooding_peer_stays_within_incoming_limits() {
                     ("THREADS", threads.to_string()),
                     ("PER", per.to_string()),
                     ("REQS", reqs.to_string()),
-                    ("RDMA_DEV", std::env::var("RDMA_DEV").unwrap_or_default()),
-                    (
-                        "RDMA_GID_INDEX",
-                        std::env::var("RDMA_GID_INDEX").unwrap_or_default(),
-                    ),
                 ],
             )
         })
