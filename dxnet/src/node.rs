@@ -29,7 +29,8 @@ pub struct NodeStats {
     pub bytes_received: u64,
     /// Connections opened (outgoing and incoming).
     pub connections_opened: u64,
-    /// Connections closed or broken.
+    /// Connections closed or broken after they opened (a connect that
+    /// failed is not counted).
     pub connections_closed: u64,
     /// Messages dropped because no receiver was registered for their type.
     pub unknown_messages: u64,

@@ -271,7 +271,9 @@ prepare() {
     cp -a "$W/pkg/ibverbs-providers/etc/libibverbs.d" "$R/etc/"
     local lib
     for lib in "${HOST_LIBS[@]}"; do
-        src=$(ldconfig -p | awk -v n="$lib" '$1 == n && /x86-64/ { print $NF; exit }')
+        # awk reads to the end: exiting at the first match would cut ldconfig
+        # off mid-write (SIGPIPE, which pipefail turns into a failure).
+        src=$(ldconfig -p | awk -v n="$lib" '$1 == n && /x86-64/ && !found { print $NF; found = 1 }')
         [ -n "$src" ] || fail "host library $lib not found"
         cp -L "$src" "$R/$L/$lib"
     done

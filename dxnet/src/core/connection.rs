@@ -162,15 +162,25 @@ impl Connection {
     /// Moves to Closed; returns false if it already was. The first reason
     /// sticks.
     pub fn mark_closed(&self, reason: &str) -> bool {
+        self.close(reason).is_some()
+    }
+
+    /// Like [`Connection::mark_closed`]; returns the state it closed from
+    /// (`None` if it was closed already).
+    pub fn close(&self, reason: &str) -> Option<ConnState> {
         let prev = self.state.swap(ConnState::Closed as u8, Ordering::AcqRel);
         if prev == ConnState::Closed as u8 {
-            return false;
+            return None;
         }
         *self.close_reason.lock() = Some(reason.to_string());
         self.orb.close();
         self.flow.wake_all();
         self.state_changed.notify_all();
-        true
+        Some(if prev == ConnState::Open as u8 {
+            ConnState::Open
+        } else {
+            ConnState::Connecting
+        })
     }
 
     /// Why the connection closed.

@@ -208,9 +208,9 @@ impl Core {
     /// requests (`failed`: with "destination unreachable", otherwise
     /// "cancelled"). Idempotent.
     pub fn close_connection(&self, conn: &Arc<Connection>, reason: &str, failed: bool) {
-        if !conn.mark_closed(reason) {
+        let Some(was) = conn.close(reason) else {
             return;
-        }
+        };
         {
             let mut count = self.connections.lock.lock();
             self.connections.remove_if_current(&mut count, conn);
@@ -227,6 +227,10 @@ impl Core {
             Error::Cancelled(Cancelled::ConnectionClosed)
         };
         self.requests.fail_peer(conn.peer, &err);
-        self.stats.connections_closed.add(1);
+        if was == ConnState::Open {
+            // Counted as opened: a connection that never opened (a refused
+            // connect) is neither.
+            self.stats.connections_closed.add(1);
+        }
     }
 }

@@ -128,7 +128,7 @@ fn least_recently_used_connection_is_closed_beyond_the_limit() {
 }
 
 /// A refused connection is `Unreachable(Connect)`, leaves no connection
-/// behind, and the next send tries again.
+/// behind (nor a count in the stats), and the next send tries again.
 #[test]
 fn refused_connection_is_unreachable_and_retried() {
     let (core, engine) = start(|_| {});
@@ -143,8 +143,15 @@ fn refused_connection_is_unreachable_and_retried() {
         assert!(core.connections.get(NodeId(5)).is_none());
     }
     assert_eq!(*engine.connects.lock(), vec![5, 5]);
+    let st = core.stats();
+    assert_eq!(
+        (st.connections_opened, st.connections_closed),
+        (0, 0),
+        "refused connects are neither opened nor closed connections"
+    );
     engine.refuse.lock().clear();
     core.send_raw(NodeId(5), 40, 3, b"x").unwrap();
+    assert_eq!(core.stats().connections_opened, 1);
     core.shutdown();
 }
 
