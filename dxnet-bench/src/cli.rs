@@ -144,7 +144,8 @@ pub struct RunArgs {
     #[arg(long)]
     min_count: Option<u64>,
     /// dxnet Config field for every dxnet node, `KEY=VALUE` (value as JSON,
-    /// else a string); repeatable, e.g. `--dxnet orb_size=4194304`.
+    /// else a string; a dotted key names a field of a section); repeatable,
+    /// e.g. `--dxnet limits.orb_size=4194304`.
     #[arg(long = "dxnet", value_name = "KEY=VALUE")]
     dxnet: Vec<String>,
     /// Receive buffer of the raw TCP baseline in bytes (e.g. `4M`).
@@ -336,8 +337,21 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
         let (k, v) = kv
             .split_once('=')
             .with_context(|| format!("--dxnet expects KEY=VALUE, got {kv:?}"))?;
-        let val = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-        p.dxnet.insert(k.trim().to_string(), val);
+        let mut val =
+            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+        // `limits.orb_size=…` → {"limits": {"orb_size": …}}, merged into
+        // what is there.
+        let mut path: Vec<&str> = k.trim().split('.').collect();
+        let first = path.remove(0).to_string();
+        for key in path.into_iter().rev() {
+            let mut m = serde_json::Map::new();
+            m.insert(key.to_string(), val);
+            val = serde_json::Value::Object(m);
+        }
+        crate::binding::dxnet::merge(
+            p.dxnet.entry(first).or_insert(serde_json::Value::Null),
+            &val,
+        );
     }
     cfg.validate()?;
     Ok(cfg)
@@ -514,7 +528,9 @@ mod tests {
             "--nodes",
             "2,3,4",
             "--dxnet",
-            "orb_size=4194304",
+            "limits.orb_size=4194304",
+            "--dxnet",
+            "limits.send_timeout_ms=9000",
             "--dxnet",
             "cluster_secret=abc",
         ]);
@@ -545,7 +561,8 @@ mod tests {
                 .filter(|r| r.operation == Operation::Throughput);
             assert_eq!(tp.count(), 2, "{g:?}");
         }
-        assert_eq!(c.params.dxnet["orb_size"], 4194304);
+        assert_eq!(c.params.dxnet["limits"]["orb_size"], 4194304);
+        assert_eq!(c.params.dxnet["limits"]["send_timeout_ms"], 9000);
         assert_eq!(c.params.dxnet["cluster_secret"], "abc");
     }
 

@@ -237,8 +237,9 @@ pub struct Params {
     pub timeout_s: u64,
     /// Receive buffer of the raw TCP baseline in bytes.
     pub raw_tcp_recv_buffer: usize,
-    /// Extra dxnet `Config` fields (any subset, e.g. `{"orb_size": 4194304}`),
-    /// laid over the defaults of every dxnet node.
+    /// Extra dxnet `Config` fields (any subset, e.g.
+    /// `{"limits": {"orb_size": 4194304}}`), laid over the defaults of every
+    /// dxnet node (sections merged field by field).
     pub dxnet: serde_json::Map<String, serde_json::Value>,
     /// Interface whose counters give the wire bytes of TCP runs; empty picks
     /// the interface that carries the node's address.

@@ -3,6 +3,8 @@
 //! ```toml
 //! node_id = 1
 //! transport = "tcp"
+//! [limits]
+//! request_timeout_ms = 2000
 //! [[nodes]]
 //! id = 1
 //! address = "127.0.0.1:22221"
@@ -227,21 +229,13 @@ impl TlsConfig {
     }
 }
 
-/// Full configuration of one node. Every field has a documented default; a
-/// file only needs `node_id` and `nodes`.
+/// Resource bounds of a node: ring buffers, receive buffers, the incoming
+/// queue, flow control, connections, message size, and how long calls
+/// wait (`[limits]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
-pub struct Config {
-    /// This node's id. Default 0.
-    pub node_id: u16,
-    /// The node map: id → address. Default empty (only the own node).
-    pub nodes: Vec<NodeEntry>,
-    /// Transport engine. Default `tcp`.
-    pub transport: TransportKind,
-    /// Loopback only: nodes of one process find each other in the fabric of
-    /// this name. Default `"default"`.
-    pub loopback_fabric: String,
+pub struct Limits {
     /// Outgoing ring buffer size per connection in bytes (rounded up to a
     /// power of two). Default 2 MiB.
     pub orb_size: usize,
@@ -253,14 +247,18 @@ pub struct Config {
     pub incoming_max_buffers: usize,
     /// Incoming buffer queue limit in bytes (all connections). Default 16 MiB.
     pub incoming_max_bytes: usize,
-    /// Message-handler threads. Default 2.
-    pub handler_threads: usize,
     /// Flow-control window: bytes a sender may have unconfirmed per
     /// connection before it blocks. Default 4 MiB.
     pub flow_control_window: usize,
     /// Fraction of the window after which the receiver confirms processed
     /// bytes (0 < threshold <= 1). Default 0.5.
     pub flow_control_threshold: f64,
+    /// Maximum number of open connections; the least recently used one is
+    /// closed beyond it. Default 100.
+    pub max_connections: usize,
+    /// Largest message payload accepted from the network, in bytes. Default
+    /// 64 MiB. Anything larger is treated as hostile and closes the connection.
+    pub max_message_size: usize,
     /// Default request timeout in milliseconds. Default 5000.
     pub request_timeout_ms: u64,
     /// How long a send may block under back-pressure before it fails, in
@@ -269,12 +267,88 @@ pub struct Config {
     /// Connection-creation timeout (connect + handshake) in milliseconds.
     /// Default 2000.
     pub connect_timeout_ms: u64,
-    /// Maximum number of open connections; the least recently used one is
-    /// closed beyond it. Default 100.
-    pub max_connections: usize,
-    /// Largest message payload accepted from the network, in bytes. Default
-    /// 64 MiB. Anything larger is treated as hostile and closes the connection.
-    pub max_message_size: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            orb_size: 2 << 20,
+            recv_buffer_size: 64 << 10,
+            recv_pool_size: 512,
+            incoming_max_buffers: 256,
+            incoming_max_bytes: 16 << 20,
+            flow_control_window: 4 << 20,
+            flow_control_threshold: 0.5,
+            max_connections: 100,
+            max_message_size: 64 << 20,
+            request_timeout_ms: 5000,
+            send_timeout_ms: 5000,
+            connect_timeout_ms: 2000,
+        }
+    }
+}
+
+/// Settings of the TCP engine (`[tcp]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TcpConfig {
+    /// Accept backlog of the listening socket (the kernel caps it at
+    /// `net.core.somaxconn`). A burst of connecting nodes beyond it makes
+    /// the kernel drop SYNs, and dialers wait a second for the retransmit.
+    /// Default 4096.
+    pub listen_backlog: u32,
+    /// Incoming handshakes in progress at once; a new connection beyond it
+    /// cuts off the oldest handshake still in progress (a legitimate dialer
+    /// finishes in a few round trips, a half-open flood holds its slot for
+    /// the whole connect timeout), so half-open connections cannot exhaust
+    /// threads or memory nor lock new nodes out. Default 64.
+    pub max_pending_handshakes: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            listen_backlog: 4096,
+            max_pending_handshakes: 64,
+        }
+    }
+}
+
+/// Settings of the in-process loopback engine (`[loopback]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct LoopbackConfig {
+    /// Nodes of one process find each other in the fabric of this name.
+    /// Default `"default"`.
+    pub fabric: String,
+}
+
+impl Default for LoopbackConfig {
+    fn default() -> Self {
+        Self {
+            fabric: "default".into(),
+        }
+    }
+}
+
+/// Full configuration of one node. Every field has a documented default; a
+/// file only needs `node_id` and `nodes`. Settings of one concern are in
+/// their section: `[limits]`, `[park]`, `[tcp]`, `[tls]`, `[ib]`,
+/// `[loopback]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// This node's id. Default 0.
+    pub node_id: u16,
+    /// The node map: id → address. Default empty (only the own node).
+    pub nodes: Vec<NodeEntry>,
+    /// Transport engine. Default `tcp`.
+    pub transport: TransportKind,
+    /// Message-handler threads. Default 2.
+    pub handler_threads: usize,
     /// Received buffers of at most this many bytes are handled (receivers
     /// run) on the TCP/IB receive thread itself when every handler thread is
     /// parked, saving a thread wake-up per message in request/response
@@ -282,8 +356,6 @@ pub struct Config {
     /// does (see `core/inline.rs`). 0 hands everything to the handler
     /// threads. Default 4096.
     pub inline_receive_bytes: usize,
-    /// Parking of idle internal threads.
-    pub park: ParkConfig,
     /// Shared cluster secret for authenticating connections (HMAC-SHA256
     /// challenge–response). `None` accepts any peer and logs a warning.
     pub cluster_secret: Option<String>,
@@ -292,11 +364,19 @@ pub struct Config {
     /// the node map's `public_key`s, so no node can act as another node id
     /// (see `dxnet::proto::identity`). Default none.
     pub identity_key: Option<String>,
+    /// Resource bounds and timeouts.
+    pub limits: Limits,
+    /// Parking of idle internal threads.
+    pub park: ParkConfig,
+    /// TCP engine settings.
+    pub tcp: TcpConfig,
     /// TLS encryption and certificate authentication of TCP connections.
     /// Default `None` (plaintext; use on trusted networks only).
     pub tls: Option<TlsConfig>,
     /// InfiniBand/RoCE engine settings.
     pub ib: IbConfig,
+    /// Loopback engine settings.
+    pub loopback: LoopbackConfig,
 }
 
 impl Default for Config {
@@ -305,26 +385,16 @@ impl Default for Config {
             node_id: 0,
             nodes: Vec::new(),
             transport: TransportKind::Tcp,
-            loopback_fabric: "default".into(),
-            orb_size: 2 << 20,
-            recv_buffer_size: 64 << 10,
-            recv_pool_size: 512,
-            incoming_max_buffers: 256,
-            incoming_max_bytes: 16 << 20,
             handler_threads: 2,
-            flow_control_window: 4 << 20,
-            flow_control_threshold: 0.5,
-            request_timeout_ms: 5000,
-            send_timeout_ms: 5000,
-            connect_timeout_ms: 2000,
-            max_connections: 100,
-            max_message_size: 64 << 20,
             inline_receive_bytes: 4096,
-            park: ParkConfig::default(),
             cluster_secret: None,
             identity_key: None,
+            limits: Limits::default(),
+            park: ParkConfig::default(),
+            tcp: TcpConfig::default(),
             tls: None,
             ib: IbConfig::default(),
+            loopback: LoopbackConfig::default(),
         }
     }
 }
@@ -358,7 +428,9 @@ impl Config {
                 })
                 .collect(),
             transport: TransportKind::Loopback,
-            loopback_fabric: fabric.to_string(),
+            loopback: LoopbackConfig {
+                fabric: fabric.to_string(),
+            },
             ..Self::default()
         }
     }
@@ -423,7 +495,7 @@ impl Config {
 
     /// The default request timeout.
     pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.request_timeout_ms)
+        Duration::from_millis(self.limits.request_timeout_ms)
     }
 
     /// Checks every field; the error names the field and the reason.
@@ -438,45 +510,53 @@ impl Config {
                 return bad(format!("nodes: node {} has no address", n.id));
             }
         }
-        if self.orb_size < 4096 || self.orb_size > (1 << 31) {
+        if self.limits.orb_size < 4096 || self.limits.orb_size > (1 << 31) {
             return bad(format!(
-                "orb_size {} must be within 4 KiB..=2 GiB",
-                self.orb_size
+                "limits.orb_size {} must be within 4 KiB..=2 GiB",
+                self.limits.orb_size
             ));
         }
-        if self.recv_buffer_size < 1024 || self.recv_buffer_size > (1 << 30) {
+        if self.limits.recv_buffer_size < 1024 || self.limits.recv_buffer_size > (1 << 30) {
             return bad(format!(
-                "recv_buffer_size {} must be within 1 KiB..=1 GiB",
-                self.recv_buffer_size
+                "limits.recv_buffer_size {} must be within 1 KiB..=1 GiB",
+                self.limits.recv_buffer_size
             ));
         }
-        if self.recv_pool_size < 2 {
-            return bad("recv_pool_size must be at least 2".into());
+        if self.limits.recv_pool_size < 2 {
+            return bad("limits.recv_pool_size must be at least 2".into());
         }
-        if self.incoming_max_buffers == 0 || self.incoming_max_bytes < self.recv_buffer_size {
+        if self.limits.incoming_max_buffers == 0
+            || self.limits.incoming_max_bytes < self.limits.recv_buffer_size
+        {
             return bad(
-                "incoming_max_buffers must be > 0 and incoming_max_bytes >= recv_buffer_size"
+                "limits.incoming_max_buffers must be > 0 and limits.incoming_max_bytes >= limits.recv_buffer_size"
                     .into(),
             );
         }
         if self.handler_threads == 0 {
             return bad("handler_threads must be at least 1".into());
         }
-        if self.flow_control_window < 1024 {
-            return bad("flow_control_window must be at least 1024 bytes".into());
+        if self.limits.flow_control_window < 1024 {
+            return bad("limits.flow_control_window must be at least 1024 bytes".into());
         }
-        if !(self.flow_control_threshold > 0.0 && self.flow_control_threshold <= 1.0) {
-            return bad("flow_control_threshold must be in (0, 1]".into());
-        }
-        if self.max_connections == 0 {
-            return bad("max_connections must be at least 1".into());
-        }
-        if self.max_message_size == 0 || self.max_message_size > u32::MAX as usize {
-            return bad("max_message_size must be within 1..=4 GiB-1".into());
-        }
-        if self.connect_timeout_ms == 0 || self.request_timeout_ms == 0 || self.send_timeout_ms == 0
+        if !(self.limits.flow_control_threshold > 0.0 && self.limits.flow_control_threshold <= 1.0)
         {
-            return bad("timeouts must be > 0 ms".into());
+            return bad("limits.flow_control_threshold must be in (0, 1]".into());
+        }
+        if self.limits.max_connections == 0 {
+            return bad("limits.max_connections must be at least 1".into());
+        }
+        if self.limits.max_message_size == 0 || self.limits.max_message_size > u32::MAX as usize {
+            return bad("limits.max_message_size must be within 1..=4 GiB-1".into());
+        }
+        if self.limits.connect_timeout_ms == 0
+            || self.limits.request_timeout_ms == 0
+            || self.limits.send_timeout_ms == 0
+        {
+            return bad("limits: timeouts must be > 0 ms".into());
+        }
+        if self.tcp.max_pending_handshakes == 0 || self.tcp.listen_backlog == 0 {
+            return bad("tcp: max_pending_handshakes and listen_backlog must be > 0".into());
         }
         self.identity()?;
         if !self.transport.is_available() {
@@ -515,7 +595,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.node_id, 2);
-        assert_eq!(t.orb_size, Config::default().orb_size);
+        assert_eq!(t.limits.orb_size, Config::default().limits.orb_size);
+        let sec = Config::from_toml(
+            "node_id = 1\n[limits]\norb_size = 65536\nrequest_timeout_ms = 10\n[tcp]\nmax_pending_handshakes = 8\n[loopback]\nfabric = \"f\"\n",
+        )
+        .unwrap();
+        assert_eq!(sec.limits.orb_size, 65536);
+        assert_eq!(sec.limits.request_timeout_ms, 10);
+        assert_eq!(
+            sec.limits.send_timeout_ms, 5000,
+            "the section's other defaults stay"
+        );
+        assert_eq!(sec.tcp.max_pending_handshakes, 8);
+        assert_eq!(sec.tcp.listen_backlog, 4096);
+        assert_eq!(sec.loopback.fabric, "f");
         assert_eq!(t.address_of(NodeId(2)), Some("127.0.0.1:5000"));
         let j = Config::from_json(
             r#"{"node_id":1,"transport":"loopback","handler_threads":4,"park":{"spin_us":0}}"#,
@@ -540,6 +633,13 @@ mod tests {
         assert!(e.to_string().contains("handler_threads"), "{e}");
         let e = Config::from_toml("no_such_field = 1").unwrap_err();
         assert!(e.to_string().contains("no_such_field"), "{e}");
+        // A limit at the top level (outside its section) is an unknown field.
+        let e = Config::from_toml("orb_size = 65536").unwrap_err();
+        assert!(e.to_string().contains("orb_size"), "{e}");
+        let e = Config::from_toml("[limits]\norb_size = 16").unwrap_err();
+        assert!(e.to_string().contains("limits.orb_size"), "{e}");
+        let e = Config::from_toml("[tcp]\nmax_pending_handshakes = 0").unwrap_err();
+        assert!(e.to_string().contains("tcp"), "{e}");
         let e = Config::from_toml(
             "[[nodes]]\nid = 1\naddress = \"a:1\"\n[[nodes]]\nid = 1\naddress = \"a:2\"",
         )

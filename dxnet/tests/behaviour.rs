@@ -26,7 +26,7 @@ dxnet::message!(Serial, 40, 2);
 fn max_connections_closes_least_recently_used_and_reconnects() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 3, |c| {
         if c.node_id == 0 {
-            c.max_connections = 1;
+            c.limits.max_connections = 1;
         }
     }));
     for n in &cluster[1..] {
@@ -118,7 +118,7 @@ fn config_files_toml_and_json() {
 #[test]
 fn argument_errors_are_typed() {
     let cluster = start_all(cluster_configs(Kind::Loopback, 2, |c| {
-        c.max_message_size = 1000
+        c.limits.max_message_size = 1000
     }));
     let n = &cluster[0];
     assert!(matches!(

@@ -92,12 +92,12 @@ fn reply_for(d: &Data) -> JobReply {
 
 /// Settings shared by every test node (in-process and child processes).
 fn tune(c: &mut Config) {
-    c.recv_buffer_size = RECV_BUFFER;
+    c.limits.recv_buffer_size = RECV_BUFFER;
     c.handler_threads = 2;
     // Hang guards only (see the module comment): 64 threads share one ring
     // and one flow-control window, so `send` blocks under back-pressure.
-    c.send_timeout_ms = 30_000;
-    c.request_timeout_ms = 30_000;
+    c.limits.send_timeout_ms = 30_000;
+    c.limits.request_timeout_ms = 30_000;
 }
 
 /// What one node does to its peer: `senders` threads send `per` checked

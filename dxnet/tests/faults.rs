@@ -153,12 +153,12 @@ fn child_config(id: u16) -> Config {
         }
         Err(_) => Config::tcp_localhost(id, env_parse("NODES"), env_parse("BASE")),
     };
-    c.connect_timeout_ms = env_or("CONNECT_MS", 1000);
-    c.send_timeout_ms = env_or("SEND_MS", 1000);
-    c.request_timeout_ms = 2000;
-    c.orb_size = env_or("ORB", 256 << 10) as usize;
-    c.flow_control_window = env_or("WINDOW", 256 << 10) as usize;
-    c.recv_buffer_size = 16 << 10;
+    c.limits.connect_timeout_ms = env_or("CONNECT_MS", 1000);
+    c.limits.send_timeout_ms = env_or("SEND_MS", 1000);
+    c.limits.request_timeout_ms = 2000;
+    c.limits.orb_size = env_or("ORB", 256 << 10) as usize;
+    c.limits.flow_control_window = env_or("WINDOW", 256 << 10) as usize;
+    c.limits.recv_buffer_size = 16 << 10;
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c
@@ -601,12 +601,12 @@ fn fast_fail_vars(id: u16, base: u16) -> Vec<(&'static str, String)> {
 
 fn fast_fail_config(id: u16, base: u16) -> Config {
     let mut c = Config::tcp_localhost(id, 2, base);
-    c.connect_timeout_ms = 1000;
-    c.send_timeout_ms = 500;
-    c.request_timeout_ms = 2000;
-    c.orb_size = 64 << 10;
-    c.flow_control_window = 64 << 10;
-    c.recv_buffer_size = 16 << 10;
+    c.limits.connect_timeout_ms = 1000;
+    c.limits.send_timeout_ms = 500;
+    c.limits.request_timeout_ms = 2000;
+    c.limits.orb_size = 64 << 10;
+    c.limits.flow_control_window = 64 << 10;
+    c.limits.recv_buffer_size = 16 << 10;
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c
@@ -713,9 +713,9 @@ fn sixteen_senders_to_a_slow_receiver() {
     let mut rx = ChildProc::spawn("child_receiver", &vars);
     rx.wait_line("READY", 60);
     let mut cfg = fast_fail_config(0, base);
-    cfg.orb_size = 1 << 20;
-    cfg.flow_control_window = 512 << 10;
-    cfg.send_timeout_ms = 60_000;
+    cfg.limits.orb_size = 1 << 20;
+    cfg.limits.flow_control_window = 512 << 10;
+    cfg.limits.send_timeout_ms = 60_000;
     let node = Node::start(cfg).unwrap();
     until_reachable("ping", || {
         node.request(NodeId(1), &Ping(0), Duration::from_secs(2))

@@ -110,9 +110,9 @@ struct Cluster {
 fn test_config(id: u16, base: u16) -> Config {
     let mut c = Config::tcp_localhost(id, MAP, base);
     // Generous: the box may be loaded by other work (debug builds, 2 cores).
-    c.connect_timeout_ms = 1500;
-    c.send_timeout_ms = 500;
-    c.request_timeout_ms = 2000;
+    c.limits.connect_timeout_ms = 1500;
+    c.limits.send_timeout_ms = 500;
+    c.limits.request_timeout_ms = 2000;
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c
@@ -481,7 +481,7 @@ fn valid_handshake_then_garbage() {
 
 #[test]
 fn four_gib_and_over_limit_lengths() {
-    let c = cluster(|c| c.max_message_size = 1 << 20);
+    let c = cluster(|c| c.limits.max_message_size = 1 << 20);
     let probe = c.probe();
 
     // Message header claiming a 4 GiB payload.
@@ -660,7 +660,7 @@ fn send_until_error(node: &Node, dest: u16) -> (Error, Duration, u64) {
 
 #[test]
 fn peer_that_never_reads() {
-    let c = cluster(|c| c.orb_size = 64 << 10);
+    let c = cluster(|c| c.limits.orb_size = 64 << 10);
     let probe = c.probe();
     let node = &c.nodes[0];
 
@@ -711,7 +711,7 @@ fn peer_that_floods_requests_and_never_reads() {
     // must not stall the other connections for that long (with the default
     // two handler threads; with one, the first blocked response stalls the
     // node for one send timeout, see FAULTS.md).
-    let c = cluster(|c| c.send_timeout_ms = 5000);
+    let c = cluster(|c| c.limits.send_timeout_ms = 5000);
     let probe = c.probe();
     let mut s = joined(&c, 2, 4096);
     s.set_write_timeout(Some(Duration::from_millis(100)))
@@ -843,7 +843,7 @@ fn thousands_of_half_open_connections() {
     // The legit newcomers bind their ports before the attack's 2000 client
     // sockets take ephemeral ports (which could be theirs).
     let mut cfg = test_config(2, base);
-    cfg.connect_timeout_ms = 2000;
+    cfg.limits.connect_timeout_ms = 2000;
     let n2 = Node::start(cfg).unwrap();
     let newcomers: Vec<Node> = (3..MAP)
         .map(|id| Node::start(test_config(id, base)).unwrap())

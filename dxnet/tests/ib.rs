@@ -51,15 +51,15 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
         .ok()
         .and_then(|g| g.parse().ok())
         .unwrap_or(0);
-    c.orb_size = 1 << 20;
-    c.recv_buffer_size = 16 << 10;
-    c.recv_pool_size = 256;
-    c.flow_control_window = 1 << 20;
-    c.connect_timeout_ms = 3000;
+    c.limits.orb_size = 1 << 20;
+    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.recv_pool_size = 256;
+    c.limits.flow_control_window = 1 << 20;
+    c.limits.connect_timeout_ms = 3000;
     // Soft-RoCE under software emulation moves a few MB/s at times (and
     // retransmits after 67 ms ACK timeouts): multi-MiB messages need time.
-    c.send_timeout_ms = 60_000;
-    c.request_timeout_ms = 60_000;
+    c.limits.send_timeout_ms = 60_000;
+    c.limits.request_timeout_ms = 60_000;
     c.cluster_secret = Some("ib test".into());
     // Every IB test also signs its connection exchanges (identity keys).
     with_test_identities(&mut c);
@@ -274,8 +274,8 @@ fn ib_node_killed_and_restarted() {
     let base = base_port(2);
     let vars = [("BASE", base.to_string())];
     let mut cfg = ib_config(0, 2, base);
-    cfg.request_timeout_ms = 3000;
-    cfg.send_timeout_ms = 3000;
+    cfg.limits.request_timeout_ms = 3000;
+    cfg.limits.send_timeout_ms = 3000;
     let a = Node::start(cfg).unwrap();
     let mut b = spawn_ib_child("child_ib_echo", &vars);
     b.wait_line("READY", 60);
@@ -325,9 +325,9 @@ fn ib_node_killed_and_restarted() {
 /// not hold the flooding peer back: only the incoming limits do).
 fn flood_receiver_config(base: u16) -> Config {
     let mut c = ib_config(0, 3, base);
-    c.incoming_max_buffers = 16;
-    c.incoming_max_bytes = 16 * c.recv_buffer_size;
-    c.flow_control_window = 8 << 20;
+    c.limits.incoming_max_buffers = 16;
+    c.limits.incoming_max_bytes = 16 * c.limits.recv_buffer_size;
+    c.limits.flow_control_window = 8 << 20;
     c.ib.srq_size = 32;
     c
 }
@@ -430,7 +430,7 @@ fn ib_flooding_peer_stays_within_incoming_limits() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no peak in {}", outs[0]));
     let cfg = flood_receiver_config(base);
-    let bound = cfg.incoming_max_buffers as u64 + cfg.ib.srq_size as u64;
+    let bound = cfg.limits.incoming_max_buffers as u64 + cfg.ib.srq_size as u64;
     println!("node 0 queued at most {peak} buffers (bound {bound})");
     assert!(
         peak <= bound,

@@ -39,7 +39,7 @@ fn unreachable_why(r: Result<Pong, Error>, who: u16) -> String {
 fn member_with_the_secret_cannot_act_as_another_node() {
     let cfgs = cluster_configs(Kind::Tcp, 3, |c| {
         c.cluster_secret = Some("shared by all members".into());
-        c.connect_timeout_ms = 1000;
+        c.limits.connect_timeout_ms = 1000;
         with_test_identities(c);
     });
     let a = start(cfgs[0].clone());
@@ -78,7 +78,7 @@ fn member_with_the_secret_cannot_act_as_another_node() {
 #[test]
 fn node_without_identity_keys_cannot_join_a_keyed_cluster() {
     let cfgs = cluster_configs(Kind::Tcp, 2, |c| {
-        c.connect_timeout_ms = 1000;
+        c.limits.connect_timeout_ms = 1000;
         with_test_identities(c);
     });
     let a = start(cfgs[0].clone());

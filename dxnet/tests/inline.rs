@@ -63,7 +63,7 @@ fn cluster_with(
         // buffers are handled inline.
         c.park.max_spinning = Some(0);
         c.park.max_park_ms = 100;
-        c.request_timeout_ms = 3000;
+        c.limits.request_timeout_ms = 3000;
         if !inline {
             c.inline_receive_bytes = 0;
         }
@@ -148,7 +148,7 @@ fn messages_behind_a_blocked_handler_run_after_it_in_order() {
         // the messages waiting behind the blocked handler must not count
         // one queue item per received buffer (or reception of the
         // connection, and the response the handler waits for, would stop).
-        let nodes = cluster_with(Kind::Tcp, 2, inline, |c| c.incoming_max_buffers = 16);
+        let nodes = cluster_with(Kind::Tcp, 2, inline, |c| c.limits.incoming_max_buffers = 16);
         let log = Arc::new(Mutex::new(Vec::<i64>::new()));
         let (l, me) = (log.clone(), Arc::downgrade(&nodes[1]));
         nodes[1]
@@ -263,7 +263,7 @@ dxnet::request!(SawFirst, 50, 9 => Got);
 #[test]
 fn responses_held_back_for_a_buffer_leave_before_a_handler_blocks() {
     for kind in [Kind::Tcp, Kind::Loopback] {
-        let nodes = cluster_with(kind, 2, true, |c| c.request_timeout_ms = 20_000);
+        let nodes = cluster_with(kind, 2, true, |c| c.limits.request_timeout_ms = 20_000);
         let (client, server) = (&nodes[0], &nodes[1]);
         server
             .register(|_, h: Hold| std::thread::sleep(Duration::from_millis(h.0)))

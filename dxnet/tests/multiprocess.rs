@@ -25,22 +25,22 @@ dxnet::request!(Ping, 11, 1 => Pong);
 
 fn child_config(id: u16, n: u16, base: u16) -> Config {
     let mut c = fc_config(id, n, base);
-    c.orb_size = 64 << 10;
+    c.limits.orb_size = 64 << 10;
     c
 }
 
 /// Flow-control test settings: 1 MiB ring, 512 KiB window.
 fn fc_config(id: u16, n: u16, base: u16) -> Config {
     let mut c = Config::tcp_localhost(id, n, base);
-    c.orb_size = 1 << 20;
-    c.recv_buffer_size = 16 << 10;
-    c.flow_control_window = 512 << 10;
+    c.limits.orb_size = 1 << 20;
+    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.flow_control_window = 512 << 10;
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     // Behaviour, not time: 16 threads share a 64 KiB ring and a 512 KiB
     // window with messages up to 192 KiB; on a loaded machine a single
     // send can wait seconds for its turn.
-    c.send_timeout_ms = 60_000;
+    c.limits.send_timeout_ms = 60_000;
     c
 }
 

@@ -49,12 +49,12 @@ fn paused_producer(kind: Kind) {
     const PER_THREAD: u64 = 100;
     const PAUSED_THREAD: u16 = THREADS;
     let cfgs = cluster_configs(kind, 2, |c| {
-        c.orb_size = 4 << 20;
-        c.flow_control_window = 4 << 20;
+        c.limits.orb_size = 4 << 20;
+        c.limits.flow_control_window = 4 << 20;
         c.handler_threads = 2;
         // Only guards against hangs: a send that cannot go on fails the
         // test instead of blocking it.
-        c.send_timeout_ms = 60_000;
+        c.limits.send_timeout_ms = 60_000;
     });
     let cluster = start_all(cfgs);
     let (sender, receiver) = (&cluster[0], &cluster[1]);

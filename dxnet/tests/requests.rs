@@ -184,7 +184,7 @@ fn tls_dead_node_is_unreachable_then_reconnects_after_restart() {
 }
 
 fn dead_node_then_restart(kind: Kind) {
-    let cfgs = cluster_configs(kind, 2, |c| c.connect_timeout_ms = 500);
+    let cfgs = cluster_configs(kind, 2, |c| c.limits.connect_timeout_ms = 500);
     let a = Node::start(cfgs[0].clone()).unwrap();
     // Node 1 not running: fails fast with a typed error, within the timeout.
     let t0 = Instant::now();
@@ -269,7 +269,7 @@ fn requests_and_messages_keep_order(kind: Kind) {
     const THREADS: u16 = 3;
     const STEPS: u64 = 3000;
     let cluster = start_all(cluster_configs(kind, 2, |c| {
-        c.recv_buffer_size = 4096;
+        c.limits.recv_buffer_size = 4096;
     }));
     let log = register_step_log(&cluster[1]);
     std::thread::scope(|s| {

@@ -31,8 +31,8 @@ fn start(c: Config) -> Node {
 /// Three ids (0, 1, 2) with TLS; only 0 and 2 run.
 fn cluster() -> (Vec<Config>, Node, Node) {
     let cfgs = cluster_configs(Kind::TcpTls, 3, |c| {
-        c.connect_timeout_ms = 1000;
-        c.send_timeout_ms = 1000;
+        c.limits.connect_timeout_ms = 1000;
+        c.limits.send_timeout_ms = 1000;
     });
     let a = start(cfgs[0].clone());
     let c = start(cfgs[2].clone());

@@ -97,10 +97,7 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
     let mut v = serde_json::to_value(&base)?;
     let obj = v.as_object_mut().expect("Config serializes to an object");
     for (k, val) in &setup.params.dxnet {
-        if matches!(
-            k.as_str(),
-            "node_id" | "nodes" | "transport" | "loopback_fabric"
-        ) {
+        if matches!(k.as_str(), "node_id" | "nodes" | "transport" | "loopback") {
             bail!("params.dxnet.{k} is set by the benchmark itself");
         }
         merge(obj.entry(k.clone()).or_insert(serde_json::Value::Null), val);
@@ -115,7 +112,7 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
 
 /// Lays `src` over `dst`: objects key by key (recursively), anything else
 /// replaces.
-fn merge(dst: &mut serde_json::Value, src: &serde_json::Value) {
+pub(crate) fn merge(dst: &mut serde_json::Value, src: &serde_json::Value) {
     match (dst, src) {
         (serde_json::Value::Object(d), serde_json::Value::Object(s)) => {
             for (k, v) in s {
@@ -215,7 +212,9 @@ mod tests {
 
     fn setup(binding: &str) -> BindingSetup {
         let mut params = Params::default();
-        params.dxnet.insert("orb_size".into(), 1_048_576.into());
+        params
+            .dxnet
+            .insert("limits".into(), serde_json::json!({"orb_size": 1_048_576}));
         BindingSetup {
             binding: binding.into(),
             nodes: vec![(0, "127.0.0.1:1".into()), (1, "127.0.0.1:2".into())],
@@ -231,12 +230,12 @@ mod tests {
         let c = node_config(&setup("dxnet-tcp"), 1).unwrap();
         assert_eq!(c.node_id, 1);
         assert_eq!(c.transport, TransportKind::Tcp);
-        assert_eq!(c.orb_size, 1_048_576);
+        assert_eq!(c.limits.orb_size, 1_048_576);
         assert_eq!(c.handler_threads, 3);
         assert_eq!(c.nodes.len(), 2);
         let l = node_config(&setup("dxnet-loopback"), 0).unwrap();
         assert_eq!(l.transport, TransportKind::Loopback);
-        assert_eq!(l.loopback_fabric, "t");
+        assert_eq!(l.loopback.fabric, "t");
         let mut bad = setup("dxnet-tcp");
         bad.params
             .dxnet

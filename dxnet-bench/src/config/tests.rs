@@ -30,7 +30,7 @@ fn parses_json_with_defaults() {
         r#"{"bindings":["raw-tcp"],
             "benchmarks":[{"operation":"throughput","modes":["uni","bi"],"sizes":[64,4096],"count":1000},
                           {"operation":"all_to_all","sizes":{"min":1,"max":4},"count":10,"nodes":[3]}],
-            "params":{"base_port":30000,"dxnet":{"orb_size":4194304}}}"#,
+            "params":{"base_port":30000,"dxnet":{"limits":{"orb_size":4194304}}}}"#,
     )
     .unwrap();
     assert_eq!(c.benchmarks[0].repetitions, 3);
@@ -38,7 +38,7 @@ fn parses_json_with_defaults() {
     assert_eq!(c.benchmarks[1].sizes.expand(), vec![1, 2, 4]);
     assert_eq!(c.params.base_port, 30000);
     assert_eq!(c.params.min_count, Params::default().min_count);
-    assert_eq!(c.params.dxnet["orb_size"], 4194304);
+    assert_eq!(c.params.dxnet["limits"]["orb_size"], 4194304);
     let groups = c.plan().unwrap();
     // throughput n=2 and all-to-all n=3 need different processes.
     assert_eq!(groups.len(), 2);

@@ -159,14 +159,8 @@ impl Connection {
         ok
     }
 
-    /// Moves to Closed; returns false if it already was. The first reason
-    /// sticks.
-    pub fn mark_closed(&self, reason: &str) -> bool {
-        self.close(reason).is_some()
-    }
-
-    /// Like [`Connection::mark_closed`]; returns the state it closed from
-    /// (`None` if it was closed already).
+    /// Moves to Closed (the first reason sticks); returns the state it
+    /// closed from, `None` if it was closed already.
     pub fn close(&self, reason: &str) -> Option<ConnState> {
         let prev = self.state.swap(ConnState::Closed as u8, Ordering::AcqRel);
         if prev == ConnState::Closed as u8 {

@@ -7,8 +7,8 @@ impl Core {
     /// The open connection to `dest`, creating it on first use. Waits at most
     /// until `deadline` (and the connect timeout) for it to open.
     pub fn connection(&self, dest: NodeId, deadline: Instant) -> Result<Arc<Connection>> {
-        let connect_deadline =
-            deadline.min(Instant::now() + Duration::from_millis(self.config.connect_timeout_ms));
+        let connect_deadline = deadline
+            .min(Instant::now() + Duration::from_millis(self.config.limits.connect_timeout_ms));
         loop {
             if let Some(c) = self.connections.get(dest) {
                 match c.state() {
@@ -98,7 +98,7 @@ impl Core {
                     self.connections.remove_if_current(&mut count, &c);
                 }
             }
-            if *count >= self.config.max_connections {
+            if *count >= self.config.limits.max_connections {
                 // Prefer idle connections: closing one with queued data
                 // loses that data (as a broken connection would).
                 let lru = self
@@ -115,9 +115,9 @@ impl Core {
             let conn = Arc::new(Connection::new(
                 peer,
                 self.connections.next_id(),
-                self.config.orb_size,
+                self.config.limits.orb_size,
                 FlowControl::new(self.fc_window, self.fc_unit),
-                self.config.max_message_size,
+                self.config.limits.max_message_size,
             ));
             conn.touch(self.tick(Instant::now()));
             if let Some(t) = self.transport() {

@@ -83,7 +83,7 @@ impl Core {
                 Incoming::Local(v) => conn.decoder.lock().feed(v, &mut on_msg),
                 // Whole messages: no decoder state involved.
                 Incoming::Decoded(v) => {
-                    Decoder::new(self.config.max_message_size).feed(v, &mut on_msg)
+                    Decoder::new(self.config.limits.max_message_size).feed(v, &mut on_msg)
                 }
             }
         };

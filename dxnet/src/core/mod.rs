@@ -216,8 +216,8 @@ impl Core {
             );
         }
         let own = NodeId(config.node_id);
-        let fc_window = config.flow_control_window as u64;
-        let fc_unit = FlowControl::unit_for(fc_window, config.flow_control_threshold);
+        let fc_window = config.limits.flow_control_window as u64;
+        let fc_unit = FlowControl::unit_for(fc_window, config.limits.flow_control_threshold);
         let locals: Vec<Arc<Connection>> = (0..LOCAL_DEPTHS)
             .map(|_| {
                 let local = Arc::new(Connection::new(
@@ -225,7 +225,7 @@ impl Core {
                     0,
                     4096,
                     FlowControl::new(fc_window, fc_unit),
-                    config.max_message_size,
+                    config.limits.max_message_size,
                 ));
                 local.mark_open(0);
                 local
@@ -246,8 +246,11 @@ impl Core {
             fc_unit,
             connections: ConnectionTable::default(),
             wim: WriteInterest::new(),
-            pool: BufferPool::new(config.recv_pool_size, config.recv_buffer_size),
-            incoming: IncomingQueue::new(config.incoming_max_buffers, config.incoming_max_bytes),
+            pool: BufferPool::new(config.limits.recv_pool_size, config.limits.recv_buffer_size),
+            incoming: IncomingQueue::new(
+                config.limits.incoming_max_buffers,
+                config.limits.incoming_max_bytes,
+            ),
             requests: RequestTable::new(),
             stats: Stats::default(),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),

@@ -112,7 +112,7 @@ impl Core {
                     let mut pos = 0;
                     let mut ok = true;
                     while ok && pos < seg.len() {
-                        match message_at(seg, pos, self.config.max_message_size) {
+                        match message_at(seg, pos, self.config.limits.max_message_size) {
                             Some((h, end)) if h.kind().is_response() => pos = end,
                             _ => ok = false,
                         }
@@ -166,7 +166,7 @@ impl Core {
         let mut count = 0u64;
         if let Some(seg) = buf.segments().next() {
             let mut pos = 0;
-            while let Some((h, end)) = message_at(seg, pos, self.config.max_message_size) {
+            while let Some((h, end)) = message_at(seg, pos, self.config.limits.max_message_size) {
                 self.dispatch(conn.peer, &h, &seg[pos + HEADER_LEN..end]);
                 processed += (end - pos) as u64;
                 count += 1;
@@ -328,7 +328,7 @@ impl Core {
         b: &RecvBuffer,
         on_msg: &mut impl FnMut(&MessageHeader, &[u8]),
     ) -> std::result::Result<(), crate::message::HeaderError> {
-        let mut dec = Decoder::new(self.config.max_message_size);
+        let mut dec = Decoder::new(self.config.limits.max_message_size);
         b.segments()
             .try_for_each(|seg| dec.feed(seg, &mut *on_msg))?;
         if dec.is_idle() {

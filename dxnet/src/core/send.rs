@@ -156,10 +156,10 @@ impl Core {
     where
         F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
     {
-        if payload_len > self.config.max_message_size {
+        if payload_len > self.config.limits.max_message_size {
             return Err(Error::TooLarge {
                 size: payload_len,
-                max: self.config.max_message_size,
+                max: self.config.limits.max_message_size,
             });
         }
         if self.is_shut_down() {
@@ -175,7 +175,7 @@ impl Core {
         let mut hb = [0u8; HEADER_LEN];
         header.encode(&mut hb);
         let total = HEADER_LEN + payload_len;
-        let send_deadline = now + Duration::from_millis(self.config.send_timeout_ms);
+        let send_deadline = now + Duration::from_millis(self.config.limits.send_timeout_ms);
         let deadline = deadline.map_or(send_deadline, |d| d.min(send_deadline));
 
         if dest == self.own {

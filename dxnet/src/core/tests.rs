@@ -107,7 +107,7 @@ fn pending_requests_fail_with_their_connections_cause() {
 /// (the engine is told), and its pending requests are cancelled.
 #[test]
 fn least_recently_used_connection_is_closed_beyond_the_limit() {
-    let (core, engine) = start(|c| c.max_connections = 2);
+    let (core, engine) = start(|c| c.limits.max_connections = 2);
     let p1 = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
     let p2 = core.send_request(NodeId(2), &Ask(2), LONG).unwrap();
     // Node 2's connection was used last, node 1's long before.
@@ -161,8 +161,8 @@ fn refused_connection_is_unreachable_and_retried() {
 #[test]
 fn a_send_that_times_out_gives_its_window_back() {
     let (core, _engine) = start(|c| {
-        c.orb_size = 4096;
-        c.send_timeout_ms = 20;
+        c.limits.orb_size = 4096;
+        c.limits.send_timeout_ms = 20;
     });
     let payload = [7u8; 1000];
     let mut sent = 0;

@@ -62,7 +62,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let cfg = core.config();
     let fabric = FABRICS
         .lock()
-        .entry(cfg.loopback_fabric.clone())
+        .entry(cfg.loopback.fabric.clone())
         .or_default()
         .clone();
     let own = core.own_id();
@@ -80,7 +80,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         if nodes.get(&own.0).is_some_and(|w| w.strong_count() > 0) {
             return Err(Error::Transport(format!(
                 "node id {} already runs in loopback fabric '{}'",
-                own.0, cfg.loopback_fabric
+                own.0, cfg.loopback.fabric
             )));
         }
         nodes.insert(own.0, Arc::downgrade(&engine));

@@ -200,7 +200,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let sges = ib.sges_per_recv as usize;
     // Keep half the pool for buffers waiting in the incoming queue.
     let recv_wrs = (ib.srq_size as usize)
-        .min(cfg.recv_pool_size / 2 / sges)
+        .min(cfg.limits.recv_pool_size / 2 / sges)
         .max(1);
     let srq = pd
         .create_srq(recv_wrs as u32, ib.sges_per_recv)
@@ -239,7 +239,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         sq_size: ib.sq_size,
         sges_per_recv: sges,
         max_inline_data: ib.max_inline_data,
-        max_recv_size: cfg.recv_buffer_size * sges,
+        max_recv_size: cfg.limits.recv_buffer_size * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         by_peer: Mutex::new(FxHashMap::default()),
         by_qpn: Mutex::new(FxHashMap::default()),

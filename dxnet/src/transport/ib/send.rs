@@ -76,8 +76,9 @@ impl IbEngine {
     pub(super) fn watchdog(&self, core: &Core) {
         let limit = Duration::from_millis(
             core.config()
+                .limits
                 .send_timeout_ms
-                .max(core.config().connect_timeout_ms),
+                .max(core.config().limits.connect_timeout_ms),
         );
         let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
         for ic in conns {

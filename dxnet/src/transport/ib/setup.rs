@@ -246,7 +246,7 @@ impl IbEngine {
                     self.own,
                     conn.peer
                 );
-                conn.mark_closed(&format!("queue pair creation failed: {e}"));
+                conn.close(&format!("queue pair creation failed: {e}"));
             }
         }
     }

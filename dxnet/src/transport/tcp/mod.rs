@@ -61,19 +61,6 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_CHUNK: usize = 1 << 20;
 /// Chunks the send thread writes for one connection before serving the next.
 const SEND_ROUNDS: usize = 4;
-/// Incoming handshakes in progress at once. A new connection beyond it
-/// evicts the oldest handshake still in progress (a legit dialer finishes in
-/// a few round trips, a half-open flood holds its slots for the whole
-/// connect timeout, so eviction keeps a slot for newcomers), so thousands of
-/// half-open connections cannot exhaust threads or memory nor lock new
-/// nodes out.
-const MAX_PENDING_HANDSHAKES: usize = 64;
-/// Accept backlog of the listening socket (capped by the kernel's
-/// `net.core.somaxconn`).
-const LISTEN_BACKLOG: i32 = 4096;
-/// Handshake threads alive at once (evicted ones may take a moment to exit);
-/// connections beyond it are refused.
-const MAX_HANDSHAKE_THREADS: usize = MAX_PENDING_HANDSHAKES * 3 / 2;
 
 /// Incoming handshakes in progress, oldest first: a clone of each socket so
 /// that the listener can cut off the oldest.
@@ -156,6 +143,12 @@ struct TcpConn {
 pub struct TcpEngine {
     core: Weak<Core>,
     own: NodeId,
+    /// Incoming handshakes in progress at once (`tcp.max_pending_handshakes`):
+    /// a new connection beyond it evicts the oldest one in progress.
+    max_pending_handshakes: usize,
+    /// Handshake threads alive at once (evicted ones may take a moment to
+    /// exit); connections beyond it are refused.
+    max_handshake_threads: usize,
     secret: Option<Vec<u8>>,
     tls: Option<TlsContext>,
     /// Connections the receive thread must read without a readiness event
@@ -192,7 +185,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         .address_of(own)
         .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
     let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
-    let mut listener = bind_listener(addr)
+    let mut listener = bind_listener(addr, cfg.tcp.listen_backlog)
         .map_err(|e| Error::Transport(format!("cannot listen on {addr}: {e}")))?;
     let recv_poll = Poll::new().map_err(io_err)?;
     let send_poll = Poll::new().map_err(io_err)?;
@@ -204,6 +197,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let engine = Arc::new(TcpEngine {
         core: Arc::downgrade(core),
         own,
+        max_pending_handshakes: cfg.tcp.max_pending_handshakes,
+        max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
         kick: Mutex::new(Vec::new()),
@@ -262,13 +257,16 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
 /// 128, which a burst of connecting nodes overflows: the kernel then drops
 /// SYNs and dialers wait a second for the retransmit). The kernel caps it
 /// at `net.core.somaxconn`.
-fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<mio::net::TcpListener> {
+fn bind_listener(
+    addr: std::net::SocketAddr,
+    backlog: u32,
+) -> std::io::Result<mio::net::TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sock.set_reuse_address(true)?;
     sock.set_nonblocking(true)?;
     sock.bind(&addr.into())?;
-    sock.listen(LISTEN_BACKLOG)?;
+    sock.listen(backlog.min(i32::MAX as u32) as i32)?;
     Ok(mio::net::TcpListener::from_std(sock.into()))
 }
 

@@ -99,7 +99,7 @@ impl TcpEngine {
         mut s: TcpStream,
         slot: HandshakeSlot<'_>,
     ) -> std::result::Result<(), String> {
-        let timeout = Duration::from_millis(core.config().connect_timeout_ms);
+        let timeout = Duration::from_millis(core.config().limits.connect_timeout_ms);
         s.set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
         s.set_write_timeout(Some(timeout))
@@ -309,7 +309,9 @@ impl TcpEngine {
                         break;
                     }
                 };
-                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKE_THREADS {
+                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel)
+                    >= self.max_handshake_threads
+                {
                     self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(
                         "{}: too many handshakes in progress; refusing {from}",
@@ -331,13 +333,14 @@ impl TcpEngine {
                 };
                 let id = {
                     let mut sl = self.handshakes.lock();
-                    if sl.pending.len() >= MAX_PENDING_HANDSHAKES {
+                    if sl.pending.len() >= self.max_pending_handshakes {
                         if let Some((_, oldest)) = sl.pending.pop_front() {
                             let peer = oldest.peer_addr().ok();
                             let _ = oldest.shutdown(std::net::Shutdown::Both);
                             tracing::warn!(
-                                "{}: {MAX_PENDING_HANDSHAKES} handshakes in progress; cut off the oldest (from {peer:?}) for {from}",
-                                self.own
+                                "{}: {} handshakes in progress; cut off the oldest (from {peer:?}) for {from}",
+                                self.own,
+                                self.max_pending_handshakes
                             );
                         }
                     }
