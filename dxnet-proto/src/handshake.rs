@@ -28,13 +28,23 @@ use crate::identity::Identity;
 use crate::wire::{self, HandshakeError, HandshakeMsg, Hello, Status, HANDSHAKE_LEN};
 
 /// What proves this side's membership and identity.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct Credentials<'a> {
     /// The cluster secret; without it proofs are not made nor checked.
     pub secret: Option<&'a [u8]>,
     /// This node's identity key and the node map's public keys; without it
     /// no signatures are exchanged.
     pub identity: Option<&'a Identity>,
+}
+
+impl std::fmt::Debug for Credentials<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret itself: handshakes may be logged.
+        f.debug_struct("Credentials")
+            .field("secret", &self.secret.map(|_| "<set>"))
+            .field("identity", &self.identity)
+            .finish()
+    }
 }
 
 /// Which side of the connection this is.

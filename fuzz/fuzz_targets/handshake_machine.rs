@@ -3,7 +3,8 @@
 //! honest sides always establish (or end with the typed rejection the
 //! acceptor chose); a tampered message never makes a side accept the
 //! authenticated fields (ids, instances, challenges) changed; and with a
-//! cluster secret, bytes from the fuzzer never pass for a peer's proof.
+//! cluster secret or identity keys, bytes from the fuzzer never pass for a
+//! peer's proof or signature.
 //!
 //! Input: [flags][chunk][tamper offset: u16][tamper bit][bytes for a lone
 //! dialer and a lone acceptor].
@@ -25,14 +26,19 @@ fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
     }
 }
 
+/// The longest dialog: hello, reply, signature, proof, signature, final.
+const DIALOG_MAX: usize = 6 * dxnet_proto::wire::HANDSHAKE_LEN;
+
 /// Moves `from`'s queued messages into `to` in `chunk`-byte pieces,
-/// flipping `tamper` (offset into the whole dialog, bit) when it passes.
+/// flipping `tamper` (offset into the whole dialog, bit) when it passes;
+/// `flipped` records that it did.
 fn pump(
     from: &mut Handshake,
     to: &mut Handshake,
     chunk: usize,
     sent: &mut usize,
     tamper: Option<(usize, u8)>,
+    flipped: &mut bool,
 ) -> Option<Result<Event, HandshakeError>> {
     let mut stream = Vec::new();
     while let Some(m) = from.poll_transmit() {
@@ -41,6 +47,7 @@ fn pump(
     if let Some((at, bit)) = tamper {
         if (*sent..*sent + stream.len()).contains(&at) {
             stream[at - *sent] ^= 1 << (bit % 8);
+            *flipped = true;
         }
     }
     *sent += stream.len();
@@ -102,7 +109,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let flags = head[0];
     let chunk = 1 + head[1] as usize;
-    let tamper = (flags & 4 != 0).then(|| (u16::from_le_bytes([head[2], head[3]]) as usize, head[4]));
+    let tamper = (flags & 4 != 0).then(|| {
+        let at = u16::from_le_bytes([head[2], head[3]]) as usize % DIALOG_MAX;
+        (at, head[4])
+    });
     let secret = (flags & 1 != 0).then_some(&b"cluster secret"[..]);
     let keys = ([1u8; 32], [2u8; 32]);
     let peers = [
@@ -129,10 +139,11 @@ fuzz_target!(|data: &[u8]| {
     let mut d = Handshake::dialer(cd, dh);
     let mut a = Handshake::acceptor(ca, ah);
     let mut sent = 0;
+    let mut flipped = false;
     let mut dialer_end = None;
     let mut acceptor_saw = None;
     'dialog: for _ in 0..4 {
-        match pump(&mut d, &mut a, chunk, &mut sent, tamper) {
+        match pump(&mut d, &mut a, chunk, &mut sent, tamper, &mut flipped) {
             Some(Ok(Event::Introduced(_))) if decision == 6 => a.reject(Status::UnknownNode),
             Some(Ok(Event::Introduced(_))) => a.admit(),
             Some(Ok(Event::Authenticated(h))) if decision == 7 => {
@@ -143,7 +154,7 @@ fuzz_target!(|data: &[u8]| {
             Some(Ok(Event::Established(_))) => unreachable!("acceptor established by a read"),
             Some(Err(_)) | None => {}
         }
-        match pump(&mut a, &mut d, chunk, &mut sent, tamper) {
+        match pump(&mut a, &mut d, chunk, &mut sent, tamper, &mut flipped) {
             Some(Ok(Event::Established(h))) => {
                 dialer_end = Some(Ok(h));
                 break 'dialog;
@@ -159,37 +170,60 @@ fuzz_target!(|data: &[u8]| {
             break;
         }
     }
-    if tamper.is_none() {
+    let authenticated = secret.is_some() || ids;
+    if !flipped {
         match decision {
-            6 => assert_eq!(dialer_end, Some(Err(HandshakeError::Rejected(Status::UnknownNode)))),
-            7 => assert_eq!(dialer_end, Some(Err(HandshakeError::Rejected(Status::Duplicate)))),
+            6 => assert_eq!(
+                dialer_end,
+                Some(Err(HandshakeError::Rejected(Status::UnknownNode)))
+            ),
+            7 => assert_eq!(
+                dialer_end,
+                Some(Err(HandshakeError::Rejected(Status::Duplicate)))
+            ),
             _ => {
                 assert_eq!(dialer_end, Some(Ok(Hello { target_id: 0, ..ah })));
                 assert_eq!(acceptor_saw, Some(dh));
                 assert!(a.is_established() && d.is_established());
             }
         }
-    } else if secret.is_some() {
-        let bound = |x: &Hello, y: &Hello| (x.node_id, x.instance, x.nonce) == (y.node_id, y.instance, y.nonce);
+    } else if authenticated {
+        let bound = |x: &Hello, y: &Hello| {
+            (x.node_id, x.instance, x.nonce) == (y.node_id, y.instance, y.nonce)
+        };
         if let Some(Ok(h)) = dialer_end {
             assert!(bound(&h, &ah), "dialer accepted a changed acceptor hello");
         }
         if let Some(h) = acceptor_saw {
-            assert!(bound(&h, &dh), "acceptor authenticated a changed dialer hello");
+            assert!(
+                bound(&h, &dh),
+                "acceptor authenticated a changed dialer hello"
+            );
             assert_eq!(h.target_id, 2);
         }
     }
 
-    // Each role alone against the fuzzer's bytes.
+    // Each role alone against the fuzzer's bytes, with challenges derived
+    // from those bytes (fixed ones would let a recorded honest dialog
+    // replay as "forged" input).
     let bytes = &rest[..];
-    let mut d = Handshake::dialer(cd, dh);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let mut nonce = [0u8; 16];
+    nonce[..8].copy_from_slice(&h.to_le_bytes());
+    nonce[8..].copy_from_slice(&h.rotate_left(29).to_le_bytes());
+    let mut d = Handshake::dialer(cd, Hello { nonce, ..dh });
     let events = feed(&mut d, bytes, chunk);
-    let mut a = Handshake::acceptor(ca, ah);
+    let mut a = Handshake::acceptor(ca, Hello { nonce, ..ah });
     let a_events = feed(&mut a, bytes, chunk);
-    if secret.is_some() {
+    if authenticated {
         assert!(events.is_empty(), "dialer established by forged bytes");
         assert!(
-            !a_events.iter().any(|e| matches!(e, Event::Authenticated(_))),
+            !a_events
+                .iter()
+                .any(|e| matches!(e, Event::Authenticated(_))),
             "acceptor authenticated forged bytes"
         );
     }

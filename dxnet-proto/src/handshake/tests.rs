@@ -275,61 +275,37 @@ fn claims_are_checked() {
 
 #[test]
 fn an_identity_signature_of_another_key_is_refused() {
-    let (_, i2) = identities();
-    let impostor = Identity::from_keys([9; 32], &[]).unwrap();
-    let mut d = Handshake::dialer(
-        Credentials {
-            secret: Some(b"s"),
-            identity: Some(&impostor),
-        },
-        hello(1, 2, 1),
-    );
-    let mut a = Handshake::acceptor(
-        Credentials {
-            secret: Some(b"s"),
-            identity: Some(&i2),
-        },
-        hello(2, 0, 2),
-    );
-    assert!(matches!(
-        pump(&mut d, &mut a, 96),
-        Some(Ok(Event::Introduced(_)))
-    ));
-    a.admit();
-    let reply = a.poll_transmit().unwrap();
-    let sig = a.poll_transmit().unwrap();
-    d.read(&reply).unwrap();
-    // The impostor's identity has no key for node 2: the acceptor's
-    // signature does not verify for it either.
-    assert_eq!(d.read(&sig), Err(HandshakeError::Signature(2)));
-    // A dialer signing with the wrong key is refused by the acceptor.
-    let mut d = Handshake::dialer(
-        Credentials {
-            secret: Some(b"s"),
-            identity: Some(&impostor),
-        },
-        hello(1, 2, 3),
-    );
-    let mut a = Handshake::acceptor(
-        Credentials {
-            secret: Some(b"s"),
-            identity: Some(&i2),
-        },
-        hello(2, 0, 4),
-    );
-    assert!(matches!(
-        pump(&mut d, &mut a, 96),
-        Some(Ok(Event::Introduced(_)))
-    ));
-    a.admit();
-    let reply = a.poll_transmit().unwrap();
-    a.poll_transmit().unwrap();
-    let HandshakeMsg::Reply(h, _) = HandshakeMsg::decode(&reply).unwrap() else {
-        panic!()
+    let (i1, i2) = identities();
+    // An impostor that knows the node map's public keys but holds neither
+    // node's private key.
+    let peers = [(1, i1.public_key()), (2, i2.public_key())];
+    let impostor = Identity::from_keys([9; 32], &peers).unwrap();
+    let creds = |id| Credentials {
+        secret: Some(b"s"),
+        identity: Some(id),
     };
-    // Skip the dialer's signature check and send its proof and signature.
-    d.theirs = Some(h);
-    d.send_proof(h);
+    // The impostor answers as node 2: the real node 1 refuses its signature.
+    let mut d = Handshake::dialer(creds(&i1), hello(1, 2, 1));
+    let mut a = Handshake::acceptor(creds(&impostor), hello(2, 0, 2));
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    assert_eq!(
+        pump(&mut a, &mut d, 96),
+        Some(Err(HandshakeError::Signature(2)))
+    );
+    // The impostor dials as node 1: the real node 2 refuses and says so.
+    let mut d = Handshake::dialer(creds(&impostor), hello(1, 2, 3));
+    let mut a = Handshake::acceptor(creds(&i2), hello(2, 0, 4));
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    // (Node 2's own signature checks out: the impostor has its public key.)
+    assert!(pump(&mut a, &mut d, 96).is_none());
     assert_eq!(
         pump(&mut d, &mut a, 96),
         Some(Err(HandshakeError::Signature(1)))
@@ -338,4 +314,39 @@ fn an_identity_signature_of_another_key_is_refused() {
         a.poll_transmit().map(|b| HandshakeMsg::decode(&b)),
         Some(Ok(HandshakeMsg::Final(Status::AuthFailed)))
     );
+}
+
+/// A signature made for one role does not pass for the other: the
+/// acceptor's signature of a handshake, reflected back as the dialer's in a
+/// handshake with the same challenges, is refused.
+#[test]
+fn a_signature_reflected_across_roles_is_refused() {
+    let (i1, i2) = identities();
+    let creds = |id| Credentials {
+        secret: None,
+        identity: Some(id),
+    };
+    // Node 2 dials node 1 with challenge 7; node 1 answers with challenge 8.
+    let mut d = Handshake::dialer(creds(&i2), hello(2, 1, 7));
+    let mut a = Handshake::acceptor(creds(&i1), hello(1, 0, 8));
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    a.poll_transmit().unwrap();
+    let acceptor_sig = a.poll_transmit().unwrap();
+    // Node 1 dials node 2 with challenge 8; node 2 answers with challenge 7:
+    // an attacker relays node 1's acceptor signature as node 1's dialer
+    // signature.
+    let mut d = Handshake::dialer(creds(&i1), hello(1, 2, 8));
+    let mut a = Handshake::acceptor(creds(&i2), hello(2, 0, 7));
+    assert!(matches!(
+        pump(&mut d, &mut a, 96),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit();
+    while a.poll_transmit().is_some() {}
+    a.read(&HandshakeMsg::Proof([0; 32]).encode()).unwrap();
+    assert_eq!(a.read(&acceptor_sig), Err(HandshakeError::Signature(1)));
 }
