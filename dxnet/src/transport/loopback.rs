@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::Core;
+use crate::primitives::orb::Consumer;
 use crate::primitives::park::{Idle, Signal};
 use crate::proto::wire::Status;
 use crate::transport::cannot_connect;
@@ -42,8 +43,9 @@ struct Link {
     remote: Arc<Connection>,
     remote_engine: Weak<LoopbackEngine>,
     /// Held while moving data to the peer (the send thread's round, a
-    /// standalone frame): deliveries of one direction stay in order.
-    send: Mutex<()>,
+    /// standalone frame): deliveries of one direction stay in order. It
+    /// holds `local`'s ring-buffer consumer role.
+    send: Mutex<Consumer>,
 }
 
 /// The loopback engine of one node.
@@ -149,9 +151,9 @@ impl LoopbackEngine {
             return false;
         };
         let orb = &link.local.orb;
-        let _send = link.send.lock();
+        let mut consumer = link.send.lock();
         for _ in 0..ROUND_BUFFERS {
-            if orb.unposted_len() == 0 {
+            if orb.unposted_len(&mut consumer) == 0 {
                 return false;
             }
             if !rcore.incoming_has_room() {
@@ -161,16 +163,16 @@ impl LoopbackEngine {
                 return true;
             };
             let cap = buf.capacity();
-            // SAFETY: this send thread is the ring's only consumer; the slices
-            // are copied before `mark_completed` below frees their bytes.
-            let (a, b) = unsafe { orb.unposted(cap) };
+            // The slices are copied before `mark_completed` below frees
+            // their bytes.
+            let (a, b) = orb.unposted(&mut consumer, cap);
             let n = a.len() + b.len();
             let space = buf.space();
             space[..a.len()].copy_from_slice(a);
             space[a.len()..n].copy_from_slice(b);
             buf.push_segment(0..n);
-            orb.mark_posted(n);
-            orb.mark_completed(n);
+            orb.mark_posted(&mut consumer, n);
+            orb.mark_completed(&mut consumer, n);
             rcore.deliver(&link.remote, buf);
         }
         // More data than one round: serve the others first.
@@ -197,13 +199,20 @@ impl Transport for LoopbackEngine {
             .ok_or_else(|| cannot_connect(peer, "node shut down"))?;
         match rcore.accept_incoming(self.own, core.instance) {
             Ok(rconn) => {
+                let (Some(consumer), Some(rconsumer)) = (conn.orb.consumer(), rconn.orb.consumer())
+                else {
+                    return Err(cannot_connect(
+                        peer,
+                        "a connection's ring buffer already has a consumer",
+                    ));
+                };
                 self.links.lock().insert(
                     peer.0,
                     Arc::new(Link {
                         local: conn.clone(),
                         remote: rconn.clone(),
                         remote_engine: Arc::downgrade(&remote_engine),
-                        send: Mutex::new(()),
+                        send: Mutex::new(consumer),
                     }),
                 );
                 remote_engine.links.lock().insert(
@@ -218,7 +227,7 @@ impl Transport for LoopbackEngine {
                             .get(&self.own.0)
                             .cloned()
                             .unwrap_or_default(),
-                        send: Mutex::new(()),
+                        send: Mutex::new(rconsumer),
                     }),
                 );
                 rcore.opened(&rconn, core.instance, core.fc_window, core.fc_unit);

@@ -22,13 +22,19 @@ fn far() -> Instant {
 struct Ring {
     orb: Arc<Orb>,
     ready: Arc<Notify>,
+    /// The ring's consumer role, used by `drain` (one thread; a std mutex,
+    /// outside the model).
+    consumer: std::sync::Arc<std::sync::Mutex<Consumer>>,
 }
 
 impl Ring {
     fn new() -> Self {
+        let orb = Arc::new(Orb::new(16));
+        let consumer = orb.consumer().expect("a new ring's consumer");
         Ring {
-            orb: Arc::new(Orb::new(16)),
+            orb,
             ready: Arc::new(Notify::new()),
+            consumer: std::sync::Arc::new(std::sync::Mutex::new(consumer)),
         }
     }
 
@@ -43,31 +49,32 @@ impl Ring {
     /// it goes (completing one step late when `lazy`, like RDMA).
     fn drain(&self, want: usize, lazy: bool) -> Vec<u8> {
         let orb = &self.orb;
+        let mut guard = self.consumer.lock().unwrap();
+        let c = &mut *guard;
         let mut out = Vec::new();
         let mut outstanding = 0;
         while out.len() < want {
-            // SAFETY: the only consumer; copied before completion.
-            let (a, b) = unsafe { orb.unposted(usize::MAX) };
+            let (a, b) = orb.unposted(c, usize::MAX);
             let n = a.len() + b.len();
             if n == 0 {
                 // Nothing to send: all completions arrive, then sleep
                 // until a producer commits.
-                orb.mark_completed(outstanding);
+                orb.mark_completed(c, outstanding);
                 outstanding = 0;
                 self.ready.wait();
                 continue;
             }
             out.extend_from_slice(a);
             out.extend_from_slice(b);
-            orb.mark_posted(n);
+            orb.mark_posted(c, n);
             if lazy {
-                orb.mark_completed(outstanding);
+                orb.mark_completed(c, outstanding);
                 outstanding = n;
             } else {
-                orb.mark_completed(n);
+                orb.mark_completed(c, n);
             }
         }
-        orb.mark_completed(outstanding);
+        orb.mark_completed(c, outstanding);
         out
     }
 }

@@ -131,12 +131,13 @@ pub struct OrbPositions {
 ///
 /// Producer side ([`Orb::write_message`]): any number of threads.
 /// Consumer side ([`Orb::unposted`], [`Orb::unposted_len`],
-/// [`Orb::mark_posted`], [`Orb::mark_completed`]): **one thread at a time**,
-/// the connection's send thread. The safe consumer methods check their
-/// arguments against the positions (panicking on misuse) and update them
-/// atomically, so even concurrent misuse keeps the invariants (it would only
-/// hand the same bytes out twice); `unposted` is `unsafe` because its slices
-/// must not outlive `mark_completed`.
+/// [`Orb::mark_posted`], [`Orb::mark_completed`]): whoever holds the ring's
+/// one [`Consumer`] (handed out once by [`Orb::consumer`]; `Send`, not
+/// `Sync`, so one thread at a time: engines keep it in the connection's
+/// send state, under its lock). The slices of `unposted` borrow the
+/// consumer, so they cannot outlive the `mark_completed` that frees their
+/// bytes. The consumer methods also check their arguments against the
+/// positions (panicking on misuse) and update them atomically.
 ///
 /// Never call `write_message` on a ring from its own consumer thread (or
 /// from inside a `fill` closure): if the ring is full it would wait for
@@ -160,6 +161,18 @@ pub struct Orb {
     tracker: ByteTracker,
     /// Called when a producer blocks for space (see [`Orb::on_blocked`]).
     blocked_hook: std::sync::OnceLock<BlockedHook>,
+    /// The [`Consumer`] was handed out.
+    consumer_taken: AtomicBool,
+}
+
+/// The consumer role of one ring buffer (see [`Orb`]): taking committed
+/// bytes out, marking them posted and completed. `Send` but not `Sync`:
+/// one thread at a time uses it, through `&mut`.
+#[derive(Debug)]
+pub struct Consumer {
+    /// Address of the ring it belongs to (compared, never dereferenced).
+    orb: usize,
+    _not_sync: std::marker::PhantomData<std::cell::Cell<()>>,
 }
 
 /// See [`Orb::on_blocked`].
@@ -225,6 +238,7 @@ impl Orb {
             waiters: WaitQueue::new(),
             tracker: ByteTracker::new(cap),
             blocked_hook: std::sync::OnceLock::new(),
+            consumer_taken: AtomicBool::new(false),
         }
     }
 
@@ -507,14 +521,27 @@ impl Orb {
         c
     }
 
+    /// The ring's consumer role; `None` once it was handed out.
+    pub fn consumer(&self) -> Option<Consumer> {
+        (!self.consumer_taken.swap(true, Ordering::AcqRel)).then_some(Consumer {
+            orb: self as *const Orb as usize,
+            _not_sync: std::marker::PhantomData,
+        })
+    }
+
+    fn check_consumer(&self, c: &Consumer) {
+        assert_eq!(
+            c.orb, self as *const Orb as usize,
+            "the consumer of another ring buffer"
+        );
+    }
+
     /// Committed bytes from `front_posted` on, at most `max`, as two slices
     /// (the second is non-empty only when the bytes wrap at the ring's end).
-    ///
-    /// # Safety
-    /// Consumer only (one thread at a time). The slices must no longer be
-    /// used once [`Orb::mark_completed`] has passed their bytes: producers
-    /// then overwrite them.
-    pub unsafe fn unposted(&self, max: usize) -> (&[u8], &[u8]) {
+    /// They borrow the consumer: [`Orb::mark_completed`], which lets
+    /// producers overwrite them, cannot run while they are in use.
+    pub fn unposted<'a>(&'a self, c: &'a mut Consumer, max: usize) -> (&'a [u8], &'a [u8]) {
+        self.check_consumer(c);
         // Only the consumer writes front_posted.
         let fp = self.front_posted.load(Ordering::Relaxed);
         let committed = self.collect_commits();
@@ -524,10 +551,10 @@ impl Orb {
         let first = n.min(self.capacity() - off);
         let base = self.base_ptr();
         // SAFETY: `[fp, fp + n)` is committed (its writes happen-before the
-        // Acquire loads of its commit slots) and not completed, so no producer writes it
-        // until the consumer calls `mark_completed`, which the caller
-        // promises not to do while using the slices. Both ranges lie inside
-        // the buffer since `n <= committed - front <= cap`.
+        // Acquire loads of its commit slots) and not completed, so no
+        // producer writes it until the consumer calls `mark_completed`,
+        // which needs the `&mut Consumer` these slices borrow. Both ranges
+        // lie inside the buffer since `n <= committed - front <= cap`.
         unsafe {
             (
                 std::slice::from_raw_parts(base.add(off), first),
@@ -536,9 +563,10 @@ impl Orb {
         }
     }
 
-    /// Number of committed bytes not yet handed to the transport. Consumer
-    /// only (it collects new commits).
-    pub fn unposted_len(&self) -> usize {
+    /// Number of committed bytes not yet handed to the transport (the
+    /// consumer's: it collects new commits).
+    pub fn unposted_len(&self, c: &mut Consumer) -> usize {
+        self.check_consumer(c);
         let fp = self.front_posted.load(Ordering::Acquire);
         (self.collect_commits() - fp) as usize
     }
@@ -552,11 +580,12 @@ impl Orb {
         self.reserved.load(Ordering::Acquire) & !EXCLUSIVE != fp
     }
 
-    /// The transport took the next `n` unposted bytes. Consumer only.
+    /// The transport took the next `n` unposted bytes.
     ///
     /// # Panics
     /// If fewer than `n` committed bytes are unposted.
-    pub fn mark_posted(&self, n: usize) {
+    pub fn mark_posted(&self, c: &mut Consumer, n: usize) {
+        self.check_consumer(c);
         let n = n as u64;
         let mut fp = self.front_posted.load(Ordering::Relaxed);
         loop {
@@ -580,11 +609,12 @@ impl Orb {
     }
 
     /// The transport is done with the next `n` posted bytes: frees their
-    /// space and wakes producers waiting for it (see below). Consumer only.
+    /// space and wakes producers waiting for it (see below).
     ///
     /// # Panics
     /// If fewer than `n` bytes are posted and not completed.
-    pub fn mark_completed(&self, n: usize) {
+    pub fn mark_completed(&self, c: &mut Consumer, n: usize) {
+        self.check_consumer(c);
         if n == 0 {
             return;
         }

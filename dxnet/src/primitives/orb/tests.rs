@@ -19,12 +19,11 @@ fn put(orb: &Orb, data: &[u8]) -> Result<(), OrbError> {
 }
 
 /// Consumes up to `max` bytes (post + complete at once).
-fn take(orb: &Orb, max: usize) -> Vec<u8> {
-    // SAFETY: single consumer; the slices are copied before completion.
-    let (a, b) = unsafe { orb.unposted(max) };
+fn take(orb: &Orb, c: &mut Consumer, max: usize) -> Vec<u8> {
+    let (a, b) = orb.unposted(c, max);
     let out = [a, b].concat();
-    orb.mark_posted(out.len());
-    orb.mark_completed(out.len());
+    orb.mark_posted(c, out.len());
+    orb.mark_completed(c, out.len());
     out
 }
 
@@ -50,6 +49,7 @@ fn capacity_is_rounded_up() {
 #[test]
 fn wrap_around_gives_two_slices_and_correct_bytes() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     let cap = orb.capacity();
     let mut pos = 0u64;
     // 1000-byte messages: the 5th straddles the end (4000..5000).
@@ -59,9 +59,9 @@ fn wrap_around_gives_two_slices_and_correct_bytes() {
             .collect();
         put(&orb, &msg).unwrap();
         check_invariants(&orb);
-        assert_eq!(orb.unposted_len(), 1000);
+        assert_eq!(orb.unposted_len(&mut c), 1000);
         // SAFETY: single consumer, slices used before completion.
-        let (a, b) = unsafe { orb.unposted(usize::MAX) };
+        let (a, b) = orb.unposted(&mut c, usize::MAX);
         let off = orb.offset_of(pos);
         if off + 1000 > cap {
             assert_eq!(a.len(), cap - off);
@@ -72,15 +72,15 @@ fn wrap_around_gives_two_slices_and_correct_bytes() {
         }
         assert_eq!([a, b].concat(), msg);
         // Post in two steps, complete later.
-        orb.mark_posted(400);
-        assert_eq!(orb.unposted_len(), 600);
+        orb.mark_posted(&mut c, 400);
+        assert_eq!(orb.unposted_len(&mut c), 600);
         // SAFETY: as above.
-        let (a, b) = unsafe { orb.unposted(usize::MAX) };
+        let (a, b) = orb.unposted(&mut c, usize::MAX);
         assert_eq!([a, b].concat(), &msg[400..]);
-        orb.mark_posted(600);
+        orb.mark_posted(&mut c, 600);
         check_invariants(&orb);
         assert!(!orb.is_empty());
-        orb.mark_completed(1000);
+        orb.mark_completed(&mut c, 1000);
         pos += 1000;
         assert_eq!(
             orb.positions(),
@@ -102,6 +102,7 @@ fn wrap_around_gives_two_slices_and_correct_bytes() {
 #[test]
 fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
     let orb = Arc::new(Orb::new(4096));
+    let mut c = orb.consumer().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let tx = std::sync::Mutex::new(tx);
     orb.on_blocked(Box::new(move || {
@@ -109,8 +110,8 @@ fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
     }));
     put(&orb, &[1; 4000]).unwrap();
     // SAFETY: single consumer; nothing is read after completion.
-    let n = unsafe { orb.unposted(usize::MAX) }.0.len();
-    orb.mark_posted(n);
+    let n = orb.unposted(&mut c, usize::MAX).0.len();
+    orb.mark_posted(&mut c, n);
     assert!(rx.try_recv().is_err(), "no producer blocked yet");
     let o2 = orb.clone();
     let producer = std::thread::spawn(move || {
@@ -121,17 +122,18 @@ fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the blocked producer called the hook");
     assert!(orb.has_waiters());
-    orb.mark_completed(n);
+    orb.mark_completed(&mut c, n);
     assert_eq!(producer.join().unwrap(), Ok(()));
     assert!(!orb.has_waiters());
-    assert_eq!(take(&orb, usize::MAX), vec![2; 1000]);
+    assert_eq!(take(&orb, &mut c, usize::MAX), vec![2; 1000]);
 }
 
 #[test]
 fn unposted_respects_max_and_pieces_are_written_across_the_wrap() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     put(&orb, &[7; 4000]).unwrap();
-    assert_eq!(take(&orb, 4000).len(), 4000);
+    assert_eq!(take(&orb, &mut c, 4000).len(), 4000);
     // Written in odd pieces, wrapping at 4096.
     let msg: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
     orb.write_message(msg.len(), far(), &nop, |w| {
@@ -143,34 +145,36 @@ fn unposted_respects_max_and_pieces_are_written_across_the_wrap() {
     })
     .unwrap();
     // SAFETY: single consumer.
-    let (a, b) = unsafe { orb.unposted(50) };
+    let (a, b) = orb.unposted(&mut c, 50);
     assert_eq!((a.len(), b.len()), (50, 0));
     // SAFETY: single consumer.
-    let (a, b) = unsafe { orb.unposted(200) };
+    let (a, b) = orb.unposted(&mut c, 200);
     assert_eq!((a.len(), b.len()), (96, 104));
     assert_eq!([a, b].concat(), &msg[..200]);
-    assert_eq!(take(&orb, usize::MAX), msg);
+    assert_eq!(take(&orb, &mut c, usize::MAX), msg);
 }
 
 #[test]
 fn wrong_length_is_corrupted_and_closes() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     let short = orb.write_message(10, far(), &nop, |w| w.write_all(&[1; 9]));
     assert_eq!(short, Err(OrbError::Corrupted));
     assert!(orb.is_closed());
     // The span was published anyway (the consumer must be able to pass it).
-    assert_eq!(orb.unposted_len(), 10);
+    assert_eq!(orb.unposted_len(&mut c), 10);
     assert_eq!(orb.positions().committed, 10);
     assert_eq!(put(&orb, &[1; 8]), Err(OrbError::Closed));
 
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     let long = orb.write_message(10, far(), &nop, |w| {
         let err = w.write_all(&[1; 11]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WriteZero);
         Ok(())
     });
     assert_eq!(long, Err(OrbError::Corrupted));
-    assert_eq!(orb.unposted_len(), 10);
+    assert_eq!(orb.unposted_len(&mut c), 10);
 
     let orb = Orb::new(4096);
     let failed = orb.write_message(8, far(), &nop, |w| {
@@ -181,13 +185,14 @@ fn wrong_length_is_corrupted_and_closes() {
 
     // Chunked message written too short.
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     let consumer_orb = &orb;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let stop = &stop;
     std::thread::scope(|s| {
         s.spawn(move || {
             while !stop.load(Ordering::Acquire) {
-                take(consumer_orb, usize::MAX);
+                take(consumer_orb, &mut c, usize::MAX);
                 std::thread::yield_now();
             }
         });
@@ -218,6 +223,7 @@ fn on_commit_runs_once_per_commit() {
 #[test]
 fn full_ring_times_out_without_writing() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     for _ in 0..4 {
         put(&orb, &[9; 1024]).unwrap();
     }
@@ -234,7 +240,7 @@ fn full_ring_times_out_without_writing() {
     assert_eq!(orb.positions(), before);
     assert!(!orb.is_closed());
     // Freeing space makes writes work again.
-    assert_eq!(take(&orb, 1024), vec![9; 1024]);
+    assert_eq!(take(&orb, &mut c, 1024), vec![9; 1024]);
     put(&orb, &[1; 1024]).unwrap();
     check_invariants(&orb);
 }
@@ -242,6 +248,7 @@ fn full_ring_times_out_without_writing() {
 #[test]
 fn chunked_message_times_out_midway_as_corrupted() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     let commits = StdAtomicUsize::new(0);
     let on_commit = || {
         commits.fetch_add(1, Ordering::Relaxed);
@@ -255,15 +262,16 @@ fn chunked_message_times_out_midway_as_corrupted() {
     assert_eq!(r, Err(OrbError::Corrupted));
     assert!(orb.is_closed());
     assert_eq!(commits.load(Ordering::Relaxed), 1);
-    assert_eq!(orb.unposted_len(), 4096);
+    assert_eq!(orb.unposted_len(&mut c), 4096);
     let p = orb.positions();
     assert_eq!((p.committed, p.reserved), (4096, 4096));
-    assert_eq!(take(&orb, usize::MAX), vec![5; 4096]);
+    assert_eq!(take(&orb, &mut c, usize::MAX), vec![5; 4096]);
 }
 
 #[test]
 fn close_wakes_blocked_producers() {
     let orb = Arc::new(Orb::new(4096));
+    let mut c = orb.consumer().unwrap();
     put(&orb, &[0; 2048]).unwrap();
     put(&orb, &[0; 2048]).unwrap();
     let handles: Vec<_> = [100usize, 10_000]
@@ -282,12 +290,13 @@ fn close_wakes_blocked_producers() {
         assert_eq!(h.join().unwrap(), Err(OrbError::Closed));
     }
     // Already committed bytes stay readable.
-    assert_eq!(take(&orb, usize::MAX).len(), 4096);
+    assert_eq!(take(&orb, &mut c, usize::MAX).len(), 4096);
 }
 
 #[test]
 fn blocked_producer_gets_space_when_consumer_completes() {
     let orb = Arc::new(Orb::new(4096));
+    let mut c = orb.consumer().unwrap();
     put(&orb, &[1; 2000]).unwrap();
     put(&orb, &[2; 2000]).unwrap();
     let producer = {
@@ -297,19 +306,20 @@ fn blocked_producer_gets_space_when_consumer_completes() {
     std::thread::sleep(Duration::from_millis(10));
     // Post everything, complete lazily.
     // SAFETY: single consumer, copied before completion.
-    let (a, b) = unsafe { orb.unposted(usize::MAX) };
+    let (a, b) = orb.unposted(&mut c, usize::MAX);
     assert_eq!(a.len() + b.len(), 4000);
-    orb.mark_posted(4000);
-    orb.mark_completed(2000);
+    orb.mark_posted(&mut c, 4000);
+    orb.mark_completed(&mut c, 2000);
     producer.join().unwrap().unwrap();
-    orb.mark_completed(2000);
-    assert_eq!(take(&orb, usize::MAX), vec![3; 2000]);
+    orb.mark_completed(&mut c, 2000);
+    assert_eq!(take(&orb, &mut c, usize::MAX), vec![3; 2000]);
     assert!(orb.is_empty());
 }
 
 #[test]
 fn panic_in_fill_closes_and_commits() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     put(&orb, b"ok, fine").unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = orb.write_message(10, far(), &nop, |w| {
@@ -319,7 +329,7 @@ fn panic_in_fill_closes_and_commits() {
     }));
     assert!(r.is_err());
     assert!(orb.is_closed());
-    assert_eq!(orb.unposted_len(), 18);
+    assert_eq!(orb.unposted_len(&mut c), 18);
     let p = orb.positions();
     assert_eq!((p.committed, p.reserved), (18, 18));
 }
@@ -328,19 +338,21 @@ fn panic_in_fill_closes_and_commits() {
 #[should_panic(expected = "past the committed")]
 fn mark_posted_past_committed_panics() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     put(&orb, b"abcdefgh").unwrap();
-    assert_eq!(orb.unposted_len(), 8);
-    orb.mark_posted(9);
+    assert_eq!(orb.unposted_len(&mut c), 8);
+    orb.mark_posted(&mut c, 9);
 }
 
 #[test]
 #[should_panic(expected = "past the posted")]
 fn mark_completed_past_posted_panics() {
     let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
     put(&orb, b"abcdefgh").unwrap();
-    assert_eq!(orb.unposted_len(), 8);
-    orb.mark_posted(2);
-    orb.mark_completed(3);
+    assert_eq!(orb.unposted_len(&mut c), 8);
+    orb.mark_posted(&mut c, 2);
+    orb.mark_completed(&mut c, 3);
 }
 
 /// Small deterministic PRNG (xorshift64*), no extra dependency.
@@ -404,6 +416,7 @@ fn parse(stream: &mut VecDeque<u8>, next_seq: &mut [u64]) {
 
 fn stress(producers: u32, messages: u64, seed: u64) {
     let orb = Arc::new(Orb::new(4096));
+    let mut c = orb.consumer().unwrap();
     let cap = orb.capacity();
     let done = Arc::new(StdAtomicUsize::new(0));
     let commits = Arc::new(StdAtomicUsize::new(0));
@@ -420,23 +433,23 @@ fn stress(producers: u32, messages: u64, seed: u64) {
                 let max = 1 + rng.below(cap as u64 * 3 / 4) as usize;
                 // SAFETY: the only consumer; the bytes are copied
                 // before they are marked completed.
-                let (a, b) = unsafe { orb.unposted(max) };
+                let (a, b) = orb.unposted(&mut c, max);
                 let n = a.len() + b.len();
                 stream.extend(a);
                 stream.extend(b);
                 if n > 0 {
-                    orb.mark_posted(n);
+                    orb.mark_posted(&mut c, n);
                     in_flight.push_back(n);
                 }
                 // Complete lazily, like RDMA completions: sometimes
                 // keep a few posts outstanding.
                 let keep = if n == 0 { 0 } else { rng.below(4) as usize };
                 while in_flight.len() > keep {
-                    orb.mark_completed(in_flight.pop_front().unwrap());
+                    orb.mark_completed(&mut c, in_flight.pop_front().unwrap());
                 }
                 parse(&mut stream, &mut next_seq);
                 if n == 0 {
-                    if finished && in_flight.is_empty() && orb.unposted_len() == 0 {
+                    if finished && in_flight.is_empty() && orb.unposted_len(&mut c) == 0 {
                         break;
                     }
                     std::thread::yield_now();
@@ -518,6 +531,7 @@ fn stress_32_producers() {
 #[test]
 fn paused_producer_does_not_block_the_others() {
     let orb = Arc::new(Orb::new(4096));
+    let mut c = orb.consumer().unwrap();
     let (paused_tx, paused_rx) = std::sync::mpsc::channel::<()>();
     let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
     let paused = {
@@ -558,7 +572,11 @@ fn paused_producer_does_not_block_the_others() {
             .recv_timeout(Duration::from_secs(60))
             .expect("a producer is held up by the paused one");
     }
-    assert_eq!(orb.unposted_len(), 0, "nothing passes the paused span");
+    assert_eq!(
+        orb.unposted_len(&mut c),
+        0,
+        "nothing passes the paused span"
+    );
     assert_eq!(orb.positions().reserved, (HEADER + 3 * 20 * 64) as u64);
     assert!(orb.has_unsent());
     resume_tx.send(()).unwrap();
@@ -566,7 +584,7 @@ fn paused_producer_does_not_block_the_others() {
     for h in others {
         h.join().unwrap();
     }
-    let mut stream: VecDeque<u8> = take(&orb, usize::MAX).into();
+    let mut stream: VecDeque<u8> = take(&orb, &mut c, usize::MAX).into();
     assert_eq!(stream.len(), HEADER + 3 * 20 * 64);
     let first: Vec<u8> = stream.drain(..HEADER).collect();
     assert_eq!(&first[..4], &99u32.to_le_bytes());
@@ -596,4 +614,18 @@ fn stress_4_producers() {
 #[test]
 fn stress_8_producers() {
     stress(8, 2500, 4);
+}
+
+/// The consumer role exists once per ring and serves only its own ring.
+#[test]
+fn one_consumer_per_ring() {
+    let orb = Orb::new(4096);
+    let mut c = orb.consumer().expect("first");
+    assert!(orb.consumer().is_none(), "handed out twice");
+    put(&orb, &[1; 16]).unwrap();
+    assert_eq!(take(&orb, &mut c, usize::MAX), vec![1; 16]);
+    let other = Orb::new(4096);
+    let wrong =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other.unposted_len(&mut c)));
+    assert!(wrong.is_err(), "another ring's consumer is refused");
 }

@@ -55,6 +55,7 @@ use rustc_hash::FxHashMap;
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::{Core, InlineWork};
+use crate::primitives::orb::Consumer;
 use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
 use crate::proto::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
@@ -88,6 +89,8 @@ struct IbConn {
 }
 
 struct SendState {
+    /// The connection's ring-buffer consumer role.
+    consumer: Consumer,
     /// Work requests posted and not yet known complete.
     outstanding: u32,
     /// Per signalled chain, in post order: (bytes, work requests, posted at).

@@ -141,12 +141,12 @@ impl IbEngine {
             let more = {
                 let mut st = ic.send.lock();
                 if let Some((bytes, wrs, _)) = st.chains.pop_front() {
-                    ic.conn.orb.mark_completed(bytes);
+                    ic.conn.orb.mark_completed(&mut st.consumer, bytes);
                     st.outstanding -= wrs;
                     self.outstanding_total
                         .fetch_sub(wrs as u64, Ordering::AcqRel);
                 }
-                ic.conn.orb.unposted_len() > 0 || ic.conn.flow.pending_units() > 0
+                ic.conn.orb.unposted_len(&mut st.consumer) > 0 || ic.conn.flow.pending_units() > 0
             };
             if more && posting != Some(ic.conn.peer) {
                 core.on_write_interest(ic.conn.peer);
@@ -162,7 +162,8 @@ impl IbEngine {
         if conn.state() != ConnState::Open {
             return;
         }
-        let mut st = ic.send.lock();
+        let mut guard = ic.send.lock();
+        let st = &mut *guard;
         let free = self.sq_size.saturating_sub(st.outstanding);
         if free == 0 {
             // A completion will re-register interest; the send thread
@@ -171,12 +172,12 @@ impl IbEngine {
             return;
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;
-        // SAFETY: the ring's consumer side is used only under the
-        // connection's send lock (held here, by the send thread or an
-        // inline poster), and the slices are handed to the device before
-        // `mark_completed` (called under the same lock after their
-        // completion) frees their bytes.
-        let (a, b) = unsafe { conn.orb.unposted(free as usize * self.max_recv_size) };
+        // The slices are handed to the device (as addresses in the
+        // registered ring) before `mark_completed`, called under the same
+        // lock once their sends completed, frees their bytes.
+        let (a, b) = conn
+            .orb
+            .unposted(&mut st.consumer, free as usize * self.max_recv_size);
         let total = a.len() + b.len();
         if total == 0 && units == 0 {
             return;
@@ -245,14 +246,14 @@ impl IbEngine {
                     self.own,
                     conn.peer
                 );
-                conn.orb.mark_posted(total);
+                conn.orb.mark_posted(&mut st.consumer, total);
                 st.outstanding += wrs;
                 st.chains.push_back((total, wrs, Instant::now()));
                 self.outstanding_total
                     .fetch_add(wrs as u64, Ordering::AcqRel);
             }
             Err(e) => {
-                drop(st);
+                drop(guard);
                 core.close_connection(conn, &format!("posting sends failed: {e}"), true);
             }
         }

@@ -53,6 +53,10 @@ impl IbEngine {
             )
         }
         .map_err(|e| e.to_string())?;
+        let consumer = conn
+            .orb
+            .consumer()
+            .ok_or("the connection's ring buffer already has a consumer")?;
         let local = ibv::Endpoint::local(
             &self.ctx,
             &qp,
@@ -69,6 +73,7 @@ impl IbEngine {
             local,
             remote: Mutex::new(None),
             send: Mutex::new(SendState {
+                consumer,
                 outstanding: 0,
                 chains: VecDeque::new(),
                 chain: ibv::SendChain::with_capacity(

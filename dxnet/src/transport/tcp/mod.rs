@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::{Core, InlineWork};
+use crate::primitives::orb::Consumer;
 use crate::primitives::park::Idle;
 use crate::primitives::pool::RecvBuffer;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
@@ -96,6 +97,8 @@ impl Drop for HandshakeSlot<'_> {
 /// Send-side state of a connection's stream (send thread only).
 #[derive(Debug)]
 struct SendState {
+    /// The connection's ring-buffer consumer role.
+    consumer: Consumer,
     header: [u8; CHUNK_HEADER_LEN],
     /// Bytes of `header` already written (`CHUNK_HEADER_LEN`: none pending).
     header_off: usize,

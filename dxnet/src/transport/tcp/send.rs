@@ -84,7 +84,7 @@ impl TcpEngine {
             }
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
                 let units = conn.flow.take_units(u32::MAX);
-                let avail = conn.orb.unposted_len().min(MAX_CHUNK);
+                let avail = conn.orb.unposted_len(&mut st.consumer).min(MAX_CHUNK);
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
                 if avail == 0 && units == 0 && !poke {
                     return false;
@@ -93,10 +93,9 @@ impl TcpEngine {
                 st.header_off = 0;
                 st.data_left = avail;
             }
-            // SAFETY: the caller holds the send state, so it is the ring's
-            // only consumer; the slices are written out (or copied into
-            // rustls) before `mark_completed` frees them.
-            let (a, b) = unsafe { conn.orb.unposted(st.data_left) };
+            // The slices are written out (or copied into rustls) before
+            // `mark_completed` frees them (they borrow the consumer).
+            let (a, b) = conn.orb.unposted(&mut st.consumer, st.data_left);
             let hdr = &st.header[st.header_off..];
             let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
             let written = match tls.as_deref_mut() {
@@ -109,8 +108,8 @@ impl TcpEngine {
                     st.header_off += h;
                     let d = n - h;
                     if d > 0 {
-                        conn.orb.mark_posted(d);
-                        conn.orb.mark_completed(d);
+                        conn.orb.mark_posted(&mut st.consumer, d);
+                        conn.orb.mark_completed(&mut st.consumer, d);
                         st.data_left -= d;
                     }
                 }
@@ -130,7 +129,7 @@ impl TcpEngine {
         // Budget used: come back after the other connections.
         st.data_left > 0
             || st.header_off < CHUNK_HEADER_LEN
-            || conn.orb.unposted_len() > 0
+            || conn.orb.unposted_len(&mut st.consumer) > 0
             || conn.flow.pending_units() > 0
     }
 
