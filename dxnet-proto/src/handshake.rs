@@ -228,28 +228,9 @@ impl<'a> Handshake<'a> {
     pub fn admit(&mut self) {
         assert_eq!(self.state, State::Introduced, "admit() without Introduced");
         let theirs = self.theirs.expect("introduced");
-        let mine = self.mine;
-        let mac = wire::proof(
-            self.creds.secret,
-            ACCEPTOR,
-            &mine.nonce,
-            &theirs.nonce,
-            mine.node_id,
-            theirs.node_id,
-            mine.instance,
-        );
-        self.out.push_back(HandshakeMsg::Reply(mine, mac));
-        if let Some(id) = self.creds.identity {
-            let t = wire::transcript(
-                ACCEPTOR,
-                &mine.nonce,
-                &theirs.nonce,
-                mine.node_id,
-                theirs.node_id,
-                mine.instance,
-            );
-            self.out.push_back(HandshakeMsg::Signature(id.sign(&t)));
-        }
+        let mac = self.own_proof(&theirs);
+        self.out.push_back(HandshakeMsg::Reply(self.mine, mac));
+        self.push_own_signature(&theirs);
         self.state = State::AwaitProof;
     }
 
@@ -329,16 +310,7 @@ impl<'a> Handshake<'a> {
                         None,
                     ));
                 }
-                if !wire::verify_proof(
-                    self.creds.secret,
-                    ACCEPTOR,
-                    &h.nonce,
-                    &mine.nonce,
-                    h.node_id,
-                    mine.node_id,
-                    h.instance,
-                    &mac,
-                ) {
+                if !self.peer_proof_ok(&h, &mac) {
                     return Err(self.fail(HandshakeError::Auth, None));
                 }
                 if h.instance == 0 {
@@ -354,16 +326,7 @@ impl<'a> Handshake<'a> {
             }
             (State::AwaitAcceptorSignature, HandshakeMsg::Signature(sig)) => {
                 let h = self.theirs.expect("reply received");
-                let t = wire::transcript(
-                    ACCEPTOR,
-                    &h.nonce,
-                    &mine.nonce,
-                    h.node_id,
-                    mine.node_id,
-                    h.instance,
-                );
-                let id = self.creds.identity.expect("identity configured");
-                if !id.verify(h.node_id, &t, &sig) {
+                if !self.peer_signature_ok(&h, &sig) {
                     return Err(self.fail(HandshakeError::Signature(h.node_id), None));
                 }
                 self.send_proof(h);
@@ -376,29 +339,81 @@ impl<'a> Handshake<'a> {
     }
 
     fn send_proof(&mut self, theirs: Hello) {
-        let mine = self.mine;
-        let p = wire::proof(
-            self.creds.secret,
-            DIALER,
-            &mine.nonce,
-            &theirs.nonce,
-            mine.node_id,
-            theirs.node_id,
-            mine.instance,
-        );
+        let p = self.own_proof(&theirs);
         self.out.push_back(HandshakeMsg::Proof(p));
+        self.push_own_signature(&theirs);
+        self.state = State::AwaitFinal;
+    }
+
+    /// The roles' labels in proofs and transcripts: (this side's, the
+    /// peer's).
+    fn labels(&self) -> (&'static [u8], &'static [u8]) {
+        match self.role {
+            Role::Dialer => (DIALER, ACCEPTOR),
+            Role::Acceptor => (ACCEPTOR, DIALER),
+        }
+    }
+
+    /// This side's proof of the cluster secret over the peer's challenge.
+    fn own_proof(&self, theirs: &Hello) -> [u8; 32] {
+        let m = &self.mine;
+        wire::proof(
+            self.creds.secret,
+            self.labels().0,
+            &m.nonce,
+            &theirs.nonce,
+            m.node_id,
+            theirs.node_id,
+            m.instance,
+        )
+    }
+
+    /// Queues this side's identity signature of its transcript, when it
+    /// has identity keys.
+    fn push_own_signature(&mut self, theirs: &Hello) {
         if let Some(id) = self.creds.identity {
+            let m = &self.mine;
             let t = wire::transcript(
-                DIALER,
-                &mine.nonce,
+                self.labels().0,
+                &m.nonce,
                 &theirs.nonce,
-                mine.node_id,
+                m.node_id,
                 theirs.node_id,
-                mine.instance,
+                m.instance,
             );
             self.out.push_back(HandshakeMsg::Signature(id.sign(&t)));
         }
-        self.state = State::AwaitFinal;
+    }
+
+    /// Whether the peer's proof binds its hello and our challenge.
+    fn peer_proof_ok(&self, theirs: &Hello, mac: &[u8; 32]) -> bool {
+        let m = &self.mine;
+        wire::verify_proof(
+            self.creds.secret,
+            self.labels().1,
+            &theirs.nonce,
+            &m.nonce,
+            theirs.node_id,
+            m.node_id,
+            theirs.instance,
+            mac,
+        )
+    }
+
+    /// Whether the peer's identity signature of its transcript is the
+    /// claimed node's (called only with identity keys configured).
+    fn peer_signature_ok(&self, theirs: &Hello, sig: &[u8; 64]) -> bool {
+        let m = &self.mine;
+        let t = wire::transcript(
+            self.labels().1,
+            &theirs.nonce,
+            &m.nonce,
+            theirs.node_id,
+            m.node_id,
+            theirs.instance,
+        );
+        let id = self.creds.identity.expect("identity configured");
+        id.verify(theirs.node_id, &t, sig)
     }
 
     fn on_acceptor_msg(&mut self, msg: HandshakeMsg) -> Result<Option<Event>, HandshakeError> {
@@ -426,16 +441,7 @@ impl<'a> Handshake<'a> {
             }
             (State::AwaitProof, HandshakeMsg::Proof(p)) => {
                 let h = self.theirs.expect("hello received");
-                if !wire::verify_proof(
-                    self.creds.secret,
-                    DIALER,
-                    &h.nonce,
-                    &mine.nonce,
-                    h.node_id,
-                    mine.node_id,
-                    h.instance,
-                    &p,
-                ) {
+                if !self.peer_proof_ok(&h, &p) {
                     return Err(self.fail(HandshakeError::Auth, Some(Status::AuthFailed)));
                 }
                 if self.creds.identity.is_some() {
@@ -447,16 +453,7 @@ impl<'a> Handshake<'a> {
             }
             (State::AwaitDialerSignature, HandshakeMsg::Signature(sig)) => {
                 let h = self.theirs.expect("hello received");
-                let t = wire::transcript(
-                    DIALER,
-                    &h.nonce,
-                    &mine.nonce,
-                    h.node_id,
-                    mine.node_id,
-                    h.instance,
-                );
-                let id = self.creds.identity.expect("identity configured");
-                if !id.verify(h.node_id, &t, &sig) {
+                if !self.peer_signature_ok(&h, &sig) {
                     return Err(self.fail(
                         HandshakeError::Signature(h.node_id),
                         Some(Status::AuthFailed),
