@@ -130,7 +130,10 @@ impl<'a> OrbWriter<'a> {
     }
 
     /// Commits the rest after `fill` returned and decides the outcome.
-    pub(super) fn finish(mut self, fill_result: io::Result<()>) -> Result<(), OrbError> {
+    /// (By reference: moving the writer into the call copied it through
+    /// the stack on every message.)
+    #[inline]
+    pub(super) fn finish(&mut self, fill_result: io::Result<()>) -> Result<(), OrbError> {
         if let Some(e) = self.failure {
             // Nothing pending; Drop clears the exclusive flag.
             return Err(e);
