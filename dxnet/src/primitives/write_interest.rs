@@ -14,7 +14,7 @@
 //! `false`) knows the consumer has not yet cleared it, so the consumer's
 //! later read sees the data; one that finds it cleared queues the id again.
 
-use super::sync::{AtomicBool, Ordering, Queue};
+use super::sync::{fence, AtomicBool, Ordering, Queue};
 
 /// Size of the flag table: one per possible `u16` id. (Small under loom:
 /// every loom atomic is tracked by the model; ids must stay below it.)
@@ -47,10 +47,23 @@ impl WriteInterest {
     /// Registers interest for `id`, after the caller published its data.
     /// Returns `true` if `id` was newly queued (the caller then wakes the
     /// send thread), `false` if it was already queued.
+    ///
+    /// Most calls find the id queued already (many senders, one send
+    /// thread), so the flag is read before it is written: a plain load
+    /// leaves its cache line shared among the senders' cores instead of
+    /// moving it to each of them in turn. The SeqCst fences here and in
+    /// [`WriteInterest::pop`] make the load safe: either this load sees the
+    /// consumer's clear (and queues the id again), or the consumer's reads
+    /// after its clear see the data published before this call.
     pub fn push(&self, id: u16) -> bool {
+        let flag = &self.queued[id as usize];
+        fence(Ordering::SeqCst);
+        if flag.load(Ordering::Relaxed) {
+            return false;
+        }
         // AcqRel: the Release half orders the caller's published data before
         // the flag, for the consumer's clearing swap that reads it.
-        if self.queued[id as usize].swap(true, Ordering::AcqRel) {
+        if flag.swap(true, Ordering::AcqRel) {
             return false;
         }
         // Cannot fail: an id is queued at most once (its flag), and the
@@ -67,8 +80,12 @@ impl WriteInterest {
     pub fn pop(&self) -> Option<u16> {
         let id = self.queue.pop()?;
         // AcqRel: reading the flag (with Acquire) synchronizes with the last
-        // `push` that set or found it set, so that push's data is visible.
+        // `push` that set it, so that push's data is visible. The fence
+        // pairs with the one in `push`: a producer whose load found the flag
+        // still set published its data before a fence that precedes this
+        // one, so the caller's reads see it.
         self.queued[id as usize].swap(false, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
         Some(id)
     }
 
