@@ -11,9 +11,9 @@
 //! connection handshake, and the sender uses the peer's values.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
 
 use crate::config::ParkConfig;
+use crate::primitives::deadline::Deadline;
 use crate::primitives::park::Idle;
 use crate::primitives::wait_queue::{WaitError, WaitQueue};
 
@@ -86,7 +86,7 @@ impl FlowControl {
     pub fn acquire(
         &self,
         len: u64,
-        deadline: Instant,
+        deadline: &Deadline,
         park: &ParkConfig,
         open: impl Fn() -> bool,
     ) -> Result<(), FlowWaitError> {
@@ -102,7 +102,7 @@ impl FlowControl {
         crate::primitives::before_blocking();
         self.waiters
             .wait(
-                deadline,
+                deadline.get(),
                 false,
                 || !open(),
                 || self.try_acquire(len).then_some(()),
@@ -196,25 +196,25 @@ impl FlowControl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn window_blocks_and_confirm_releases() {
         let f = FlowControl::new(1000, 500);
         let park = ParkConfig::default();
-        let soon = || Instant::now() + Duration::from_millis(5);
-        f.acquire(600, soon(), &park, || true).unwrap();
-        f.acquire(600, soon(), &park, || true).unwrap(); // 600 < 1000: admitted
+        let soon = || Deadline::at(Instant::now() + Duration::from_millis(5));
+        f.acquire(600, &soon(), &park, || true).unwrap();
+        f.acquire(600, &soon(), &park, || true).unwrap(); // 600 < 1000: admitted
         assert_eq!(
-            f.acquire(1, soon(), &park, || true),
+            f.acquire(1, &soon(), &park, || true),
             Err(FlowWaitError::Timeout)
         );
         f.on_confirm(1);
         assert_eq!(f.in_flight(), 700);
-        f.acquire(1, soon(), &park, || true).unwrap();
-        f.acquire(400, soon(), &park, || true).unwrap();
+        f.acquire(1, &soon(), &park, || true).unwrap();
+        f.acquire(400, &soon(), &park, || true).unwrap();
         assert_eq!(
-            f.acquire(1, soon(), &park, || false),
+            f.acquire(1, &soon(), &park, || false),
             Err(FlowWaitError::Closed)
         );
         f.on_confirm(u32::MAX);

@@ -49,6 +49,7 @@ use crate::node::NodeStats;
 use crate::transport::{Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, Message, NodeId, Request, Result};
 
+use crate::primitives::deadline::Deadline;
 use crate::primitives::orb::OrbError;
 use crate::primitives::park::{self, Idle, Signal};
 use crate::primitives::pool::{BufferPool, RecvBuffer};

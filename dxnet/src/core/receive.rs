@@ -4,13 +4,17 @@
 use super::*;
 
 impl Core {
-    /// `peer`'s connection has data or confirmations to send.
+    /// `peer`'s connection has data or confirmations to send. True if it
+    /// was newly queued for the send thread (not queued already).
     #[inline]
-    pub fn on_write_interest(&self, peer: NodeId) {
+    pub fn on_write_interest(&self, peer: NodeId) -> bool {
         if self.wim.push(peer.0) {
             if let Some(t) = self.transport() {
                 t.wake_sender();
             }
+            true
+        } else {
+            false
         }
     }
 
@@ -31,7 +35,9 @@ impl Core {
     pub(crate) fn flush_deferred(&self, peer: NodeId) {
         match self.transport() {
             Some(t) if t.try_flush(peer) => {}
-            _ => self.on_write_interest(peer),
+            _ => {
+                self.on_write_interest(peer);
+            }
         }
     }
 

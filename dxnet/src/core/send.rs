@@ -16,7 +16,7 @@ impl Core {
             0,
             len,
             None,
-            Instant::now(),
+            None,
             |w| codec::encode_into(w, msg),
         )
     }
@@ -34,7 +34,7 @@ impl Core {
             0,
             payload.len(),
             None,
-            Instant::now(),
+            None,
             |w| w.write_all(payload),
         )
     }
@@ -58,7 +58,7 @@ impl Core {
             id,
             len,
             Some(deadline),
-            now,
+            Some(now),
             |w| codec::encode_into(w, req),
         )?;
         Ok(pending)
@@ -113,7 +113,7 @@ impl Core {
             id,
             len,
             None,
-            Instant::now(),
+            Some(Instant::now()),
             |w| codec::encode_into(w, resp),
         )
     }
@@ -128,7 +128,7 @@ impl Core {
             id,
             3,
             None,
-            Instant::now(),
+            Some(Instant::now()),
             |w| w.write_all(&payload),
         );
         if let Err(e) = res {
@@ -139,7 +139,10 @@ impl Core {
     /// Serializes one message (header + payload of `payload_len` bytes
     /// written by `fill`) into the destination's ring buffer, or sends a
     /// small request or response at once (see
-    /// [`Transport::send_standalone`]). `now`: the caller's clock reading.
+    /// [`Transport::send_standalone`]). `now`: the caller's clock reading,
+    /// if it took one (requests and responses); plain messages read no
+    /// clock unless they block or queue their connection for the send
+    /// thread (see [`Deadline`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn send_frame<F>(
         &self,
@@ -150,7 +153,7 @@ impl Core {
         request_id: u32,
         payload_len: usize,
         deadline: Option<Instant>,
-        now: Instant,
+        now: Option<Instant>,
         fill: F,
     ) -> Result<()>
     where
@@ -175,22 +178,29 @@ impl Core {
         let mut hb = [0u8; HEADER_LEN];
         header.encode(&mut hb);
         let total = HEADER_LEN + payload_len;
-        let send_deadline = now + Duration::from_millis(self.config.limits.send_timeout_ms);
-        let deadline = deadline.map_or(send_deadline, |d| d.min(send_deadline));
+        let send_timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
+        let deadline = match now {
+            Some(now) => {
+                Deadline::at(deadline.map_or(now + send_timeout, |d| d.min(now + send_timeout)))
+            }
+            None => Deadline::after(send_timeout, deadline),
+        };
 
         if dest == self.own {
-            return self.send_local(&hb, total, deadline, fill);
+            return self.send_local(&hb, total, deadline.get(), fill);
         }
         let guard = self.connections.guard(dest);
         let slow;
         let conn: &Arc<Connection> = match &*guard {
             Some(c) if c.state() == ConnState::Open => c,
             _ => {
-                slow = self.connection(dest, deadline)?;
+                slow = self.connection(dest, deadline.get())?;
                 &slow
             }
         };
-        conn.touch(self.tick(now));
+        if let Some(now) = now {
+            conn.touch(self.tick(now));
+        }
         // Responses are sent by handler threads. Once a response to this
         // peer timed out (a peer that does not read, or ignores flow
         // control), the next ones are tried without waiting until one fits
@@ -200,11 +210,11 @@ impl Core {
         // connection.
         let response = kind.is_response();
         let deadline = if response && conn.responses_stalled.load(Ordering::Relaxed) {
-            now
+            Deadline::at(Instant::now())
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, kind, deadline, now, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, kind, &deadline, now, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -223,8 +233,8 @@ impl Core {
         hb: &[u8; HEADER_LEN],
         total: usize,
         kind: MessageKind,
-        deadline: Instant,
-        now: Instant,
+        deadline: &Deadline,
+        now: Option<Instant>,
         fill: F,
     ) -> Result<()>
     where
@@ -281,6 +291,7 @@ impl Core {
                     window_back(total);
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
+                let now = now.unwrap_or_else(Instant::now);
                 if t.send_standalone(self, conn, &small[..total], now) {
                     self.stats.msgs_sent.add(1);
                     self.stats.bytes_sent.add(total as u64);
@@ -292,8 +303,11 @@ impl Core {
         let notify = || {
             if urgent {
                 self.on_urgent_write_interest(dest)
-            } else {
-                self.on_write_interest(dest)
+            } else if self.on_write_interest(dest) && now.is_none() {
+                // Newly queued for the send thread: this connection is in
+                // use now (least-recently-used closing), read the clock once
+                // per send-thread round rather than per message.
+                conn.touch(self.tick(Instant::now()));
             }
         };
         let res =

@@ -4,6 +4,7 @@
 //! `write_interest`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
+//! - [`deadline`]: a timeout that reads the clock only when a wait begins.
 //! - [`orb`]: the outgoing ring buffer (lock-free, many producers, one
 //!   consumer at a time).
 //! - [`write_interest`]: the queue of connections with data for the send
@@ -20,6 +21,7 @@
 
 use std::sync::OnceLock;
 
+pub mod deadline;
 pub mod orb;
 pub mod park;
 pub mod pool;

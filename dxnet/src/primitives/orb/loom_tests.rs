@@ -11,10 +11,10 @@ use super::*;
 use crate::primitives::sync::{thread, Arc};
 use loom::sync::Notify;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-fn far() -> Instant {
-    Instant::now() + Duration::from_secs(3600)
+fn far() -> Deadline {
+    Deadline::at(Instant::now() + Duration::from_secs(3600))
 }
 
 /// A ring plus the consumer's wake-up signal.
@@ -40,7 +40,7 @@ impl Ring {
 
     fn put(&self, data: &[u8]) -> Result<(), OrbError> {
         self.orb
-            .write_message(data.len(), far(), &|| self.ready.notify(), |w| {
+            .write_message(data.len(), &far(), &|| self.ready.notify(), |w| {
                 w.write_all(data)
             })
     }

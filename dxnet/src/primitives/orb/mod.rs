@@ -44,11 +44,11 @@
 //! through the `sync` shim:
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p dxnet --release --lib loom_tests`
 
+use super::deadline::Deadline;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::io;
 use std::ptr;
-use std::time::Instant;
 
 use crossbeam::utils::CachePadded;
 
@@ -314,7 +314,7 @@ impl Orb {
     pub fn write_message<F>(
         &self,
         len: usize,
-        deadline: Instant,
+        deadline: &Deadline,
         on_commit: &dyn Fn(),
         fill: F,
     ) -> Result<(), OrbError>
@@ -407,7 +407,7 @@ impl Orb {
     /// held back: every blocked producer waits for its message to end.
     fn wait_for<T>(
         &self,
-        deadline: Instant,
+        deadline: &Deadline,
         priority: bool,
         mut attempt: impl FnMut() -> Option<T>,
     ) -> Result<T, OrbError> {
@@ -430,7 +430,7 @@ impl Orb {
         crate::primitives::before_blocking();
         self.waiters
             .wait(
-                deadline,
+                deadline.get(),
                 priority,
                 || self.closed.load(Ordering::Acquire),
                 attempt,

@@ -5,17 +5,17 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-fn far() -> Instant {
-    Instant::now() + Duration::from_secs(60)
+fn far() -> Deadline {
+    Deadline::at(Instant::now() + Duration::from_secs(60))
 }
 
 fn nop() {}
 
 /// Writes `data` as one message.
 fn put(orb: &Orb, data: &[u8]) -> Result<(), OrbError> {
-    orb.write_message(data.len(), far(), &nop, |w| w.write_all(data))
+    orb.write_message(data.len(), &far(), &nop, |w| w.write_all(data))
 }
 
 /// Consumes up to `max` bytes (post + complete at once).
@@ -115,9 +115,12 @@ fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
     assert!(rx.try_recv().is_err(), "no producer blocked yet");
     let o2 = orb.clone();
     let producer = std::thread::spawn(move || {
-        o2.write_message(1000, Instant::now() + Duration::from_secs(30), &nop, |w| {
-            w.write_all(&[2; 1000])
-        })
+        o2.write_message(
+            1000,
+            &Deadline::at(Instant::now() + Duration::from_secs(30)),
+            &nop,
+            |w| w.write_all(&[2; 1000]),
+        )
     });
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the blocked producer called the hook");
@@ -136,7 +139,7 @@ fn unposted_respects_max_and_pieces_are_written_across_the_wrap() {
     assert_eq!(take(&orb, &mut c, 4000).len(), 4000);
     // Written in odd pieces, wrapping at 4096.
     let msg: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
-    orb.write_message(msg.len(), far(), &nop, |w| {
+    orb.write_message(msg.len(), &far(), &nop, |w| {
         for piece in msg.chunks(7) {
             w.write_all(piece)?;
         }
@@ -158,7 +161,7 @@ fn unposted_respects_max_and_pieces_are_written_across_the_wrap() {
 fn wrong_length_is_corrupted_and_closes() {
     let orb = Orb::new(4096);
     let mut c = orb.consumer().unwrap();
-    let short = orb.write_message(10, far(), &nop, |w| w.write_all(&[1; 9]));
+    let short = orb.write_message(10, &far(), &nop, |w| w.write_all(&[1; 9]));
     assert_eq!(short, Err(OrbError::Corrupted));
     assert!(orb.is_closed());
     // The span was published anyway (the consumer must be able to pass it).
@@ -168,7 +171,7 @@ fn wrong_length_is_corrupted_and_closes() {
 
     let orb = Orb::new(4096);
     let mut c = orb.consumer().unwrap();
-    let long = orb.write_message(10, far(), &nop, |w| {
+    let long = orb.write_message(10, &far(), &nop, |w| {
         let err = w.write_all(&[1; 11]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WriteZero);
         Ok(())
@@ -177,7 +180,7 @@ fn wrong_length_is_corrupted_and_closes() {
     assert_eq!(orb.unposted_len(&mut c), 10);
 
     let orb = Orb::new(4096);
-    let failed = orb.write_message(8, far(), &nop, |w| {
+    let failed = orb.write_message(8, &far(), &nop, |w| {
         w.write_all(&[1; 8])?;
         Err(io::Error::other("serializer failed"))
     });
@@ -196,7 +199,7 @@ fn wrong_length_is_corrupted_and_closes() {
                 std::thread::yield_now();
             }
         });
-        let r = orb.write_message(10_000, far(), &nop, |w| w.write_all(&[3; 9_000]));
+        let r = orb.write_message(10_000, &far(), &nop, |w| w.write_all(&[3; 9_000]));
         assert_eq!(r, Err(OrbError::Corrupted));
         stop.store(true, Ordering::Release);
     });
@@ -210,11 +213,11 @@ fn on_commit_runs_once_per_commit() {
     let count = || {
         calls.fetch_add(1, Ordering::Relaxed);
     };
-    orb.write_message(12, far(), &count, |w| w.write_all(b"hello, world"))
+    orb.write_message(12, &far(), &count, |w| w.write_all(b"hello, world"))
         .unwrap();
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     assert_eq!(
-        orb.write_message(0, far(), &count, |_| unreachable!()),
+        orb.write_message(0, &far(), &count, |_| unreachable!()),
         Ok(())
     );
     assert_eq!(calls.load(Ordering::Relaxed), 1);
@@ -229,13 +232,13 @@ fn full_ring_times_out_without_writing() {
     }
     let before = orb.positions();
     assert_eq!(before.reserved, 4096);
-    let deadline = Instant::now() + Duration::from_millis(5);
-    let r = orb.write_message(8, deadline, &nop, |_| panic!("must not be called"));
+    let deadline = Deadline::at(Instant::now() + Duration::from_millis(5));
+    let r = orb.write_message(8, &deadline, &nop, |_| panic!("must not be called"));
     assert_eq!(r, Err(OrbError::Timeout));
     // A chunked message can't get its first chunk either: Timeout, and
     // its exclusive flag is released again.
-    let deadline = Instant::now() + Duration::from_millis(5);
-    let r = orb.write_message(10_000, deadline, &nop, |_| panic!("must not be called"));
+    let deadline = Deadline::at(Instant::now() + Duration::from_millis(5));
+    let r = orb.write_message(10_000, &deadline, &nop, |_| panic!("must not be called"));
     assert_eq!(r, Err(OrbError::Timeout));
     assert_eq!(orb.positions(), before);
     assert!(!orb.is_closed());
@@ -253,10 +256,10 @@ fn chunked_message_times_out_midway_as_corrupted() {
     let on_commit = || {
         commits.fetch_add(1, Ordering::Relaxed);
     };
-    let deadline = Instant::now() + Duration::from_millis(5);
+    let deadline = Deadline::at(Instant::now() + Duration::from_millis(5));
     // Nobody consumes: the first chunk (whole ring) is committed, the
     // second never gets space.
-    let r = orb.write_message(3 * 4096, deadline, &on_commit, |w| {
+    let r = orb.write_message(3 * 4096, &deadline, &on_commit, |w| {
         w.write_all(&[5; 3 * 4096])
     });
     assert_eq!(r, Err(OrbError::Corrupted));
@@ -279,7 +282,7 @@ fn close_wakes_blocked_producers() {
         .map(|len| {
             let orb = Arc::clone(&orb);
             std::thread::spawn(move || {
-                orb.write_message(len, far(), &nop, |w| w.write_all(&vec![1; len]))
+                orb.write_message(len, &far(), &nop, |w| w.write_all(&vec![1; len]))
             })
         })
         .collect();
@@ -322,7 +325,7 @@ fn panic_in_fill_closes_and_commits() {
     let mut c = orb.consumer().unwrap();
     put(&orb, b"ok, fine").unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = orb.write_message(10, far(), &nop, |w| {
+        let _ = orb.write_message(10, &far(), &nop, |w| {
             w.write_all(b"abc")?;
             panic!("serializer bug")
         });
@@ -484,7 +487,7 @@ fn stress(producers: u32, messages: u64, seed: u64) {
                     let len = total.max(HEADER) - HEADER;
                     let body = payload(p, seq, len);
                     let piece = 1 + rng.below(700) as usize;
-                    orb.write_message(HEADER + len, far(), &on_commit, |w| {
+                    orb.write_message(HEADER + len, &far(), &on_commit, |w| {
                         w.write_all(&p.to_le_bytes())?;
                         w.write_all(&seq.to_le_bytes())?;
                         w.write_all(&(len as u32).to_le_bytes())?;
@@ -537,7 +540,7 @@ fn paused_producer_does_not_block_the_others() {
     let paused = {
         let orb = Arc::clone(&orb);
         std::thread::spawn(move || {
-            orb.write_message(HEADER, far(), &nop, |w| {
+            orb.write_message(HEADER, &far(), &nop, |w| {
                 w.write_all(&99u32.to_le_bytes())?;
                 paused_tx.send(()).unwrap();
                 resume_rx.recv().unwrap();
@@ -555,7 +558,7 @@ fn paused_producer_does_not_block_the_others() {
             std::thread::spawn(move || {
                 for seq in 0..20u64 {
                     let body = payload(p, seq, 64 - HEADER);
-                    orb.write_message(64, far(), &nop, |w| {
+                    orb.write_message(64, &far(), &nop, |w| {
                         w.write_all(&p.to_le_bytes())?;
                         w.write_all(&seq.to_le_bytes())?;
                         w.write_all(&(body.len() as u32).to_le_bytes())?;

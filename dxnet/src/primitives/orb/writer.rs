@@ -36,7 +36,7 @@ pub struct OrbWriter<'a> {
     overflow: bool,
     /// Reserving a later chunk failed (Corrupted or Closed).
     failure: Option<OrbError>,
-    deadline: Instant,
+    deadline: &'a Deadline,
     on_commit: &'a dyn Fn(),
 }
 
@@ -47,7 +47,7 @@ impl<'a> OrbWriter<'a> {
         chunk_end: u64,
         msg_end: u64,
         exclusive: bool,
-        deadline: Instant,
+        deadline: &'a Deadline,
         on_commit: &'a dyn Fn(),
     ) -> Self {
         OrbWriter {
