@@ -13,6 +13,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::config::ParkConfig;
+use crate::primitives::credit::Credit;
 use crate::primitives::deadline::Deadline;
 use crate::primitives::park::Idle;
 use crate::primitives::wait_queue::{WaitError, WaitQueue};
@@ -32,7 +33,8 @@ pub struct FlowControl {
     /// Sender side: the peer's window and unit (set at handshake).
     peer_window: AtomicU64,
     peer_unit: AtomicU64,
-    in_flight: AtomicU64,
+    /// Bytes sent and not confirmed, claimed per CPU in batches.
+    in_flight: Credit,
     /// Receiver side: own unit.
     own_unit: u64,
     processed: AtomicU64,
@@ -48,7 +50,7 @@ impl FlowControl {
         Self {
             peer_window: AtomicU64::new(own_window),
             peer_unit: AtomicU64::new(own_unit.max(1)),
-            in_flight: AtomicU64::new(0),
+            in_flight: Credit::new(),
             own_unit: own_unit.max(1),
             processed: AtomicU64::new(0),
             pending_units: AtomicU32::new(0),
@@ -73,7 +75,7 @@ impl FlowControl {
     /// Bytes written but not confirmed.
     #[cfg(test)]
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.in_use()
     }
 
     /// Sender: claims `len` bytes of window, waiting while the window is
@@ -114,14 +116,10 @@ impl FlowControl {
             })
     }
 
-    /// One attempt to claim `len` bytes (retrying only on contention).
+    /// One attempt to claim `len` bytes (see [`Credit::try_claim`]).
     fn try_acquire(&self, len: u64) -> bool {
-        let window = self.peer_window.load(Ordering::Relaxed);
         self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                (cur < window).then_some(cur + len)
-            })
-            .is_ok()
+            .try_claim(len, self.peer_window.load(Ordering::Relaxed))
     }
 
     /// Sender: the peer confirmed `units`. Never underflows, whatever a peer
@@ -135,11 +133,7 @@ impl FlowControl {
 
     /// Sender: `bytes` of window come back (confirmed, or never sent).
     pub fn on_confirm_bytes(&self, bytes: u64) {
-        let _ = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |c| {
-                Some(c.saturating_sub(bytes))
-            });
+        self.in_flight.give_back(bytes);
         self.waiters.wake();
     }
 

@@ -4,6 +4,8 @@
 //! `write_interest`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
+//! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
+//!   (flow control).
 //! - [`deadline`]: a timeout that reads the clock only when a wait begins.
 //! - [`orb`]: the outgoing ring buffer (lock-free, many producers, one
 //!   consumer at a time).
@@ -21,6 +23,7 @@
 
 use std::sync::OnceLock;
 
+pub mod credit;
 pub mod deadline;
 pub mod orb;
 pub mod park;
