@@ -1,7 +1,7 @@
 //! Concurrency primitives that know nothing of messages, connections or
 //! transports: the layers above (`core`, `transport`) use them, they use
 //! nothing above them (plain configuration structs aside). Each is tested on its own; the lock-free ones (`orb`,
-//! `write_interest`) also by loom models of the same code (`sync` is the
+//! `write_interest`, `credit`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
