@@ -55,21 +55,124 @@ impl Incoming {
     }
 }
 
-/// The inbox of a connection: buffers received, in order, and whether the
-/// connection is scheduled on (or being processed by) a handler thread. Both
-/// live under one lock so no wake-up is lost.
+/// The inbox of a connection: buffers received, in order, and who owns the
+/// connection. Both live under one lock so no wake-up is lost.
+///
+/// The ownership protocol: a connection is *scheduled* while it is queued
+/// in the ready queue or held by one thread (a handler thread, or a
+/// receiving thread handling it inline); only that owner decodes and
+/// dispatches its messages, so they run in order. [`Inbox::push`] schedules
+/// an unowned connection (the caller hands it to the handlers),
+/// [`Inbox::take_if_idle`] takes an idle one, and the owner gives it up
+/// through [`Inbox::pop_or_release`] or [`Inbox::release_unless_queued`]
+/// when nothing is left. While the owner is blocked inside dxnet
+/// (`owner_blocked`, see `Core::owner_blocking`) arriving buffers are
+/// decoded at once and wait as [`Incoming::Decoded`].
+///
+/// Lock order: a thread that needs both takes the connection's decoder
+/// before its inbox, and never waits for the decoder while it holds the
+/// inbox (it may only `try_lock` it).
 #[derive(Debug, Default)]
 pub struct Inbox {
     /// Buffers in arrival order.
-    pub items: VecDeque<Incoming>,
+    items: VecDeque<Incoming>,
     /// Message-stream bytes in `items`.
-    pub bytes: usize,
-    /// True while queued in the ready queue or held by a handler.
-    pub scheduled: bool,
-    /// The handler holding the connection is blocked inside dxnet (e.g. on
-    /// a nested request): buffers are decoded on arrival so that responses
-    /// complete, the rest waits as [`Incoming::Decoded`].
-    pub owner_blocked: bool,
+    bytes: usize,
+    /// Queued in the ready queue or held by an owner.
+    scheduled: bool,
+    /// The owner is blocked inside dxnet: buffers are decoded on arrival.
+    owner_blocked: bool,
+}
+
+impl Inbox {
+    /// Appends `item`; true if the connection was not scheduled and now is
+    /// (the caller then puts it in the ready queue).
+    pub fn push(&mut self, item: Incoming) -> bool {
+        self.bytes += item.data_len();
+        self.items.push_back(item);
+        !std::mem::replace(&mut self.scheduled, true)
+    }
+
+    /// Takes ownership of a connection with nothing queued and no owner;
+    /// false if it is scheduled or has data queued.
+    pub fn take_if_idle(&mut self) -> bool {
+        if self.scheduled || !self.items.is_empty() {
+            return false;
+        }
+        self.scheduled = true;
+        true
+    }
+
+    /// The owner's next item; `None` ends the ownership (nothing queued).
+    pub fn pop_or_release(&mut self) -> Option<Incoming> {
+        let item = self.items.pop_front();
+        match &item {
+            Some(it) => self.bytes -= it.data_len(),
+            None => self.scheduled = false,
+        }
+        item
+    }
+
+    /// The owner is done: ends the ownership if nothing is queued; true if
+    /// items are queued (the owner keeps it and must reschedule it).
+    pub fn release_unless_queued(&mut self) -> bool {
+        if self.items.is_empty() {
+            self.scheduled = false;
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Number of queued items.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Message-stream bytes queued.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the owner is blocked inside dxnet (decode-ahead).
+    pub fn owner_blocked(&self) -> bool {
+        self.owner_blocked
+    }
+
+    /// Sets whether the owner is blocked; returns the previous value.
+    pub fn set_owner_blocked(&mut self, blocked: bool) -> bool {
+        std::mem::replace(&mut self.owner_blocked, blocked)
+    }
+
+    /// Takes every queued item out (decode-ahead merges them); their bytes
+    /// leave the count until [`Inbox::push_decoded`] puts the result back.
+    pub fn drain(&mut self) -> VecDeque<Incoming> {
+        self.bytes = 0;
+        std::mem::take(&mut self.items)
+    }
+
+    /// Appends decoded-ahead bytes: to the last item if it is decoded too
+    /// (returns its length before, for the incoming queue's accounting),
+    /// else as a new item (`None`). The connection stays owned.
+    pub fn push_decoded(&mut self, new: Vec<u8>) -> Option<usize> {
+        self.bytes += new.len();
+        match self.items.back_mut() {
+            Some(Incoming::Decoded(last)) => {
+                let before = last.len();
+                last.extend_from_slice(&new);
+                Some(before)
+            }
+            _ => {
+                self.items.push_back(Incoming::Decoded(new));
+                None
+            }
+        }
+    }
 }
 
 /// The transport-independent state of a connection to one peer.
@@ -85,8 +188,9 @@ pub struct Connection {
     pub flow: FlowControl,
     /// Received data waiting for processing.
     pub inbox: Mutex<Inbox>,
-    /// Reassembly state; used only by the handler thread holding the
-    /// connection (`Inbox::scheduled`).
+    /// Reassembly state; used by the connection's owner (see [`Inbox`]),
+    /// and by decode-ahead while the owner is blocked. Locked before the
+    /// inbox.
     pub decoder: Mutex<Decoder>,
     state: AtomicU8,
     peer_instance: AtomicU64,
@@ -200,7 +304,7 @@ impl Connection {
 
     /// True if nothing is queued to send or to process.
     pub fn is_idle(&self) -> bool {
-        self.orb.is_empty() && self.inbox.lock().items.is_empty()
+        self.orb.is_empty() && self.inbox.lock().is_empty()
     }
 
     /// Last use tick.
@@ -296,5 +400,41 @@ impl ConnectionTable {
     /// All installed connections (a snapshot).
     pub fn all(&self) -> Vec<Arc<Connection>> {
         self.slots.iter().filter_map(|s| s.load_full()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inbox_ownership_protocol() {
+        let mut inbox = Inbox::default();
+        assert!(inbox.take_if_idle(), "an idle connection can be taken");
+        assert!(!inbox.take_if_idle(), "but only once");
+        assert!(!inbox.release_unless_queued(), "released: nothing queued");
+        assert!(inbox.push(Incoming::Local(vec![1; 10])), "push schedules");
+        assert!(!inbox.push(Incoming::Local(vec![2; 5])), "once");
+        assert!(!inbox.take_if_idle(), "scheduled: not idle");
+        assert_eq!((inbox.len(), inbox.bytes()), (2, 15));
+        assert!(matches!(inbox.pop_or_release(), Some(Incoming::Local(v)) if v.len() == 10));
+        assert!(inbox.pop_or_release().is_some());
+        assert!(inbox.pop_or_release().is_none(), "empty: ownership ends");
+        assert!(inbox.take_if_idle(), "and the connection is idle again");
+    }
+
+    #[test]
+    fn inbox_decode_ahead_keeps_the_byte_count() {
+        let mut inbox = Inbox::default();
+        inbox.push(Incoming::Local(vec![0; 7]));
+        inbox.push(Incoming::Local(vec![0; 9]));
+        assert!(!inbox.set_owner_blocked(true));
+        assert!(inbox.set_owner_blocked(true), "already blocked");
+        let drained = inbox.drain();
+        assert_eq!((drained.len(), inbox.bytes()), (2, 0));
+        assert_eq!(inbox.push_decoded(vec![0; 12]), None, "a new item");
+        assert_eq!(inbox.push_decoded(vec![0; 4]), Some(12), "appended to it");
+        assert_eq!((inbox.len(), inbox.bytes()), (1, 16));
+        assert!(inbox.release_unless_queued(), "queued items keep the owner");
     }
 }

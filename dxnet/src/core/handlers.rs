@@ -99,7 +99,7 @@ impl Core {
                     count += 1;
                     self.dispatch(conn.peer, &m.header, payload);
                     if inline::take_blocked() {
-                        conn.inbox.lock().owner_blocked = false;
+                        conn.inbox.lock().set_owner_blocked(false);
                     }
                 }
             };

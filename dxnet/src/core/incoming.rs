@@ -80,9 +80,9 @@ impl IncomingQueue {
     pub fn over_share(&self, conn: &Connection) -> bool {
         let over = || {
             let inbox = conn.inbox.lock();
-            let n = inbox.items.len();
-            (n >= (self.max_buffers / 4).max(1) && !(inbox.owner_blocked && n <= 1))
-                || inbox.bytes >= (self.max_bytes / 4).max(1)
+            let n = inbox.len();
+            (n >= (self.max_buffers / 4).max(1) && !(inbox.owner_blocked() && n <= 1))
+                || inbox.bytes() >= (self.max_bytes / 4).max(1)
         };
         if !over() {
             return false;
@@ -99,13 +99,11 @@ impl IncomingQueue {
         let len = item.data_len();
         let schedule = {
             let mut inbox = conn.inbox.lock();
-            if inbox.owner_blocked && !matches!(item, Incoming::Decoded(_)) {
+            if inbox.owner_blocked() && !matches!(item, Incoming::Decoded(_)) {
                 return Some(item);
             }
             self.count_in(len);
-            inbox.items.push_back(item);
-            inbox.bytes += len;
-            !std::mem::replace(&mut inbox.scheduled, true)
+            inbox.push(item)
         };
         if schedule {
             self.ready.push(conn.clone());
@@ -180,15 +178,7 @@ impl IncomingQueue {
     /// ownership (the connection is unscheduled under the inbox lock). The
     /// second value tells whether a starved receiver must be woken.
     pub fn next_item(&self, conn: &Connection) -> (Option<Incoming>, bool) {
-        let item = {
-            let mut inbox = conn.inbox.lock();
-            let item = inbox.items.pop_front();
-            match &item {
-                Some(it) => inbox.bytes -= it.data_len(),
-                None => inbox.scheduled = false,
-            }
-            item
-        };
+        let item = conn.inbox.lock().pop_or_release();
         let mut wake = false;
         if let Some(it) = &item {
             self.buffers.fetch_sub(1, Ordering::AcqRel);

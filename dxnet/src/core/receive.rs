@@ -77,14 +77,9 @@ impl Core {
             self.enqueue(conn, Incoming::Pooled(buf));
             return None;
         }
-        {
-            let mut inbox = conn.inbox.lock();
-            if inbox.scheduled || !inbox.items.is_empty() {
-                drop(inbox);
-                self.enqueue(conn, Incoming::Pooled(buf));
-                return None;
-            }
-            inbox.scheduled = true; // taken, as by a handler thread
+        if !conn.inbox.lock().take_if_idle() {
+            self.enqueue(conn, Incoming::Pooled(buf));
+            return None;
         }
         Some(InlineWork {
             conn: conn.clone(),
@@ -140,23 +135,17 @@ impl Core {
             return Ok(());
         }
         {
-            // Take the connection like a handler thread would.
+            // Take the connection like a handler thread would, if its
+            // decoder holds no partial message (checked without waiting:
+            // the inbox is held, see the lock order at `Inbox`).
             let mut inbox = conn.inbox.lock();
-            if inbox.scheduled || !inbox.items.is_empty() || !conn.decoder.lock().is_idle() {
+            let decoder_idle = conn.decoder.try_lock().is_some_and(|d| d.is_idle());
+            if !decoder_idle || !inbox.take_if_idle() {
                 return Err(buf);
             }
-            inbox.scheduled = true;
         }
         self.process_item(conn, Incoming::Pooled(buf));
-        let more = {
-            let mut inbox = conn.inbox.lock();
-            if inbox.items.is_empty() {
-                inbox.scheduled = false;
-                false
-            } else {
-                true
-            }
-        };
+        let more = conn.inbox.lock().release_unless_queued();
         if more {
             self.incoming.reschedule(conn.clone());
         }
@@ -208,7 +197,7 @@ impl Core {
             {
                 let mut dec = conn.decoder.lock();
                 let mut inbox = conn.inbox.lock();
-                if !inbox.owner_blocked {
+                if !inbox.owner_blocked() {
                     item = back; // unblocked meanwhile: queue it as usual
                     continue;
                 }
@@ -219,20 +208,14 @@ impl Core {
                         Vec::new()
                     }
                 };
-                inbox.bytes += new.len();
                 // Appended to the last decoded item if there is one: waiting
                 // messages then count as one item against the connection's
                 // share of the incoming queue, and bytes stay bounded by
                 // the sender's flow-control window.
-                match inbox.items.back_mut() {
-                    Some(Incoming::Decoded(last)) => {
-                        self.incoming.resized(last.len(), last.len() + new.len());
-                        last.extend_from_slice(&new);
-                    }
-                    _ => {
-                        self.incoming.added(new.len());
-                        inbox.items.push_back(Incoming::Decoded(new));
-                    }
+                let added = new.len();
+                match inbox.push_decoded(new) {
+                    Some(before) => self.incoming.resized(before, before + added),
+                    None => self.incoming.added(added),
                 }
             }
             self.after_decode_ahead(conn, freed, failed);
@@ -252,20 +235,19 @@ impl Core {
         {
             let mut dec = conn.decoder.lock();
             let mut inbox = conn.inbox.lock();
-            if inbox.owner_blocked {
+            if inbox.set_owner_blocked(true) {
                 return;
             }
-            inbox.owner_blocked = true;
             // Everything queued becomes one item (decoded ahead, in order):
             // the connection then holds one item of the incoming queue,
             // below its share, and its receiver reads on — the response
             // the handler waits for may be behind the queued buffers
             // (see `IncomingQueue::over_share`). Bytes still count.
-            let k = inbox.items.len();
+            let k = inbox.len();
             if k > 0 {
                 let mut merged: Vec<u8> = Vec::new();
                 let mut old = 0;
-                for it in std::mem::take(&mut inbox.items) {
+                for it in inbox.drain() {
                     old += it.data_len();
                     match it {
                         Incoming::Decoded(v) if merged.is_empty() => merged = v,
@@ -278,8 +260,7 @@ impl Core {
                 }
                 self.incoming.resized(old, merged.len());
                 self.incoming.merged(k - 1);
-                inbox.bytes = inbox.bytes - old + merged.len();
-                inbox.items.push_back(Incoming::Decoded(merged));
+                inbox.push_decoded(merged);
             }
         }
         // A receiver that paused this connection (over its share of the
