@@ -175,6 +175,42 @@ impl Inbox {
     }
 }
 
+/// Proof that the holder owns a connection's received data (see [`Inbox`]):
+/// only an `Owned` decodes and dispatches, so a connection's messages run
+/// in order on one thread at a time. Made when a connection is scheduled
+/// ([`Inbox::push`] via the incoming queue) or taken idle
+/// ([`Connection::take_if_idle`]); not `Clone`. It ends by
+/// [`Owned::release_unless_queued`], by the incoming queue's `next_item`
+/// finding nothing, or by going back to the ready queue (`reschedule`).
+#[derive(Debug)]
+pub struct Owned(Arc<Connection>);
+
+impl Owned {
+    /// Only the inbox protocol makes one: the caller has just set
+    /// `scheduled` under the inbox lock.
+    pub(super) fn new_scheduled(conn: Arc<Connection>) -> Self {
+        Owned(conn)
+    }
+
+    /// Ends the ownership if nothing is queued (`Ok`), else keeps it and
+    /// returns it (`Err`: the caller must reschedule it).
+    pub fn release_unless_queued(self) -> Result<(), Owned> {
+        if self.0.inbox.lock().release_unless_queued() {
+            Err(self)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl std::ops::Deref for Owned {
+    type Target = Arc<Connection>;
+
+    fn deref(&self) -> &Arc<Connection> {
+        &self.0
+    }
+}
+
 /// The transport-independent state of a connection to one peer.
 #[derive(Debug)]
 pub struct Connection {
@@ -300,6 +336,15 @@ impl Connection {
         if self.last_used.load(Ordering::Relaxed) != tick {
             self.last_used.store(tick, Ordering::Relaxed);
         }
+    }
+
+    /// Takes ownership of this connection's received data if nothing is
+    /// queued and nobody owns it (see [`Inbox::take_if_idle`]).
+    pub fn take_if_idle(self: &Arc<Self>) -> Option<Owned> {
+        self.inbox
+            .lock()
+            .take_if_idle()
+            .then(|| Owned(self.clone()))
     }
 
     /// True if nothing is queued to send or to process.

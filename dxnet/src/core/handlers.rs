@@ -24,7 +24,7 @@ impl Core {
         }
     }
 
-    pub(super) fn process_connection(self: &Arc<Self>, conn: Arc<Connection>) {
+    pub(super) fn process_connection(self: &Arc<Self>, conn: Owned) {
         for _ in 0..HANDLER_BUDGET {
             let (item, wake) = self.incoming.next_item(&conn);
             if wake {
@@ -43,7 +43,7 @@ impl Core {
     /// handler may block on a nested request to the very peer it is
     /// handling: its response is completed by the decode-ahead (see
     /// [`Core::owner_blocking`]).
-    pub(super) fn process_item(self: &Arc<Self>, conn: &Arc<Connection>, item: Incoming) {
+    pub(super) fn process_item(self: &Arc<Self>, conn: &Owned, item: Incoming) {
         let mut processed = 0u64;
         let mut responses = 0u64;
         let mut count = 0u64;

@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use crossbeam::queue::SegQueue;
 
-use crate::core::connection::{Connection, Incoming};
+use crate::core::connection::{Connection, Incoming, Owned};
 use crate::primitives::park::Signal;
 
 /// The ready queue, limits and wake-up signal of the handler threads.
 #[derive(Debug)]
 pub struct IncomingQueue {
-    ready: SegQueue<Arc<Connection>>,
+    ready: SegQueue<Owned>,
     buffers: AtomicUsize,
     bytes: AtomicUsize,
     max_buffers: usize,
@@ -106,7 +106,7 @@ impl IncomingQueue {
             inbox.push(item)
         };
         if schedule {
-            self.ready.push(conn.clone());
+            self.ready.push(Owned::new_scheduled(conn.clone()));
             self.handlers.notify_one();
         }
         None
@@ -158,14 +158,14 @@ impl IncomingQueue {
 
     /// Puts a connection that still has data back in the ready queue (a
     /// handler used up its budget on it; round-robin fairness).
-    pub fn reschedule(&self, conn: Arc<Connection>) {
+    pub fn reschedule(&self, conn: Owned) {
         self.ready.push(conn);
         self.handlers.notify_one();
     }
 
     /// The next connection with data, now owned by the caller until its inbox
     /// is empty (see [`IncomingQueue::next_item`]) or it is rescheduled.
-    pub fn pop_ready(&self) -> Option<Arc<Connection>> {
+    pub fn pop_ready(&self) -> Option<Owned> {
         self.ready.pop()
     }
 
@@ -177,7 +177,7 @@ impl IncomingQueue {
     /// The next buffer of a connection the caller owns; `None` ends the
     /// ownership (the connection is unscheduled under the inbox lock). The
     /// second value tells whether a starved receiver must be woken.
-    pub fn next_item(&self, conn: &Connection) -> (Option<Incoming>, bool) {
+    pub fn next_item(&self, conn: &Owned) -> (Option<Incoming>, bool) {
         let item = conn.inbox.lock().pop_or_release();
         let mut wake = false;
         if let Some(it) = &item {

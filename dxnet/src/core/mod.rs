@@ -57,7 +57,7 @@ use crate::primitives::stats::Stats;
 use crate::primitives::write_interest::WriteInterest;
 use crate::proto::decoder::Decoder;
 use crate::proto::{codec, identity, wire};
-use connection::{ConnState, Connection, ConnectionTable, Incoming};
+use connection::{ConnState, Connection, ConnectionTable, Incoming, Owned};
 use flow::{FlowControl, FlowWaitError};
 use incoming::IncomingQueue;
 use requests::{Outcome, PendingResponse, RequestTable};
@@ -141,7 +141,7 @@ fn put_scratch(mut v: Vec<PendingMessage>) {
 /// [`Core::run_inline`] returns.
 #[derive(Debug)]
 pub struct InlineWork {
-    conn: Arc<Connection>,
+    conn: Owned,
     buf: RecvBuffer,
 }
 

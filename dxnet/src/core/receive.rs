@@ -77,14 +77,11 @@ impl Core {
             self.enqueue(conn, Incoming::Pooled(buf));
             return None;
         }
-        if !conn.inbox.lock().take_if_idle() {
+        let Some(conn) = conn.take_if_idle() else {
             self.enqueue(conn, Incoming::Pooled(buf));
             return None;
-        }
-        Some(InlineWork {
-            conn: conn.clone(),
-            buf,
-        })
+        };
+        Some(InlineWork { conn, buf })
     }
 
     /// Handles an [`InlineWork`] on the calling thread, then any buffers
@@ -134,20 +131,20 @@ impl Core {
             self.complete_standalone_responses(conn, buf);
             return Ok(());
         }
-        {
-            // Take the connection like a handler thread would, if its
-            // decoder holds no partial message (checked without waiting:
-            // the inbox is held, see the lock order at `Inbox`).
+        // Take the connection like a handler thread would, if its decoder
+        // holds no partial message (checked without waiting: the inbox is
+        // held, see the lock order at `Inbox`).
+        let owned = {
             let mut inbox = conn.inbox.lock();
             let decoder_idle = conn.decoder.try_lock().is_some_and(|d| d.is_idle());
             if !decoder_idle || !inbox.take_if_idle() {
                 return Err(buf);
             }
-        }
-        self.process_item(conn, Incoming::Pooled(buf));
-        let more = conn.inbox.lock().release_unless_queued();
-        if more {
-            self.incoming.reschedule(conn.clone());
+            Owned::new_scheduled(conn.clone())
+        };
+        self.process_item(&owned, Incoming::Pooled(buf));
+        if let Err(still_owned) = owned.release_unless_queued() {
+            self.incoming.reschedule(still_owned);
         }
         Ok(())
     }
