@@ -179,12 +179,10 @@ impl Core {
         header.encode(&mut hb);
         let total = HEADER_LEN + payload_len;
         let send_timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
-        let deadline = match now {
-            Some(now) => {
-                Deadline::at(deadline.map_or(now + send_timeout, |d| d.min(now + send_timeout)))
-            }
-            None => Deadline::after(send_timeout, deadline),
-        };
+        let deadline = Deadline::after(send_timeout, deadline);
+        if let Some(now) = now {
+            deadline.start(now);
+        }
 
         if dest == self.own {
             return self.send_local(&hb, total, deadline.get(), fill);
@@ -303,10 +301,11 @@ impl Core {
         let notify = || {
             if urgent {
                 self.on_urgent_write_interest(dest)
-            } else if self.on_write_interest(dest) && now.is_none() {
-                // Newly queued for the send thread: this connection is in
-                // use now (least-recently-used closing), read the clock once
-                // per send-thread round rather than per message.
+            } else if self.on_write_interest(dest) {
+                // A plain message (no clock reading of its own), newly
+                // queued for the send thread: this connection is in use now
+                // (least-recently-used closing); the clock is read once per
+                // send-thread round rather than per message.
                 conn.touch(self.tick(Instant::now()));
             }
         };

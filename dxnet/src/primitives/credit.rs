@@ -108,7 +108,7 @@ impl Credit {
         if total > 0 {
             // After the slots shrank. Saturating: a peer that confirmed
             // more than it was sent may have emptied the pool already.
-            self.release(total);
+            self.give_back(total);
         }
         total
     }
@@ -116,10 +116,6 @@ impl Credit {
     /// `bytes` of claimed window come back (confirmed by the peer, or never
     /// sent). Never goes below zero, whatever a peer claims.
     pub fn give_back(&self, bytes: u64) {
-        self.release(bytes);
-    }
-
-    fn release(&self, bytes: u64) {
         let _ = self
             .claimed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {

@@ -39,10 +39,20 @@ impl Deadline {
 
     /// The instant; the first call of a relative deadline reads the clock.
     pub fn get(&self) -> Instant {
+        match self.at.get() {
+            Some(at) => at,
+            None => self.start(Instant::now()),
+        }
+    }
+
+    /// Fixes a relative deadline as measured from `now` (a clock reading
+    /// the caller has anyway); a fixed one stays as it is. Returns the
+    /// instant.
+    pub fn start(&self, now: Instant) -> Instant {
         if let Some(at) = self.at.get() {
             return at;
         }
-        let at = Instant::now() + self.timeout;
+        let at = now + self.timeout;
         let at = self.cap.map_or(at, |cap| cap.min(at));
         self.at.set(Some(at));
         at
@@ -78,6 +88,18 @@ mod tests {
         );
         let late_cap = Instant::now() + Duration::from_secs(60);
         assert!(Deadline::after(Duration::from_secs(1), Some(late_cap)).get() < late_cap);
+    }
+
+    #[test]
+    fn start_fixes_a_relative_deadline_from_the_given_reading() {
+        let now = Instant::now();
+        let d = Deadline::after(Duration::from_secs(5), None);
+        assert_eq!(d.start(now), now + Duration::from_secs(5));
+        assert_eq!(d.get(), now + Duration::from_secs(5));
+        assert_eq!(
+            d.start(now + Duration::from_secs(1)),
+            now + Duration::from_secs(5)
+        );
     }
 
     #[test]
