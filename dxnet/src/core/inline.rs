@@ -59,7 +59,7 @@ pub enum Turn {
 /// trip, and a wake-up costs more than the round trip itself).
 pub struct ReceiveRole<R> {
     state: Mutex<R>,
-    standby: Arc<Signal>,
+    standby: Arc<Standby>,
     /// Threads inside [`ReceiveRole::help`].
     helpers: AtomicUsize,
     /// Held by the one receive thread sleeping on the engine's wake-up
@@ -78,7 +78,7 @@ impl<R> ReceiveRole<R> {
     pub fn new(state: R) -> Self {
         Self {
             state: Mutex::new(state),
-            standby: Arc::new(Signal::new()),
+            standby: Arc::new(Standby::default()),
             helpers: AtomicUsize::new(0),
             sleeper: Mutex::new(()),
             helped: AtomicU64::new(0),
@@ -133,8 +133,7 @@ impl<R> ReceiveRole<R> {
                 continue;
             }
             let Some(mut state) = self.state.try_lock() else {
-                self.standby
-                    .park_unless(|| stop.load(Ordering::Acquire), max_park);
+                self.standby.park(stop, max_park);
                 continue;
             };
             let turn = receive(&mut state);
@@ -165,8 +164,7 @@ impl<R> ReceiveRole<R> {
         match self.sleeper.try_lock() {
             Some(_g) => sleep(d),
             None => {
-                self.standby
-                    .park_unless(|| stop.load(Ordering::Acquire), max_park);
+                self.standby.park(stop, max_park);
             }
         }
     }
@@ -222,7 +220,36 @@ impl<R> ReceiveRole<R> {
 
     /// Wakes a parked standby at shutdown (the caller has set `stop`).
     pub fn stopping(&self) {
-        self.standby.notify_all();
+        self.standby.signal.notify_all();
+    }
+}
+
+/// The receive thread that does not hold the role parks here; a handler
+/// run inline that blocks inside dxnet calls it to take the role over.
+#[derive(Debug, Default)]
+pub struct Standby {
+    signal: Signal,
+    /// Set before the signal fires: a call that comes while the standby is
+    /// on its way to park is seen when it re-checks under the signal's lock
+    /// (a bare notification could be lost and cost `max_park`).
+    called: AtomicBool,
+}
+
+impl Standby {
+    /// Asks the parked (or parking) standby to take the role over.
+    fn call(&self) {
+        self.called.store(true, Ordering::SeqCst);
+        self.signal.notify_one();
+    }
+
+    /// Parks until called, `stop`, or `max_park`; consumes the call and
+    /// returns whether there was one.
+    fn park(&self, stop: &AtomicBool, max_park: Duration) -> bool {
+        self.signal.park_unless(
+            || stop.load(Ordering::Acquire) || self.called.load(Ordering::SeqCst),
+            max_park,
+        );
+        self.called.swap(false, Ordering::Relaxed)
     }
 }
 
@@ -234,7 +261,7 @@ struct Handling {
 
 thread_local! {
     /// Set while a receive thread runs handlers inline: its standby.
-    static STANDBY: RefCell<Option<Arc<Signal>>> = const { RefCell::new(None) };
+    static STANDBY: RefCell<Option<Arc<Standby>>> = const { RefCell::new(None) };
     /// Set while this thread runs handlers of a connection it holds.
     static HANDLING: RefCell<Option<Handling>> = const { RefCell::new(None) };
     /// A handler of `HANDLING` blocked (its connection decodes ahead).
@@ -314,7 +341,7 @@ fn take_deferred() -> Vec<u16> {
 
 /// Runs `f` (the inline handling of a receive thread) with `standby` to be
 /// woken if a handler inside `f` blocks; fires at most once.
-pub fn with_standby<R>(standby: Arc<Signal>, f: impl FnOnce() -> R) -> R {
+pub fn with_standby<R>(standby: Arc<Standby>, f: impl FnOnce() -> R) -> R {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
@@ -377,7 +404,7 @@ pub fn before_blocking() {
         .ok()
         .flatten();
     if let Some(s) = standby {
-        s.notify_one();
+        s.call();
     }
     let deferred = take_deferred();
     if !deferred.is_empty() {
@@ -617,26 +644,24 @@ mod tests {
     }
 
     #[test]
-    fn standby_is_woken_once_and_only_inside() {
-        let sig = Arc::new(Signal::new());
-        let s2 = sig.clone();
-        let waiter = std::thread::spawn(move || {
-            // Returns when notified (or after the long timeout: a failure).
-            let t = std::time::Instant::now();
-            s2.park_unless(|| false, Duration::from_secs(20));
-            t.elapsed()
-        });
-        while sig.sleepers() == 0 {
-            std::thread::yield_now();
-        }
+    fn standby_is_called_once_and_only_inside() {
+        let standby = Arc::new(Standby::default());
+        let s2 = standby.clone();
+        // Parks until called: the call is a flag checked under the
+        // signal's lock, so it is seen however the two threads interleave.
+        // A lost call ends the park at the (long) timeout without one.
+        let waiter =
+            std::thread::spawn(move || s2.park(&AtomicBool::new(false), Duration::from_secs(120)));
         before_blocking(); // outside: nothing
-        let r = with_standby(sig.clone(), || {
+        assert!(!standby.called.load(Ordering::SeqCst));
+        let r = with_standby(standby.clone(), || {
             before_blocking();
             before_blocking();
             7
         });
         assert_eq!(r, 7);
-        assert!(waiter.join().unwrap() < Duration::from_secs(20));
+        assert!(waiter.join().unwrap(), "woken by the call");
+        assert!(!standby.called.load(Ordering::SeqCst), "call consumed");
         assert!(STANDBY.with(|h| h.borrow().is_none()));
         assert!(!take_blocked());
     }
