@@ -267,6 +267,12 @@ pub struct Limits {
     /// Connection-creation timeout (connect + handshake) in milliseconds.
     /// Default 2000.
     pub connect_timeout_ms: u64,
+    /// How long [`crate::Node::shutdown`] (or dropping the node) waits for
+    /// messages already sent to be written out before it closes the
+    /// connections, in milliseconds (a peer that does not read makes it
+    /// wait this long). 0: close at once, dropping unsent messages.
+    /// Default 1000.
+    pub shutdown_linger_ms: u64,
 }
 
 impl Default for Limits {
@@ -284,6 +290,7 @@ impl Default for Limits {
             request_timeout_ms: 5000,
             send_timeout_ms: 5000,
             connect_timeout_ms: 2000,
+            shutdown_linger_ms: 1000,
         }
     }
 }

@@ -156,8 +156,10 @@ impl Node {
         self.core.stats()
     }
 
-    /// Stops the node: pending requests fail with [`crate::Error::Shutdown`],
-    /// threads are joined. Dropping the node does the same.
+    /// Stops the node: pending requests (and later sends) fail with
+    /// [`crate::Error::Shutdown`]; messages already sent are written out
+    /// first (for at most `limits.shutdown_linger_ms`); connections are
+    /// closed and threads joined. Dropping the node does the same.
     pub fn shutdown(self) {
         drop(self)
     }

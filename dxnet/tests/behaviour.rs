@@ -1,5 +1,5 @@
 //! API behaviour: connection limit, exclusive receivers, idle CPU, config
-//! files, argument errors.
+//! files, argument errors, delivery across shutdown.
 
 mod common;
 
@@ -153,4 +153,64 @@ fn argument_errors_are_typed() {
         matches!(e, Err(Error::Config(_))),
         "own id must be in the node map for TCP"
     );
+}
+
+/// What `send` accepted is delivered even if the sender shuts down right
+/// after: shutdown waits (`limits.shutdown_linger_ms`) until the rings are
+/// written out, and TCP closes its sockets with a FIN, not a reset (which
+/// would make the peer's kernel drop what the peer has not read yet).
+fn sent_before_shutdown_is_delivered(kind: Kind) {
+    // 24 MiB in all: more than the sockets and the receiver's incoming
+    // queue hold while its handler is held back, so most of it is still in
+    // the sender's ring when the sender shuts down.
+    const MSGS: u64 = 384;
+    const PAD: usize = 64 << 10;
+    let cfgs = cluster_configs(kind, 2, |c| {
+        c.limits.orb_size = 32 << 20;
+        c.limits.flow_control_window = 64 << 20;
+        c.limits.incoming_max_bytes = 1 << 20;
+        // Hang guards only.
+        c.limits.shutdown_linger_ms = 120_000;
+        c.limits.send_timeout_ms = 120_000;
+    });
+    let a = Node::start(cfgs[0].clone()).unwrap();
+    let b = Node::start(cfgs[1].clone()).unwrap();
+    let open = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let (o, g) = (open.clone(), got.clone());
+    b.register(move |src, Step(t, seq, pad)| {
+        while !o.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!((src, t, pad.len()), (NodeId(0), 7, PAD));
+        assert!(pad.iter().all(|&x| x == seq as u8), "payload of {seq}");
+        g.lock().unwrap().push(seq);
+    })
+    .unwrap();
+    for seq in 0..MSGS {
+        a.send(NodeId(1), &Step(7, seq, vec![seq as u8; PAD]))
+            .unwrap();
+    }
+    let sender = std::thread::spawn(move || drop(a));
+    open.store(true, Ordering::SeqCst);
+    wait_for(120, "every message sent before shutdown", || {
+        got.lock().unwrap().len() as u64 >= MSGS
+    });
+    sender.join().unwrap();
+    assert_eq!(*got.lock().unwrap(), (0..MSGS).collect::<Vec<_>>());
+}
+
+#[test]
+fn tcp_sent_before_shutdown_is_delivered() {
+    sent_before_shutdown_is_delivered(Kind::Tcp);
+}
+
+#[test]
+fn tls_sent_before_shutdown_is_delivered() {
+    sent_before_shutdown_is_delivered(Kind::TcpTls);
+}
+
+#[test]
+fn loopback_sent_before_shutdown_is_delivered() {
+    sent_before_shutdown_is_delivered(Kind::Loopback);
 }

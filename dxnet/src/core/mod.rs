@@ -433,6 +433,7 @@ impl Core {
             return;
         }
         self.requests.close();
+        self.linger(Duration::from_millis(self.config.limits.shutdown_linger_ms));
         if let Some(t) = self.transport() {
             t.shutdown();
         }
@@ -448,6 +449,28 @@ impl Core {
             if t.thread().id() != me {
                 let _ = t.join();
             }
+        }
+    }
+}
+
+impl Core {
+    /// Gives the engine up to `linger` to write out what was sent before
+    /// shutdown (sends fail with [`Error::Shutdown`] from now on, so the
+    /// rings only drain): a message `send` accepted is not dropped just
+    /// because the node stops right after.
+    fn linger(&self, linger: Duration) {
+        let end = Instant::now() + linger;
+        let unsent = || {
+            self.connections
+                .all()
+                .iter()
+                .any(|c| c.state() == ConnState::Open && !c.orb.is_empty())
+        };
+        while unsent() && Instant::now() < end {
+            if let Some(t) = self.transport() {
+                t.wake_sender();
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

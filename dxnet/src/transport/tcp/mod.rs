@@ -137,6 +137,8 @@ struct TcpConn {
     recv: Mutex<RecvState>,
     /// Send an empty chunk even if there is nothing to send (liveness probe).
     poke: AtomicBool,
+    /// The receive poll reported the peer's end of the stream (or an error).
+    read_closed: AtomicBool,
     /// TLS state when the node uses TLS; locked by the send path (after
     /// `send`) and by the receive thread.
     tls: Option<Mutex<tls::Session>>,
@@ -414,5 +416,39 @@ impl Transport for TcpEngine {
                 let _ = t.join();
             }
         }
+        let linger = self
+            .core
+            .upgrade()
+            .map_or(0, |c| c.config().limits.shutdown_linger_ms);
+        let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
+        close_gracefully(&conns, Instant::now() + Duration::from_millis(linger));
+    }
+}
+
+/// Ends each stream with a FIN after the data written so far and reads
+/// (discarding) until the peer's FIN or `until`: a socket closed with
+/// unread received data sends a reset instead, and a reset makes the
+/// peer's kernel drop what the peer has not read yet (this node's last
+/// messages among it).
+fn close_gracefully(conns: &[Arc<TcpConn>], until: Instant) {
+    let mut open: Vec<&TcpStream> = conns
+        .iter()
+        .map(|tc| &tc.stream)
+        .filter(|s| s.shutdown(std::net::Shutdown::Write).is_ok())
+        .collect();
+    let mut scratch = [0u8; 16 << 10];
+    while !open.is_empty() {
+        open.retain(|&(mut s)| loop {
+            match s.read(&mut scratch) {
+                Ok(0) => return false,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+            }
+        });
+        if Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }

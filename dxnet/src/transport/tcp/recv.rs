@@ -55,6 +55,11 @@ impl TcpEngine {
                 }
                 let tc = self.by_token.lock().get(&ev.token().0).cloned();
                 if let Some(tc) = tc {
+                    if ev.is_read_closed() || ev.is_error() {
+                        // Remembered: this edge is not raised again, and a
+                        // short read does not show the end of the stream.
+                        tc.read_closed.store(true, Ordering::Relaxed);
+                    }
                     let mut rs = tc.recv.lock();
                     if !rs.readable {
                         rs.readable = true;
@@ -162,10 +167,13 @@ impl TcpEngine {
             }
         };
         self.parse_and_deliver(core, tc, buf, n, inline);
-        if n < cap {
+        if n < cap && !tc.read_closed.load(Ordering::Relaxed) {
             // A short read of a stream socket means its queue is empty now;
             // with edge-triggered polling new data raises a new event, so
-            // the extra read that would only return EAGAIN is skipped.
+            // the extra read that would only return EAGAIN is skipped. Not
+            // once the peer's FIN was seen: its event may have come while
+            // the connection was already queued for reading (and was
+            // dropped), so only a read that returns 0 ends the stream.
             ReadOutcome::Drained
         } else {
             ReadOutcome::More

@@ -260,6 +260,7 @@ impl TcpEngine {
             }),
             recv: Mutex::new(RecvState::default()),
             poke: AtomicBool::new(false),
+            read_closed: AtomicBool::new(false),
             tls: tls_conn.map(Mutex::new),
         });
         {
