@@ -76,4 +76,13 @@ impl Core {
     pub fn incoming_over_share(&self, conn: &Connection) -> bool {
         self.incoming.over_share(conn)
     }
+
+    /// Until when a shutting-down engine may finish writing and close its
+    /// connections gracefully (now, if shutdown has not begun).
+    pub fn linger_until(&self) -> Instant {
+        self.linger_until
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now)
+    }
 }

@@ -177,6 +177,9 @@ pub struct Core {
     handlers: Box<[OnceLock<HandlerEntry>]>,
     transport: OnceLock<Arc<dyn Transport>>,
     shutdown: AtomicBool,
+    /// Set at shutdown: until when the engine may still write out and
+    /// close gracefully (`limits.shutdown_linger_ms` from then).
+    linger_until: OnceLock<Instant>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Channel to the exclusive handler thread; taken at shutdown, which
     /// ends that thread. A read lock per message (no `Sender` clone).
@@ -258,6 +261,7 @@ impl Core {
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
             transport: OnceLock::new(),
             shutdown: AtomicBool::new(false),
+            linger_until: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
             exclusive_tx: parking_lot::RwLock::new(Some(ex_tx)),
             locals,
@@ -433,7 +437,8 @@ impl Core {
             return;
         }
         self.requests.close();
-        self.linger(Duration::from_millis(self.config.limits.shutdown_linger_ms));
+        let linger = Duration::from_millis(self.config.limits.shutdown_linger_ms);
+        self.linger(*self.linger_until.get_or_init(|| Instant::now() + linger));
         if let Some(t) = self.transport() {
             t.shutdown();
         }
@@ -454,12 +459,11 @@ impl Core {
 }
 
 impl Core {
-    /// Gives the engine up to `linger` to write out what was sent before
+    /// Gives the engine until `end` to write out what was sent before
     /// shutdown (sends fail with [`Error::Shutdown`] from now on, so the
     /// rings only drain): a message `send` accepted is not dropped just
     /// because the node stops right after.
-    fn linger(&self, linger: Duration) {
-        let end = Instant::now() + linger;
+    fn linger(&self, end: Instant) {
         let unsent = || {
             self.connections
                 .all()

@@ -416,12 +416,12 @@ impl Transport for TcpEngine {
                 let _ = t.join();
             }
         }
-        let linger = self
+        let until = self
             .core
             .upgrade()
-            .map_or(0, |c| c.config().limits.shutdown_linger_ms);
+            .map_or_else(Instant::now, |c| c.linger_until());
         let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
-        close_gracefully(&conns, Instant::now() + Duration::from_millis(linger));
+        close_gracefully(&conns, until);
     }
 }
 
