@@ -5,10 +5,11 @@
 //! (inbox) and reassembly state. A transport engine attaches its own half
 //! (socket, queue pair) keyed by the connection's id.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
@@ -239,6 +240,12 @@ pub struct Connection {
     pub responses_stalled: AtomicBool,
     /// How long blocking requests to this peer busy-wait.
     pub request_spin: RequestSpinPolicy,
+    /// The engine's half of this connection (socket, send state, ...),
+    /// attached once it is set up: engines find it from the connection
+    /// instead of keeping their own per-peer maps in sync with the
+    /// connection table. Weak: the engine owns it (its poll registration),
+    /// and the engine's half holds the connection.
+    engine: OnceLock<Weak<dyn Any + Send + Sync>>,
 }
 
 impl Connection {
@@ -264,7 +271,22 @@ impl Connection {
             close_reason: Mutex::new(None),
             responses_stalled: AtomicBool::new(false),
             request_spin: RequestSpinPolicy::default(),
+            engine: OnceLock::new(),
         }
+    }
+
+    /// Attaches the engine's half of this connection; false if one is
+    /// attached already (a connection is set up once).
+    pub fn attach_engine<T: Any + Send + Sync>(&self, half: &Arc<T>) -> bool {
+        let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(half) as Weak<dyn Any + Send + Sync>;
+        self.engine.set(weak).is_ok()
+    }
+
+    /// The engine's half of this connection, if attached, still held by
+    /// the engine, and of type `T`.
+    #[inline]
+    pub fn engine<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.engine.get()?.upgrade()?.downcast::<T>().ok()
     }
 
     /// Current state.

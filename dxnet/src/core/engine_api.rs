@@ -85,4 +85,11 @@ impl Core {
             .copied()
             .unwrap_or_else(Instant::now)
     }
+
+    /// The engine's half (see [`Connection::engine`]) of the current
+    /// connection to `peer`.
+    #[inline]
+    pub fn engine_half<T: std::any::Any + Send + Sync>(&self, peer: NodeId) -> Option<Arc<T>> {
+        self.connections.guard(peer).as_ref()?.engine::<T>()
+    }
 }

@@ -159,7 +159,8 @@ pub struct TcpEngine {
     /// Connections the receive thread must read without a readiness event
     /// (TLS may hold data it already took off the socket in the handshake).
     kick: Mutex<Vec<Arc<TcpConn>>>,
-    by_peer: Mutex<HashMap<u16, Arc<TcpConn>>>,
+    /// The engine's halves of the attached connections, by poll token (the
+    /// connection id): they own them (see [`Connection::engine`]).
     by_token: Mutex<HashMap<usize, Arc<TcpConn>>>,
     recv_registry: mio::Registry,
     /// The receive role of the two receive threads.
@@ -207,7 +208,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
         kick: Mutex::new(Vec::new()),
-        by_peer: Mutex::new(HashMap::new()),
         by_token: Mutex::new(HashMap::new()),
         recv_registry: recv_poll.registry().try_clone().map_err(io_err)?,
         recv_waker: Waker::new(recv_poll.registry(), WAKER).map_err(io_err)?,
@@ -354,14 +354,7 @@ impl Transport for TcpEngine {
     }
 
     fn close(&self, conn: &Arc<Connection>) {
-        let tc = {
-            let mut by_peer = self.by_peer.lock();
-            match by_peer.get(&conn.peer.0) {
-                Some(t) if t.conn.id == conn.id => by_peer.remove(&conn.peer.0),
-                _ => None,
-            }
-        };
-        self.by_token.lock().remove(&(conn.id as usize));
+        let tc = self.by_token.lock().remove(&(conn.id as usize));
         if let Some(tc) = tc {
             let fd = tc.stream.as_raw_fd();
             let _ = self.recv_registry.deregister(&mut SourceFd(&fd));
@@ -377,7 +370,7 @@ impl Transport for TcpEngine {
         let Some(core) = self.core.upgrade() else {
             return false;
         };
-        let Some(tc) = self.by_peer.lock().get(&peer.0).cloned() else {
+        let Some(tc) = core.engine_half::<TcpConn>(peer) else {
             return false;
         };
         let Some(mut st) = tc.send.try_lock() else {
@@ -420,7 +413,7 @@ impl Transport for TcpEngine {
             .core
             .upgrade()
             .map_or_else(Instant::now, |c| c.linger_until());
-        let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
+        let conns: Vec<_> = self.by_token.lock().values().cloned().collect();
         close_gracefully(&conns, until);
     }
 }

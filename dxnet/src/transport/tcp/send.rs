@@ -12,8 +12,7 @@ impl TcpEngine {
             let mut worked = false;
             while let Some(peer) = core.next_write_interest() {
                 worked = true;
-                let tc = self.by_peer.lock().get(&peer).cloned();
-                if let Some(tc) = tc {
+                if let Some(tc) = core.engine_half::<TcpConn>(NodeId(peer)) {
                     self.write_some(&core, &tc);
                 }
             }

@@ -209,8 +209,7 @@ impl TcpEngine {
         if old.state() != ConnState::Open || old.peer_instance() == instance {
             return true; // Connecting or Closed: the core decides.
         }
-        let tc = self.by_peer.lock().get(&peer.0).cloned();
-        if let Some(tc) = tc {
+        if let Some(tc) = old.engine::<TcpConn>() {
             tc.poke.store(true, Ordering::Release);
             core.on_write_interest(peer);
         }
@@ -263,16 +262,10 @@ impl TcpEngine {
             read_closed: AtomicBool::new(false),
             tls: tls_conn.map(Mutex::new),
         });
-        {
-            let mut by_peer = self.by_peer.lock();
-            if let Some(old) = by_peer.get(&conn.peer.0) {
-                if old.conn.id == conn.id {
-                    return Err("connection already attached".into());
-                }
-            }
-            by_peer.insert(conn.peer.0, tc.clone());
-            self.by_token.lock().insert(token.0, tc.clone());
+        if !conn.attach_engine(&tc) {
+            return Err("connection already attached".into());
         }
+        self.by_token.lock().insert(token.0, tc.clone());
         let fd = tc.stream.as_raw_fd();
         self.recv_registry
             .register(&mut SourceFd(&fd), token, Interest::READABLE)
