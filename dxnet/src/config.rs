@@ -124,9 +124,10 @@ pub struct ParkConfig {
     pub request_spin_max_us: u64,
     /// How many blocking `request`s of the process may busy-wait for their
     /// response at once; the others park at once and are woken by the
-    /// response. Default (`None`): half the cores, at least one. With many
-    /// requester threads on few cores, more spinners would take the cores
-    /// from the threads that receive and answer their requests.
+    /// response. Default (`None`): the number of cores. Spinning requesters
+    /// give their core away every few microseconds, so the threads that
+    /// carry their responses still run; more spinners than cores would only
+    /// burn CPU.
     pub max_request_spinners: Option<usize>,
 }
 

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 use crate::core::connection::Connection;
 use crate::core::{Core, InlineWork};
-use crate::primitives::park::Signal;
+use crate::primitives::park::{Signal, YieldingSpin};
 
 /// What the holder of a receive role does next (see [`ReceiveRole::run`]).
 pub enum Turn {
@@ -189,6 +189,7 @@ impl<R> ReceiveRole<R> {
     ) {
         self.helpers.fetch_add(1, Ordering::AcqRel);
         let mut n = 0u32;
+        let mut spin = YieldingSpin::new();
         while !done() {
             if let Some(mut st) = self.state.try_lock() {
                 poll(&mut st);
@@ -196,8 +197,12 @@ impl<R> ReceiveRole<R> {
                 std::hint::spin_loop();
             }
             n = n.wrapping_add(1);
-            if n % 32 == 0 && std::time::Instant::now() >= until {
-                break;
+            if n % 32 == 0 {
+                let now = std::time::Instant::now();
+                if now >= until {
+                    break;
+                }
+                spin.at(now);
             }
         }
         let got = done();

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::primitives::park::YieldingSpin;
+
 use crate::error::{Cancelled, Waited};
 use crate::{Error, NodeId, Result};
 
@@ -418,14 +420,20 @@ impl PendingResponse {
         self.slot().deadline
     }
 
-    /// Busy-waits until the outcome is known or `until`.
+    /// Busy-waits until the outcome is known or `until`, giving the core
+    /// away now and then (see [`YieldingSpin`]).
     pub fn spin_until(&self, until: Instant) {
         let mut n = 0u32;
+        let mut spin = YieldingSpin::new();
         while !self.slot().done.load(Ordering::Acquire) {
             std::hint::spin_loop();
             n = n.wrapping_add(1);
-            if n % 64 == 0 && Instant::now() >= until {
-                break;
+            if n % 64 == 0 {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                spin.at(now);
             }
         }
     }
