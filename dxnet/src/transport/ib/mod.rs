@@ -75,6 +75,13 @@ const REQUEST_RETRY: Duration = Duration::from_millis(50);
 /// work requests may still reference the ring buffer).
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
 
+/// The work request id of a send on `conn`: the peer's node id in the top
+/// 16 bits (how a completion finds the connection), the connection id in
+/// the rest.
+fn send_wr_id(conn: &Connection) -> u64 {
+    (u64::from(conn.peer.0) << 48) | (conn.id & ((1 << 48) - 1))
+}
+
 /// The engine's half of one connection.
 struct IbConn {
     conn: Arc<Connection>,
@@ -156,11 +163,13 @@ pub struct IbEngine {
 
     max_recv_size: usize,
     secret: Option<Vec<u8>>,
-    // Looked up for every post and completion: FxHash (a multiply) rather
-    // than SipHash, whose DoS resistance the keys (our own peers' ids and
-    // queue-pair numbers) do not need; measured in the Soft-RoCE VM as a
-    // visible part of a round trip.
-    by_peer: Mutex<FxHashMap<u16, Arc<IbConn>>>,
+    /// The engine's halves of the connections whose queue pair is
+    /// connected, by queue-pair number: they own them (see
+    /// [`Connection::engine`]; posts and completions find the half from the
+    /// connection, through the peer's node id in the work request id or the
+    /// immediate data, and check the queue-pair number). Looked up only for
+    /// failed completions and the watchdog; FxHash (a multiply) as the keys
+    /// are our own queue pairs' numbers.
     by_qpn: Mutex<FxHashMap<u32, Arc<IbConn>>>,
     /// Connections whose queue pair waits for the peer's accept.
     pending: Mutex<HashMap<u16, Arc<IbConn>>>,
@@ -244,7 +253,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         max_inline_data: ib.max_inline_data,
         max_recv_size: cfg.limits.recv_buffer_size * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
-        by_peer: Mutex::new(FxHashMap::default()),
         by_qpn: Mutex::new(FxHashMap::default()),
         pending: Mutex::new(HashMap::new()),
         awaiting: Mutex::new(HashMap::new()),
@@ -330,13 +338,11 @@ impl Transport for IbEngine {
     }
 
     fn close(&self, conn: &Arc<Connection>) {
-        let ic = {
-            let mut by_peer = self.by_peer.lock();
-            match by_peer.get(&conn.peer.0) {
-                Some(ic) if ic.conn.id == conn.id => by_peer.remove(&conn.peer.0),
-                _ => None,
-            }
-        };
+        // The half attached to this very connection, if its queue pair was
+        // connected and this is the first close.
+        let ic = conn
+            .engine::<IbConn>()
+            .and_then(|ic| self.by_qpn.lock().remove(&ic.qp.qp_num()));
         {
             let mut pending = self.pending.lock();
             if pending
@@ -354,7 +360,6 @@ impl Transport for IbEngine {
             }
         }
         if let Some(ic) = ic {
-            self.by_qpn.lock().remove(&ic.qp.qp_num());
             let _ = ic.qp.to_error();
             {
                 let mut st = ic.send.lock();
@@ -424,7 +429,7 @@ impl Transport for IbEngine {
         let imm = wire::encode_imm(self.own.0, units) | wire::IMM_STANDALONE;
         match ic
             .qp
-            .post_send_inline(conn.id, ibv::SendOp::SendWithImm(imm), frame, true)
+            .post_send_inline(send_wr_id(conn), ibv::SendOp::SendWithImm(imm), frame, true)
         {
             Ok(()) => {
                 st.outstanding += 1;

@@ -122,11 +122,11 @@ impl IbEngine {
             let mut bufs = std::mem::replace(&mut posted[slot], std::mem::take(taken));
             empty_slots.push(slot);
             'wc: {
-                let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
                 if !wc.is_success() {
                     for b in bufs.drain(..) {
                         core.return_recv_buffer(b);
                     }
+                    let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
                     if let (Some(ic), false) = (&ic, wc.is_flush()) {
                         core.close_connection(
                             &ic.conn,
@@ -136,6 +136,15 @@ impl IbEngine {
                     }
                     break 'wc;
                 }
+                let (src, units, flags) = wire::decode_imm(wc.imm().unwrap_or(0));
+                // The sender's node id travels in the immediate data: its
+                // current connection, if the queue pair matches; else the
+                // queue pair's own (a connection replaced meanwhile, or a
+                // peer claiming another id, warned about below).
+                let ic = core
+                    .engine_half::<IbConn>(NodeId(src))
+                    .filter(|ic| ic.qp.qp_num() == wc.qp_num())
+                    .or_else(|| self.by_qpn.lock().get(&wc.qp_num()).cloned());
                 let Some(ic) = ic else {
                     for b in bufs.drain(..) {
                         core.return_recv_buffer(b);
@@ -145,7 +154,6 @@ impl IbEngine {
                 if ic.conn.state() == ConnState::Connecting {
                     self.on_ready(core, ic.conn.peer.0, None);
                 }
-                let (src, units, flags) = wire::decode_imm(wc.imm().unwrap_or(0));
                 let standalone = u32::from(flags) == wire::IMM_STANDALONE;
                 let len = wc.byte_len() as usize;
                 let bad = if u32::from(flags) & !wire::IMM_STANDALONE != 0 {

@@ -27,8 +27,7 @@ impl IbEngine {
                     worked = true;
                     self.send_busy.store(true, Ordering::SeqCst);
                 }
-                let ic = self.by_peer.lock().get(&peer).cloned();
-                if let Some(ic) = ic {
+                if let Some(ic) = core.engine_half::<IbConn>(NodeId(peer)) {
                     self.post(&core, &ic);
                 }
             }
@@ -49,7 +48,7 @@ impl IbEngine {
                 let pressure = self.outstanding_total.load(Ordering::Acquire) > 0
                     && (self.sq_refused.swap(false, Ordering::AcqRel)
                         || self
-                            .by_peer
+                            .by_qpn
                             .lock()
                             .values()
                             .any(|ic| ic.conn.orb.has_waiters()));
@@ -80,7 +79,7 @@ impl IbEngine {
                 .send_timeout_ms
                 .max(core.config().limits.connect_timeout_ms),
         );
-        let conns: Vec<_> = self.by_peer.lock().values().cloned().collect();
+        let conns: Vec<_> = self.by_qpn.lock().values().cloned().collect();
         for ic in conns {
             let stale = ic
                 .send
@@ -119,7 +118,7 @@ impl IbEngine {
             }
         };
         for wc in &wcs[..n] {
-            let ic = self.by_qpn.lock().get(&wc.qp_num()).cloned();
+            let ic = self.send_completion_conn(core, wc);
             tracing::trace!(
                 "{}: send completion qp {} status {} known {}",
                 self.own,
@@ -153,6 +152,17 @@ impl IbEngine {
             }
         }
         n > 0
+    }
+
+    /// The connection a send completion belongs to: the current connection
+    /// to the peer named in its work request id if its queue pair matches,
+    /// else whichever connected queue pair it came from (a connection
+    /// replaced meanwhile); `None` for a queue pair already closed.
+    fn send_completion_conn(&self, core: &Core, wc: &ibv::WorkCompletion) -> Option<Arc<IbConn>> {
+        let peer = NodeId((wc.wr_id() >> 48) as u16);
+        core.engine_half::<IbConn>(peer)
+            .filter(|ic| ic.qp.qp_num() == wc.qp_num())
+            .or_else(|| self.by_qpn.lock().get(&wc.qp_num()).cloned())
     }
 
     /// Posts `ic`'s unposted ring-buffer data (and pending flow-control
@@ -196,7 +206,7 @@ impl IbEngine {
         let result: std::result::Result<(), String> = (|| {
             if total == 0 {
                 st_chain.push(
-                    conn.id,
+                    send_wr_id(conn),
                     ibv::SendOp::SendWithImm(imm_first),
                     &[],
                     ibv::SendFlags::SIGNALED,
@@ -230,7 +240,7 @@ impl IbEngine {
                     // Copied into the request at post time.
                     flags = flags | ibv::SendFlags::INLINE;
                 }
-                st_chain.push(conn.id, ibv::SendOp::SendWithImm(imm), sl, flags);
+                st_chain.push(send_wr_id(conn), ibv::SendOp::SendWithImm(imm), sl, flags);
                 wrs += 1;
                 Ok(())
             })?;
@@ -273,7 +283,7 @@ impl IbEngine {
         if self.send_busy.load(Ordering::SeqCst) {
             return None;
         }
-        let ic = self.by_peer.lock().get(&peer.0).cloned()?;
+        let ic = core.engine_half::<IbConn>(peer)?;
         if self.outstanding_total.load(Ordering::Acquire) >= u64::from(self.sq_size / 2).max(1) {
             let mut wcs: [ibv::WorkCompletion; 8] =
                 std::array::from_fn(|_| ibv::WorkCompletion::default());

@@ -131,7 +131,7 @@ impl IbEngine {
         ic.qp.to_rts(&self.attr).map_err(|e| e.to_string())?;
         *ic.remote.lock() = Some(remote);
         self.by_qpn.lock().insert(ic.qp.qp_num(), ic.clone());
-        self.by_peer.lock().insert(x.src, ic.clone());
+        ic.conn.attach_engine(ic);
         Ok(())
     }
 
@@ -230,13 +230,7 @@ impl IbEngine {
     }
 
     pub(super) fn job_create(&self, core: &Core, conn: &Arc<Connection>) {
-        if conn.state() != ConnState::Connecting
-            || self
-                .by_peer
-                .lock()
-                .get(&conn.peer.0)
-                .is_some_and(|ic| ic.conn.id == conn.id)
-        {
+        if conn.state() != ConnState::Connecting || conn.engine::<IbConn>().is_some() {
             return; // the peer's request got there first
         }
         match self.create_ibconn(conn) {
@@ -266,7 +260,7 @@ impl IbEngine {
             ExchangeKind::Request => {
                 // A repeated request for a queue pair we already connected:
                 // answer again (our accept was lost).
-                if let Some(ic) = self.by_peer.lock().get(&x.src).cloned() {
+                if let Some(ic) = core.engine_half::<IbConn>(peer) {
                     if Self::is_remote(&ic, x) && ic.conn.is_alive() {
                         let a = self.exchange(core, ExchangeKind::Accept, x.src, &ic.local);
                         self.send_exchange(core, peer, &a);
@@ -320,7 +314,7 @@ impl IbEngine {
                     }
                     _ => {
                         // A repeated accept: our "ready" was lost.
-                        let ic = self.by_peer.lock().get(&x.src).cloned();
+                        let ic = core.engine_half::<IbConn>(peer);
                         if let Some(ic) = ic.filter(|ic| Self::is_remote(ic, x)) {
                             let r = self.exchange(core, ExchangeKind::Ready, x.src, &ic.local);
                             self.send_exchange(core, peer, &r);
@@ -330,7 +324,7 @@ impl IbEngine {
             }
             ExchangeKind::Ready => self.on_ready(core, x.src, Some(&x.endpoint)),
             ExchangeKind::Close => {
-                let ic = self.by_peer.lock().get(&x.src).cloned();
+                let ic = core.engine_half::<IbConn>(peer);
                 if let Some(ic) = ic {
                     let ours = ic
                         .remote
