@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 
 use crate::core::connection::Connection;
 use crate::core::{Core, InlineWork};
-use crate::primitives::park::{Signal, YieldingSpin};
+use crate::primitives::park::{RequestWait, Signal, YieldingSpin};
 
 /// What the holder of a receive role does next (see [`ReceiveRole::run`]).
 pub enum Turn {
@@ -122,7 +122,7 @@ impl<R> ReceiveRole<R> {
         while !stop.load(Ordering::Acquire) {
             let helped = self.helped.load(Ordering::Acquire);
             let recent = std::mem::replace(&mut seen, helped) != helped
-                && !self.resume.swap(false, Ordering::AcqRel);
+                && !self.resume.load(Ordering::Acquire);
             if self.helpers_waiting() || recent {
                 if !self.helpers_waiting() {
                     if let Some(mut state) = self.state.try_lock() {
@@ -133,9 +133,20 @@ impl<R> ReceiveRole<R> {
                 continue;
             }
             let Some(mut state) = self.state.try_lock() else {
-                self.standby.park(stop, max_park);
+                if self.helpers_waiting() || self.resume.load(Ordering::Acquire) {
+                    // A helper holds the role (or is handing it back, which
+                    // re-arms the wake-up source this nap waits on).
+                    // Parking as the standby instead would leave nobody
+                    // receiving until `max_park` if the other receive
+                    // thread parks too.
+                    self.sleep_or_stand_by(stop, grace, max_park, &mut sleep);
+                } else {
+                    self.standby.park(stop, max_park);
+                }
                 continue;
             };
+            // Taking over: a hand-back asked for is served.
+            self.resume.store(false, Ordering::Release);
             let turn = receive(&mut state);
             if stop.load(Ordering::Acquire) {
                 on_stop(&mut state);
@@ -175,11 +186,14 @@ impl<R> ReceiveRole<R> {
     /// user code run: other messages go to the handler threads) until
     /// `done` or `until`. The receive threads step aside meanwhile. When
     /// the last helper leaves without its response (it is about to park),
-    /// `hand_back` runs once more with the role: it must re-arm the
-    /// engine's wake-up source so that the sleeping receive thread takes
-    /// over. A helper that got its response leaves without waking anyone:
-    /// the receive thread looks again within `park.yield_us` (its "grace"
-    /// sleep), and another request of the same thread usually comes first.
+    /// or with it while other requesters of the process are blocked (their
+    /// responses must not wait for the next helper), `hand_back` runs once
+    /// more with the role: it must make the receive threads take over (on
+    /// InfiniBand: re-arm the completion channel the sleeping one waits
+    /// on). A helper that got its response while no one else waits leaves
+    /// without waking anyone: the receive thread looks again within
+    /// `park.yield_us` (its "grace" sleep), and another request of the same
+    /// thread usually comes first.
     pub fn help(
         &self,
         done: &dyn Fn() -> bool,
@@ -206,15 +220,18 @@ impl<R> ReceiveRole<R> {
             }
         }
         let got = done();
+        // This thread is one of them until it returns.
+        let hand_over = !got || RequestWait::blocked() > 1;
         // Before the count drops: a receive thread that sees no helper
         // sees this too.
         if got {
             self.helped.fetch_add(1, Ordering::AcqRel);
-        } else {
+        }
+        if hand_over {
             self.resume.store(true, Ordering::Release);
         }
         let last = self.helpers.fetch_sub(1, Ordering::AcqRel) == 1;
-        if last && !got {
+        if last && hand_over {
             // Someone else holding the role now receives (a receive
             // thread, or a new helper that hands back in turn).
             if let Some(mut st) = self.state.try_lock() {

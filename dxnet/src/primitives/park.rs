@@ -268,6 +268,12 @@ impl RequestWait {
         RequestWait { spinning }
     }
 
+    /// Threads of the process blocked in a request right now (spinning or
+    /// parked), the caller included if it is one.
+    pub fn blocked() -> usize {
+        REQUEST_WAITERS.load(Ordering::Relaxed)
+    }
+
     /// Whether this requester may busy-wait.
     pub fn may_spin(&self) -> bool {
         self.spinning
