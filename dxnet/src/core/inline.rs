@@ -133,7 +133,12 @@ impl<R> ReceiveRole<R> {
                 continue;
             }
             let Some(mut state) = self.state.try_lock() else {
-                if self.helpers_waiting() || self.resume.load(Ordering::Acquire) {
+                // A helper that left meanwhile counted `helped` or set
+                // `resume` before it stopped counting as a helper.
+                if self.helpers_waiting()
+                    || self.resume.load(Ordering::Acquire)
+                    || self.helped.load(Ordering::Acquire) != seen
+                {
                     // A helper holds the role (or is handing it back, which
                     // re-arms the wake-up source this nap waits on).
                     // Parking as the standby instead would leave nobody
@@ -186,7 +191,7 @@ impl<R> ReceiveRole<R> {
     /// user code run: other messages go to the handler threads) until
     /// `done` or `until`. The receive threads step aside meanwhile. When
     /// the last helper leaves without its response (it is about to park),
-    /// or with it while other requesters of the process are blocked (their
+    /// or with it while other requesters of the process are parked (their
     /// responses must not wait for the next helper), `hand_back` runs once
     /// more with the role: it must make the receive threads take over (on
     /// InfiniBand: re-arm the completion channel the sleeping one waits
@@ -220,8 +225,9 @@ impl<R> ReceiveRole<R> {
             }
         }
         let got = done();
-        // This thread is one of them until it returns.
-        let hand_over = !got || RequestWait::blocked() > 1;
+        // Requesters that parked need a receiver when the last helper is
+        // gone (this thread still counts as spinning, not as parked).
+        let hand_over = !got || RequestWait::parked() > 0;
         // Before the count drops: a receive thread that sees no helper
         // sees this too.
         if got {

@@ -227,6 +227,9 @@ impl YieldingSpin {
 /// parked).
 static REQUEST_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
+/// Of those, the ones allowed to busy-wait (until they stop spinning).
+static REQUEST_SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
 /// Up to how many blocked requesters may busy-wait
 /// (`park.max_request_spinners`).
 ///
@@ -264,14 +267,19 @@ impl RequestWait {
         let spinning = waiters <= request_spin_budget(cfg);
         if spinning {
             SPINNING.fetch_add(1, Ordering::Relaxed);
+            REQUEST_SPINNERS.fetch_add(1, Ordering::Relaxed);
         }
         RequestWait { spinning }
     }
 
-    /// Threads of the process blocked in a request right now (spinning or
-    /// parked), the caller included if it is one.
-    pub fn blocked() -> usize {
-        REQUEST_WAITERS.load(Ordering::Relaxed)
+    /// Threads of the process blocked in a request that do not busy-wait
+    /// (they parked, or are about to): someone must receive their
+    /// responses. Approximate (two counters read one after the other).
+    pub fn parked() -> usize {
+        let spinners = REQUEST_SPINNERS.load(Ordering::Relaxed);
+        REQUEST_WAITERS
+            .load(Ordering::Relaxed)
+            .saturating_sub(spinners)
     }
 
     /// Whether this requester may busy-wait.
@@ -283,6 +291,7 @@ impl RequestWait {
     pub fn stop_spinning(&mut self) {
         if std::mem::take(&mut self.spinning) {
             SPINNING.fetch_sub(1, Ordering::Relaxed);
+            REQUEST_SPINNERS.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
