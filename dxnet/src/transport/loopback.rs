@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -18,7 +17,7 @@ use crate::primitives::orb::Consumer;
 use crate::primitives::park::{Idle, Signal};
 use crate::proto::wire::Status;
 use crate::transport::cannot_connect;
-use crate::transport::{Transport, STANDALONE_FRAME_MAX};
+use crate::transport::{EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
 /// Buffers one send-thread round moves for a connection before it serves
@@ -56,7 +55,7 @@ pub struct LoopbackEngine {
     links: Mutex<HashMap<u16, Arc<Link>>>,
     signal: Signal,
     stop: AtomicBool,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: EngineThreads,
 }
 
 /// Starts the loopback engine of `core` and joins its fabric.
@@ -75,7 +74,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         links: Mutex::new(HashMap::new()),
         signal: Signal::new(),
         stop: AtomicBool::new(false),
-        thread: Mutex::new(None),
+        threads: EngineThreads::default(),
     });
     {
         let mut nodes = fabric.nodes.lock();
@@ -89,11 +88,13 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     }
     let e = engine.clone();
     let c = core.clone();
-    let handle = std::thread::Builder::new()
-        .name(format!("dxnet-lo-send-{}", own.0))
-        .spawn(move || e.send_loop(c))
-        .map_err(|e| Error::Transport(format!("cannot spawn send thread: {e}")))?;
-    *engine.thread.lock() = Some(handle);
+    if let Err(e) = engine
+        .threads
+        .spawn(format!("dxnet-lo-send-{}", own.0), move || e.send_loop(c))
+    {
+        engine.shutdown();
+        return Err(e);
+    }
     Ok(engine)
 }
 
@@ -332,11 +333,7 @@ impl Transport for LoopbackEngine {
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
         self.signal.notify_all();
-        if let Some(t) = self.thread.lock().take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
+        self.threads.join_all();
         let mut nodes = self.fabric.nodes.lock();
         if nodes
             .get(&self.own.0)

@@ -27,6 +27,35 @@ pub mod tls;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+/// The long-lived threads of an engine: spawned by name at start, joined
+/// at shutdown.
+#[derive(Debug, Default)]
+pub(crate) struct EngineThreads(parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>);
+
+impl EngineThreads {
+    /// Starts `f` on a thread named `name`.
+    pub(crate) fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(f)
+            .map_err(|e| crate::Error::Transport(format!("cannot spawn thread {name}: {e}")))?;
+        self.0.lock().push(handle);
+        Ok(())
+    }
+
+    /// Waits for every thread to end (the engine told them to stop), except
+    /// the calling one if it is one of them (a shutdown started from a
+    /// handler run on an engine thread).
+    pub(crate) fn join_all(&self) {
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.0.lock()) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
 /// Upper bound of [`Transport::standalone_max`]: the core encodes such a
 /// frame on the stack first.
 pub const STANDALONE_FRAME_MAX: usize = 256;

@@ -44,7 +44,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
@@ -60,7 +59,7 @@ use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
 use crate::proto::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
 use crate::transport::cannot_connect;
-use crate::transport::{resolve, Transport, STANDALONE_FRAME_MAX};
+use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
 /// Completions taken per poll call.
@@ -183,7 +182,7 @@ pub struct IbEngine {
     receiver: ReceiveRole<IbReceiver>,
     outstanding_total: AtomicU64,
     stop: AtomicBool,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: EngineThreads,
 }
 
 fn verbs_err(e: ibv::Error) -> Error {
@@ -275,33 +274,31 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         }),
         outstanding_total: AtomicU64::new(0),
         stop: AtomicBool::new(false),
-        threads: Mutex::new(Vec::new()),
+        threads: EngineThreads::default(),
     });
-    let mut threads = Vec::new();
-    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(f)
-            .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
-    };
-    let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(
-        format!("dxnet-ib-send-{}", own.0),
-        Box::new(move || e.send_loop(c)),
-    )?);
-    for _ in 0..2 {
+    let spawned = (|| {
         let (e, c) = (engine.clone(), core.clone());
-        threads.push(spawn(
-            format!("dxnet-ib-recv-{}", own.0),
-            Box::new(move || e.recv_thread(c)),
-        )?);
+        engine
+            .threads
+            .spawn(format!("dxnet-ib-send-{}", own.0), move || e.send_loop(c))?;
+        for _ in 0..2 {
+            let (e, c) = (engine.clone(), core.clone());
+            engine
+                .threads
+                .spawn(format!("dxnet-ib-recv-{}", own.0), move || e.recv_thread(c))?;
+        }
+        let e = engine.clone();
+        engine
+            .threads
+            .spawn(format!("dxnet-ib-conn-{}", own.0), move || {
+                e.connection_loop(job_rx)
+            })
+    })();
+    if let Err(e) = spawned {
+        // The threads already running hold the engine: stop them.
+        engine.shutdown();
+        return Err(e);
     }
-    let e = engine.clone();
-    threads.push(spawn(
-        format!("dxnet-ib-conn-{}", own.0),
-        Box::new(move || e.connection_loop(job_rx)),
-    )?);
-    *engine.threads.lock() = threads;
     tracing::info!(
         "{own}: InfiniBand engine on {} port {} ({:?}), exchange on udp {addr}",
         engine.ctx.name(),
@@ -480,11 +477,6 @@ impl Transport for IbEngine {
         self.send_signal.notify_all();
         self.recv_signal.notify_all();
         self.receiver.stopping();
-        let me = std::thread::current().id();
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        self.threads.join_all();
     }
 }

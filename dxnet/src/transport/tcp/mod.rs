@@ -27,7 +27,6 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
@@ -47,7 +46,7 @@ use crate::proto::wire::{
 };
 use crate::transport::cannot_connect;
 use crate::transport::tls::{self, TlsContext, TlsStream};
-use crate::transport::{resolve, Transport};
+use crate::transport::{resolve, EngineThreads, Transport};
 use crate::{Error, NodeId, Result};
 
 mod recv;
@@ -175,7 +174,7 @@ pub struct TcpEngine {
     pending_handshakes: AtomicUsize,
     handshakes: Mutex<HandshakeSlots>,
     stop: AtomicBool,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: EngineThreads,
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -227,33 +226,35 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         pending_handshakes: AtomicUsize::new(0),
         handshakes: Mutex::new(HandshakeSlots::default()),
         stop: AtomicBool::new(false),
-        threads: Mutex::new(Vec::new()),
+        threads: EngineThreads::default(),
     });
-    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(f)
-            .map_err(|e| Error::Transport(format!("cannot spawn thread: {e}")))
-    };
-    let mut threads = Vec::new();
-    for _ in 0..2 {
+    let spawned = (|| {
+        for _ in 0..2 {
+            let (e, c) = (engine.clone(), core.clone());
+            engine
+                .threads
+                .spawn(format!("dxnet-tcp-recv-{}", own.0), move || {
+                    e.recv_thread(c)
+                })?;
+        }
         let (e, c) = (engine.clone(), core.clone());
-        threads.push(spawn(
-            format!("dxnet-tcp-recv-{}", own.0),
-            Box::new(move || e.recv_thread(c)),
-        )?);
+        engine
+            .threads
+            .spawn(format!("dxnet-tcp-send-{}", own.0), move || {
+                e.send_loop(c, send_poll)
+            })?;
+        let e = engine.clone();
+        engine
+            .threads
+            .spawn(format!("dxnet-tcp-listen-{}", own.0), move || {
+                e.listen_loop(listener, listen_poll)
+            })
+    })();
+    if let Err(e) = spawned {
+        // The threads already running hold the engine: stop them.
+        engine.shutdown();
+        return Err(e);
     }
-    let (e, c) = (engine.clone(), core.clone());
-    threads.push(spawn(
-        format!("dxnet-tcp-send-{}", own.0),
-        Box::new(move || e.send_loop(c, send_poll)),
-    )?);
-    let e = engine.clone();
-    threads.push(spawn(
-        format!("dxnet-tcp-listen-{}", own.0),
-        Box::new(move || e.listen_loop(listener, listen_poll)),
-    )?);
-    *engine.threads.lock() = threads;
     tracing::debug!("{own}: listening on {addr}");
     Ok(engine)
 }
@@ -403,12 +404,7 @@ impl Transport for TcpEngine {
         self.receiver.stopping();
         let _ = self.send_waker.wake();
         let _ = self.listen_waker.wake();
-        let me = std::thread::current().id();
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        self.threads.join_all();
         let until = self
             .core
             .upgrade()
