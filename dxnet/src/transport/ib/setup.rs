@@ -131,7 +131,15 @@ impl IbEngine {
         ic.qp.to_rts(&self.attr).map_err(|e| e.to_string())?;
         *ic.remote.lock() = Some(remote);
         self.by_qpn.lock().insert(ic.qp.qp_num(), ic.clone());
-        ic.conn.attach_engine(ic);
+        let attached = ic.conn.attach_engine(ic);
+        debug_assert!(attached, "a connection's queue pair is connected once");
+        if !ic.conn.is_alive() {
+            // Closed meanwhile (marked closed before `Transport::close`
+            // runs): that close may have found nothing to release yet.
+            // Releasing twice is harmless (the table entry goes once).
+            self.close(&ic.conn);
+            return Err("connection closed during set-up".into());
+        }
         Ok(())
     }
 
