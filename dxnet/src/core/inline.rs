@@ -208,7 +208,7 @@ impl<R> ReceiveRole<R> {
     ) {
         self.helpers.fetch_add(1, Ordering::AcqRel);
         let mut n = 0u32;
-        let mut spin = YieldingSpin::new();
+        let mut spin = YieldingSpin::until(until);
         while !done() {
             if let Some(mut st) = self.state.try_lock() {
                 poll(&mut st);
@@ -216,12 +216,8 @@ impl<R> ReceiveRole<R> {
                 std::hint::spin_loop();
             }
             n = n.wrapping_add(1);
-            if n % 32 == 0 {
-                let now = std::time::Instant::now();
-                if now >= until {
-                    break;
-                }
-                spin.at(now);
+            if n % 32 == 0 && spin.expired() {
+                break;
             }
         }
         let got = done();

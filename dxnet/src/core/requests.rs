@@ -424,16 +424,12 @@ impl PendingResponse {
     /// away now and then (see [`YieldingSpin`]).
     pub fn spin_until(&self, until: Instant) {
         let mut n = 0u32;
-        let mut spin = YieldingSpin::new();
+        let mut spin = YieldingSpin::until(until);
         while !self.slot().done.load(Ordering::Acquire) {
             std::hint::spin_loop();
             n = n.wrapping_add(1);
-            if n % 64 == 0 {
-                let now = Instant::now();
-                if now >= until {
-                    break;
-                }
-                spin.at(now);
+            if n % 64 == 0 && spin.expired() {
+                break;
             }
         }
     }

@@ -192,34 +192,42 @@ impl Idle {
 /// p99 0.14 ms and 0.95×, one thread unchanged.
 pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(3);
 
-/// The yield schedule of one busy-wait ([`SPIN_YIELD_EVERY`]).
+/// One busy-wait until a deadline, giving the core away every
+/// [`SPIN_YIELD_EVERY`]. The caller polls its condition and calls
+/// [`YieldingSpin::expired`] now and then (it reads the clock).
 #[derive(Debug)]
 pub struct YieldingSpin {
-    next_yield: Instant,
-}
-
-impl Default for YieldingSpin {
-    fn default() -> Self {
-        Self::new()
-    }
+    until: Instant,
+    /// Set at the first look at the clock (no clock read for a wait that
+    /// ends before it).
+    next_yield: Option<Instant>,
 }
 
 impl YieldingSpin {
-    /// A busy-wait starting now.
-    pub fn new() -> Self {
+    /// A busy-wait that may last until `until`.
+    pub fn until(until: Instant) -> Self {
         Self {
-            next_yield: Instant::now() + SPIN_YIELD_EVERY,
+            until,
+            next_yield: None,
         }
     }
 
-    /// Call now and then while busy-waiting, with the current time: yields
-    /// the core when due.
+    /// True once `until` has passed; otherwise yields the core if due.
     #[inline]
-    pub fn at(&mut self, now: Instant) {
-        if now >= self.next_yield {
-            std::thread::yield_now();
-            self.next_yield = Instant::now() + SPIN_YIELD_EVERY;
+    pub fn expired(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.until {
+            return true;
         }
+        match self.next_yield {
+            None => self.next_yield = Some(now + SPIN_YIELD_EVERY),
+            Some(t) if now >= t => {
+                std::thread::yield_now();
+                self.next_yield = Some(Instant::now() + SPIN_YIELD_EVERY);
+            }
+            Some(_) => {}
+        }
+        false
     }
 }
 
@@ -539,6 +547,13 @@ mod tests {
         assert_eq!(spins[50..], [us(1000); 50]);
         // A maximum below the minimum is raised to it.
         assert_eq!(RequestSpinPolicy::default().spin(&park(200, 100)), us(200));
+    }
+
+    #[test]
+    fn yielding_spin_ends_at_its_deadline() {
+        assert!(YieldingSpin::until(Instant::now()).expired());
+        let mut long = YieldingSpin::until(Instant::now() + Duration::from_secs(3600));
+        assert!((0..1000).all(|_| !long.expired()));
     }
 
     #[test]

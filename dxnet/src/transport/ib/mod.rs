@@ -74,6 +74,20 @@ const REQUEST_RETRY: Duration = Duration::from_millis(50);
 /// work requests may still reference the ring buffer).
 const CLOSE_LINGER: Duration = Duration::from_millis(200);
 
+impl IbEngine {
+    /// The connection of a successful completion from queue pair `qpn`
+    /// that names `peer` (in a send's work request id, in received
+    /// immediate data): the current connection to `peer` if its queue pair
+    /// matches, else whichever connected queue pair it came from (a
+    /// connection replaced meanwhile); `None` for a queue pair already
+    /// closed.
+    fn completion_conn(&self, core: &Core, peer: NodeId, qpn: u32) -> Option<Arc<IbConn>> {
+        core.engine_half::<IbConn>(peer)
+            .filter(|ic| ic.qp.qp_num() == qpn)
+            .or_else(|| self.by_qpn.lock().get(&qpn).cloned())
+    }
+}
+
 /// The work request id of a send on `conn`: the peer's node id in the top
 /// 16 bits (how a completion finds the connection), the connection id in
 /// the rest.

@@ -141,10 +141,7 @@ impl IbEngine {
                 // current connection, if the queue pair matches; else the
                 // queue pair's own (a connection replaced meanwhile, or a
                 // peer claiming another id, warned about below).
-                let ic = core
-                    .engine_half::<IbConn>(NodeId(src))
-                    .filter(|ic| ic.qp.qp_num() == wc.qp_num())
-                    .or_else(|| self.by_qpn.lock().get(&wc.qp_num()).cloned());
+                let ic = self.completion_conn(core, NodeId(src), wc.qp_num());
                 let Some(ic) = ic else {
                     for b in bufs.drain(..) {
                         core.return_recv_buffer(b);

@@ -118,7 +118,8 @@ impl IbEngine {
             }
         };
         for wc in &wcs[..n] {
-            let ic = self.send_completion_conn(core, wc);
+            // The peer's id travels in the work request id.
+            let ic = self.completion_conn(core, NodeId((wc.wr_id() >> 48) as u16), wc.qp_num());
             tracing::trace!(
                 "{}: send completion qp {} status {} known {}",
                 self.own,
@@ -152,17 +153,6 @@ impl IbEngine {
             }
         }
         n > 0
-    }
-
-    /// The connection a send completion belongs to: the current connection
-    /// to the peer named in its work request id if its queue pair matches,
-    /// else whichever connected queue pair it came from (a connection
-    /// replaced meanwhile); `None` for a queue pair already closed.
-    fn send_completion_conn(&self, core: &Core, wc: &ibv::WorkCompletion) -> Option<Arc<IbConn>> {
-        let peer = NodeId((wc.wr_id() >> 48) as u16);
-        core.engine_half::<IbConn>(peer)
-            .filter(|ic| ic.qp.qp_num() == wc.qp_num())
-            .or_else(|| self.by_qpn.lock().get(&wc.qp_num()).cloned())
     }
 
     /// Posts `ic`'s unposted ring-buffer data (and pending flow-control
