@@ -6,10 +6,13 @@
 # two-process rc_pingpong example.
 #
 # Usage: scripts/test-ib.sh [--no-host-tests] [--timeout SECONDS] [--verbose]
+#                           [--filter NAME]
 #   --no-host-tests  skip `cargo test -p dxnet-verbs` on the host (the tests
 #                    that need no device: layouts, errors, WR chains)
 #   --timeout S      limit for the VM run (default 600)
 #   --verbose        show the guest kernel console
+#   --filter NAME    run only the tests whose name contains NAME (in every
+#                    test binary; the programs are skipped)
 # Environment passed into the VM when set: DXNET_TEST_SEED,
 # DXNET_TEST_MESSAGES, RUST_BACKTRACE, RUST_LOG.
 #
@@ -23,12 +26,14 @@ T0=$SECONDS
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM="$ROOT/scripts/rdma-vm/vm.sh"
 HOST_TESTS=1
+FILTER=
 VM_ARGS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --no-host-tests) HOST_TESTS=0; shift ;;
         --timeout) VM_ARGS+=(--timeout "$2"); shift 2 ;;
         --verbose) VM_ARGS+=(--verbose); shift ;;
+        --filter) FILTER=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "test-ib.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -84,6 +89,7 @@ set +e
     ${DXNET_TEST_SEED:+--env DXNET_TEST_SEED="$DXNET_TEST_SEED"} \
     ${DXNET_TEST_MESSAGES:+--env DXNET_TEST_MESSAGES="$DXNET_TEST_MESSAGES"} \
     ${RUST_LOG:+--env RUST_LOG="$RUST_LOG"} \
+    ${FILTER:+--env DXNET_TEST_FILTER="$FILTER"} \
     "$ROOT" sh "$ROOT/scripts/rdma-vm/guest-tests.sh" "$STAGE"
 rc=$?
 set -e

@@ -1,23 +1,26 @@
 //! The connection handshake as a state machine without I/O: bytes in,
 //! messages out, and the two decisions only the runtime can take handed
 //! back as [`Event`]s. The TCP engine drives it over a (TLS) stream in both
-//! roles; the fuzz target `handshake_machine` drives both roles against
-//! each other, with tampered messages and with arbitrary bytes.
+//! roles, the InfiniBand engine over UDP datagrams (one flight of messages
+//! per datagram, see [`wire::DatagramHeader`]; the driver retransmits);
+//! the fuzz target `handshake_machine` drives both roles against each
+//! other, with tampered messages and with arbitrary bytes.
 //!
 //! Every message is [`HANDSHAKE_LEN`] bytes ([`HandshakeMsg`]):
 //!
 //! ```text
 //! dialer                                       acceptor
-//!   Hello (id, target, instance, window, nonce) ──▶  Event::Introduced → admit / reject
-//!        ◀── Reply (its hello, proof over the dialer's nonce) [+ Signature]
-//!   Proof (over the acceptor's nonce) [+ Signature] ──▶  Event::Authenticated → accept / reject
+//!   Hello (id, target, instance, window, nonce, endpoint) ──▶  Event::Introduced → admit / reject
+//!        ◀── Reply (its hello, proof) [+ Signature]
+//!   Event::Verified
+//!   Proof [+ Signature] ──▶  Event::Authenticated → accept / reject
 //!        ◀── Final (status)
 //!   Event::Established
 //! ```
 //!
-//! Proofs are HMACs with the cluster secret ([`wire::proof`]: role, both
-//! challenges, both ids, the prover's instance); with identity keys each
-//! side also signs its [`wire::transcript`]. A side that sees a bad proof
+//! Proofs are HMACs with the cluster secret over the prover's
+//! [`wire::transcript`] (its role and both hellos in full, so over both
+//! challenges); with identity keys each side also signs it. A side that sees a bad proof
 //! or signature fails, and the acceptor tells the dialer so (`Final` with
 //! [`Status::AuthFailed`]): after an error, send what
 //! [`Handshake::poll_transmit`] still returns, then close.
@@ -64,6 +67,12 @@ pub enum Event {
     /// checks that the node is one it serves (node map, TLS certificate)
     /// and calls [`Handshake::admit`] or [`Handshake::reject`].
     Introduced(Hello),
+    /// Dialer: the acceptor proved its id; this side's proof is queued.
+    /// The acceptor may send data as soon as it gets that proof and
+    /// accepts, so a driver whose transport needs set-up to receive (an
+    /// InfiniBand queue pair connected to the acceptor's endpoint) does it
+    /// now, before sending.
+    Verified(Hello),
     /// Acceptor: the dialer proved the claimed id (and the cluster secret).
     /// The driver decides whether the connection may open (duplicates,
     /// limits) and calls [`Handshake::accept`] or [`Handshake::reject`].
@@ -197,6 +206,15 @@ impl<'a> Handshake<'a> {
                 .copy_from_slice(&input[consumed..consumed + take]);
             self.have += take;
             consumed += take;
+            if self.have >= wire::HANDSHAKE_PREFIX_LEN {
+                // A peer of another version may send messages of another
+                // length: say so rather than wait for bytes that never come.
+                let prefix = self.buf[..wire::HANDSHAKE_PREFIX_LEN].try_into().unwrap();
+                if let Err(e) = HandshakeMsg::check_prefix(prefix) {
+                    self.have = 0;
+                    return Err(self.fail(e, None));
+                }
+            }
             if self.have < HANDSHAKE_LEN {
                 break;
             }
@@ -226,7 +244,17 @@ impl<'a> Handshake<'a> {
     /// Outside that state (a bug in the driver, not something a peer can
     /// cause).
     pub fn admit(&mut self) {
+        self.admit_at(self.mine.endpoint);
+    }
+
+    /// [`Handshake::admit`], announcing `endpoint` as this side's transport
+    /// endpoint (one the driver creates only for an admitted dialer).
+    ///
+    /// # Panics
+    /// Outside that state (a bug in the driver).
+    pub fn admit_at(&mut self, endpoint: [u8; wire::ENDPOINT_LEN]) {
         assert_eq!(self.state, State::Introduced, "admit() without Introduced");
+        self.mine.endpoint = endpoint;
         let theirs = self.theirs.expect("introduced");
         let mac = self.own_proof(&theirs);
         self.out.push_back(HandshakeMsg::Reply(self.mine, mac));
@@ -319,10 +347,11 @@ impl<'a> Handshake<'a> {
                 self.theirs = Some(h);
                 if self.creds.identity.is_some() {
                     self.state = State::AwaitAcceptorSignature;
+                    Ok(None)
                 } else {
                     self.send_proof(h);
+                    Ok(Some(Event::Verified(h)))
                 }
-                Ok(None)
             }
             (State::AwaitAcceptorSignature, HandshakeMsg::Signature(sig)) => {
                 let h = self.theirs.expect("reply received");
@@ -330,7 +359,7 @@ impl<'a> Handshake<'a> {
                     return Err(self.fail(HandshakeError::Signature(h.node_id), None));
                 }
                 self.send_proof(h);
-                Ok(None)
+                Ok(Some(Event::Verified(h)))
             }
             (State::AwaitReply, m) => Err(self.unexpected("reply", &m)),
             (State::AwaitAcceptorSignature, m) => Err(self.unexpected("identity signature", &m)),
@@ -354,64 +383,29 @@ impl<'a> Handshake<'a> {
         }
     }
 
-    /// This side's proof of the cluster secret over the peer's challenge.
+    /// This side's proof of the cluster secret (binds both hellos).
     fn own_proof(&self, theirs: &Hello) -> [u8; 32] {
-        let m = &self.mine;
-        wire::proof(
-            self.creds.secret,
-            self.labels().0,
-            &m.nonce,
-            &theirs.nonce,
-            m.node_id,
-            theirs.node_id,
-            m.instance,
-        )
+        wire::proof(self.creds.secret, self.labels().0, &self.mine, theirs)
     }
 
     /// Queues this side's identity signature of its transcript, when it
     /// has identity keys.
     fn push_own_signature(&mut self, theirs: &Hello) {
         if let Some(id) = self.creds.identity {
-            let m = &self.mine;
-            let t = wire::transcript(
-                self.labels().0,
-                &m.nonce,
-                &theirs.nonce,
-                m.node_id,
-                theirs.node_id,
-                m.instance,
-            );
+            let t = wire::transcript(self.labels().0, &self.mine, theirs);
             self.out.push_back(HandshakeMsg::Signature(id.sign(&t)));
         }
     }
 
-    /// Whether the peer's proof binds its hello and our challenge.
+    /// Whether the peer's proof binds its hello and ours.
     fn peer_proof_ok(&self, theirs: &Hello, mac: &[u8; 32]) -> bool {
-        let m = &self.mine;
-        wire::verify_proof(
-            self.creds.secret,
-            self.labels().1,
-            &theirs.nonce,
-            &m.nonce,
-            theirs.node_id,
-            m.node_id,
-            theirs.instance,
-            mac,
-        )
+        wire::verify_proof(self.creds.secret, self.labels().1, theirs, &self.mine, mac)
     }
 
     /// Whether the peer's identity signature of its transcript is the
     /// claimed node's (called only with identity keys configured).
     fn peer_signature_ok(&self, theirs: &Hello, sig: &[u8; 64]) -> bool {
-        let m = &self.mine;
-        let t = wire::transcript(
-            self.labels().1,
-            &theirs.nonce,
-            &m.nonce,
-            theirs.node_id,
-            m.node_id,
-            theirs.instance,
-        );
+        let t = wire::transcript(self.labels().1, theirs, &self.mine);
         let id = self.creds.identity.expect("identity configured");
         id.verify(theirs.node_id, &t, sig)
     }

@@ -2,8 +2,8 @@
 //!
 //! The cluster secret proves membership, but every member knows it, so a
 //! member could claim the id of another node (while that node is down). With
-//! identity keys each node signs its part of the connection set-up (the TCP
-//! handshake transcript, the InfiniBand exchange datagrams) with its own
+//! identity keys each node signs its part of the connection set-up (the
+//! handshake transcript, InfiniBand close notices) with its own
 //! private key, and the peer checks the signature against the public key the
 //! node map lists for the claimed id. A member then cannot act as any other
 //! node id. Signatures come from `ed25519-dalek` (RustCrypto's dalek

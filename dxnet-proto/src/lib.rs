@@ -10,9 +10,9 @@
 //! - [`depth`]: a nesting-depth limit for decoding untrusted payloads.
 //! - [`decoder`]: reassembly of messages across received buffers.
 //! - [`handshake`]: the connection handshake's state machine (dialer and
-//!   acceptor roles).
-//! - [`wire`]: TCP handshake messages and chunk header, InfiniBand immediate data
-//!   and connection-exchange datagrams.
+//!   acceptor roles), driven over a TCP stream or UDP datagrams.
+//! - [`wire`]: handshake messages, the handshake datagram header, the TCP
+//!   chunk header, InfiniBand immediate data and close notices.
 //! - [`identity`]: node identities (Ed25519) and the signed handshake
 //!   material.
 

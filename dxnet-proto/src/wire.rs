@@ -1,6 +1,7 @@
 //! Fixed-size control structures that cross the network outside the
-//! message stream: the connection handshake (TCP; the IB exchange reuses its
-//! fields) and the TCP chunk header.
+//! message stream: the connection handshake (over the TCP stream, or in UDP
+//! datagrams for InfiniBand), the InfiniBand close notice and the TCP chunk
+//! header.
 //!
 //! Every decoder here takes a fixed-size array, checks magic and version and
 //! returns a typed error: nothing sized by the peer is allocated.
@@ -10,10 +11,14 @@ use hmac::{Hmac, KeyInit, Mac};
 use crate::identity::Identity;
 use sha2::Sha256;
 
-/// Protocol version; peers with another version are rejected.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Protocol version; peers with another version are rejected (the first
+/// ten bytes of every handshake message, magic and version, keep their
+/// place across versions, so the mismatch is reported as such).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Magic at the start of every handshake message.
 pub const HANDSHAKE_MAGIC: [u8; 8] = *b"DXNETrs\0";
+/// Magic and version: the part of a handshake message every version keeps.
+pub const HANDSHAKE_PREFIX_LEN: usize = 10;
 
 /// TCP chunk header: data length and flow-control units (the TCP analogue of
 /// RDMA immediate data).
@@ -192,7 +197,14 @@ const KIND_FINAL: u8 = 4;
 const KIND_SIGNATURE: u8 = 5;
 
 /// Length of every handshake message (they are padded to one size).
-pub const HANDSHAKE_LEN: usize = 96;
+pub const HANDSHAKE_LEN: usize = 112;
+
+/// Bytes of a transport endpoint in a [`Hello`]: an InfiniBand queue pair's
+/// QPN, PSN, LID and GID (`dxnet_verbs::Endpoint`); zeros on TCP.
+pub const ENDPOINT_LEN: usize = 26;
+
+/// Bytes of a hello as proofs and signatures bind it (every field).
+const HELLO_BOUND_LEN: usize = 36 + ENDPOINT_LEN;
 
 /// The identity and flow-control parameters a side announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +222,42 @@ pub struct Hello {
     pub fc_unit: u32,
     /// Fresh random challenge.
     pub nonce: [u8; 16],
+    /// Where the sender's transport takes this connection's data (opaque
+    /// here; see [`ENDPOINT_LEN`]).
+    pub endpoint: [u8; ENDPOINT_LEN],
 }
+
+impl Hello {
+    /// Every field, in wire order (what proofs and signatures bind).
+    fn bound(&self) -> [u8; HELLO_BOUND_LEN] {
+        let mut b = [0u8; HELLO_BOUND_LEN];
+        b[0..2].copy_from_slice(&self.node_id.to_le_bytes());
+        b[2..4].copy_from_slice(&self.target_id.to_le_bytes());
+        b[4..12].copy_from_slice(&self.instance.to_le_bytes());
+        b[12..16].copy_from_slice(&self.fc_window.to_le_bytes());
+        b[16..20].copy_from_slice(&self.fc_unit.to_le_bytes());
+        b[20..36].copy_from_slice(&self.nonce);
+        b[36..].copy_from_slice(&self.endpoint);
+        b
+    }
+
+    fn from_bound(b: &[u8]) -> Self {
+        Self {
+            node_id: u16::from_le_bytes([b[0], b[1]]),
+            target_id: u16::from_le_bytes([b[2], b[3]]),
+            instance: u64::from_le_bytes(b[4..12].try_into().unwrap()),
+            fc_window: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            fc_unit: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            nonce: b[20..36].try_into().unwrap(),
+            endpoint: b[36..HELLO_BOUND_LEN].try_into().unwrap(),
+        }
+    }
+}
+
+/// Where a hello's fields start in a message.
+const HELLO_AT: usize = 12;
+/// Where a proof starts in a message.
+const MAC_AT: usize = HELLO_AT + HELLO_BOUND_LEN + 6;
 
 /// One handshake message on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,12 +294,7 @@ impl HandshakeMsg {
         b[..8].copy_from_slice(&HANDSHAKE_MAGIC);
         b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         let put_hello = |b: &mut [u8; HANDSHAKE_LEN], h: &Hello| {
-            b[12..14].copy_from_slice(&h.node_id.to_le_bytes());
-            b[14..16].copy_from_slice(&h.target_id.to_le_bytes());
-            b[16..24].copy_from_slice(&h.instance.to_le_bytes());
-            b[24..28].copy_from_slice(&h.fc_window.to_le_bytes());
-            b[28..32].copy_from_slice(&h.fc_unit.to_le_bytes());
-            b[32..48].copy_from_slice(&h.nonce);
+            b[HELLO_AT..HELLO_AT + HELLO_BOUND_LEN].copy_from_slice(&h.bound());
         };
         match self {
             Self::Hello(h) => {
@@ -262,11 +304,11 @@ impl HandshakeMsg {
             Self::Reply(h, mac) => {
                 b[10] = KIND_REPLY;
                 put_hello(&mut b, h);
-                b[48..80].copy_from_slice(mac);
+                b[MAC_AT..MAC_AT + 32].copy_from_slice(mac);
             }
             Self::Proof(mac) => {
                 b[10] = KIND_PROOF;
-                b[48..80].copy_from_slice(mac);
+                b[MAC_AT..MAC_AT + 32].copy_from_slice(mac);
             }
             Self::Final(s) => {
                 b[10] = KIND_FINAL;
@@ -280,8 +322,10 @@ impl HandshakeMsg {
         b
     }
 
-    /// Decodes and validates a handshake message.
-    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Self, HandshakeError> {
+    /// Checks the magic and version at the start of a message: the first
+    /// [`HANDSHAKE_PREFIX_LEN`] bytes (a peer of another version may send
+    /// messages of another length; this tells it apart before the rest).
+    pub fn check_prefix(b: &[u8; HANDSHAKE_PREFIX_LEN]) -> Result<(), HandshakeError> {
         if b[..8] != HANDSHAKE_MAGIC {
             return Err(HandshakeError::BadMagic);
         }
@@ -292,15 +336,14 @@ impl HandshakeMsg {
                 theirs,
             });
         }
-        let hello = || Hello {
-            node_id: u16::from_le_bytes([b[12], b[13]]),
-            target_id: u16::from_le_bytes([b[14], b[15]]),
-            instance: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-            fc_window: u32::from_le_bytes(b[24..28].try_into().unwrap()),
-            fc_unit: u32::from_le_bytes(b[28..32].try_into().unwrap()),
-            nonce: b[32..48].try_into().unwrap(),
-        };
-        let mac = || -> [u8; 32] { b[48..80].try_into().unwrap() };
+        Ok(())
+    }
+
+    /// Decodes and validates a handshake message.
+    pub fn decode(b: &[u8; HANDSHAKE_LEN]) -> Result<Self, HandshakeError> {
+        Self::check_prefix(b[..HANDSHAKE_PREFIX_LEN].try_into().unwrap())?;
+        let hello = || Hello::from_bound(&b[HELLO_AT..HELLO_AT + HELLO_BOUND_LEN]);
+        let mac = || -> [u8; 32] { b[MAC_AT..MAC_AT + 32].try_into().unwrap() };
         match b[10] {
             KIND_HELLO => Ok(Self::Hello(hello())),
             KIND_REPLY => Ok(Self::Reply(hello(), mac())),
@@ -314,175 +357,145 @@ impl HandshakeMsg {
     }
 }
 
-/// What a side signs with its identity key in the TCP handshake: the same
-/// fields its HMAC proof binds (role, both challenges, both ids, its
-/// instance id), so a signature cannot be replayed for another connection,
-/// direction or claimed id.
-pub fn transcript(
-    role: &[u8],
-    prover_nonce: &[u8; 16],
-    verifier_nonce: &[u8; 16],
-    prover_id: u16,
-    verifier_id: u16,
-    prover_instance: u64,
-) -> [u8; 60] {
-    let mut t = [0u8; 60];
+/// Length of a [`transcript`].
+pub const TRANSCRIPT_LEN: usize = 16 + 2 * HELLO_BOUND_LEN;
+
+/// What a side proves (HMAC with the cluster secret) and signs (identity
+/// key) in the handshake: its role and both hellos in full (ids, instance
+/// ids, flow-control parameters, challenges, transport endpoints), so a
+/// proof or signature cannot be replayed for another connection, direction
+/// or claimed id, and no announced field can be changed on the way.
+pub fn transcript(role: &[u8], prover: &Hello, verifier: &Hello) -> [u8; TRANSCRIPT_LEN] {
+    let mut t = [0u8; TRANSCRIPT_LEN];
     t[..8].copy_from_slice(b"dxnet-hs");
     let r = role.len().min(8);
     t[8..8 + r].copy_from_slice(&role[..r]);
-    t[16..32].copy_from_slice(prover_nonce);
-    t[32..48].copy_from_slice(verifier_nonce);
-    t[48..50].copy_from_slice(&prover_id.to_le_bytes());
-    t[50..52].copy_from_slice(&verifier_id.to_le_bytes());
-    t[52..60].copy_from_slice(&prover_instance.to_le_bytes());
+    t[16..16 + HELLO_BOUND_LEN].copy_from_slice(&prover.bound());
+    t[16 + HELLO_BOUND_LEN..].copy_from_slice(&verifier.bound());
     t
 }
 
-/// The HMAC over the fields a proof binds: role, the prover's nonce, the
-/// verifier's nonce, both ids and the prover's instance id.
-fn proof_mac(
-    secret: &[u8],
-    role: &[u8],
-    prover_nonce: &[u8; 16],
-    verifier_nonce: &[u8; 16],
-    prover_id: u16,
-    verifier_id: u16,
-    prover_instance: u64,
-) -> Hmac<Sha256> {
+fn proof_mac(secret: &[u8], role: &[u8], prover: &Hello, verifier: &Hello) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
-    mac.update(role);
-    mac.update(prover_nonce);
-    mac.update(verifier_nonce);
-    mac.update(&prover_id.to_le_bytes());
-    mac.update(&verifier_id.to_le_bytes());
-    mac.update(&prover_instance.to_le_bytes());
+    mac.update(&transcript(role, prover, verifier));
     mac
 }
 
-/// Proof that a side knows the cluster secret: HMAC-SHA256 over the role,
-/// both challenges and both identities, so a proof cannot be replayed for
-/// another connection, another direction or another claimed node id.
-/// Without a secret the proof is all zeros and is not checked.
-pub fn proof(
-    secret: Option<&[u8]>,
-    role: &[u8],
-    my_nonce: &[u8; 16],
-    peer_nonce: &[u8; 16],
-    my_id: u16,
-    peer_id: u16,
-    my_instance: u64,
-) -> [u8; 32] {
+/// Proof that a side knows the cluster secret: HMAC-SHA256 over its
+/// [`transcript`]. Without a secret the proof is all zeros and is not
+/// checked.
+pub fn proof(secret: Option<&[u8]>, role: &[u8], prover: &Hello, verifier: &Hello) -> [u8; 32] {
     let Some(secret) = secret else {
         return [0; 32];
     };
-    proof_mac(
-        secret,
-        role,
-        my_nonce,
-        peer_nonce,
-        my_id,
-        peer_id,
-        my_instance,
-    )
-    .finalize()
-    .into_bytes()
-    .into()
+    proof_mac(secret, role, prover, verifier)
+        .finalize()
+        .into_bytes()
+        .into()
 }
 
 /// Constant-time check of a peer's proof.
-#[allow(clippy::too_many_arguments)]
 pub fn verify_proof(
     secret: Option<&[u8]>,
     role: &[u8],
-    peer_nonce: &[u8; 16],
-    my_nonce: &[u8; 16],
-    peer_id: u16,
-    my_id: u16,
-    peer_instance: u64,
+    prover: &Hello,
+    verifier: &Hello,
     got: &[u8; 32],
 ) -> bool {
     let Some(secret) = secret else {
         return true;
     };
-    proof_mac(
-        secret,
-        role,
-        peer_nonce,
-        my_nonce,
-        peer_id,
-        my_id,
-        peer_instance,
-    )
-    .verify_slice(got)
-    .is_ok()
+    proof_mac(secret, role, prover, verifier)
+        .verify_slice(got)
+        .is_ok()
 }
 
-/// Magic of the InfiniBand connection-exchange datagrams.
-pub const EXCHANGE_MAGIC: [u8; 8] = *b"DXNETib\0";
-/// Size of an exchange datagram: fields, HMAC (bytes 88..120) and the
-/// sender's identity signature of bytes 0..120 (120..184; zeros without
-/// identity keys).
-pub const EXCHANGE_LEN: usize = 184;
-/// Bytes of a queue-pair endpoint (QPN, PSN, LID, GID) in an exchange.
-pub const ENDPOINT_LEN: usize = 26;
+/// Magic of a handshake datagram (the handshake over UDP, as the
+/// InfiniBand engine runs it).
+pub const DATAGRAM_MAGIC: [u8; 4] = *b"DXhd";
+/// Bytes of a [`DatagramHeader`].
+pub const DATAGRAM_HEADER_LEN: usize = 10;
+/// Largest handshake datagram: the header and one flight of messages (a
+/// reply or proof with its identity signature).
+pub const DATAGRAM_MAX: usize = DATAGRAM_HEADER_LEN + 2 * HANDSHAKE_LEN;
 
-/// Kinds of exchange datagrams.
+/// Routes a handshake datagram to its handshake: which pair of nodes, and
+/// which side of it is addressed. Not authenticated: it only selects the
+/// handshake, whose messages carry their own proofs (a forged header at
+/// worst makes a handshake fail, and the dialer starts a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ExchangeKind {
-    /// "Connect your queue pair to mine" (retransmitted until answered).
-    Request = 1,
-    /// "Done; here is mine" (answer to a request).
-    Accept = 2,
-    /// "I closed the connection that used this queue pair."
-    Close = 3,
-    /// "My queue pair is connected to yours; send" (answer to an accept).
-    Ready = 4,
+pub struct DatagramHeader {
+    /// The node that started the handshake.
+    pub dialer: u16,
+    /// The node it dialed.
+    pub acceptor: u16,
+    /// The datagram goes to the acceptor (else to the dialer).
+    pub to_acceptor: bool,
 }
 
-/// The UDP datagram by which two nodes discover each other and exchange
-/// queue-pair endpoints (the InfiniBand analogue of the TCP handshake).
+impl DatagramHeader {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; DATAGRAM_HEADER_LEN] {
+        let mut b = [0u8; DATAGRAM_HEADER_LEN];
+        b[..4].copy_from_slice(&DATAGRAM_MAGIC);
+        b[4] = u8::from(self.to_acceptor);
+        b[6..8].copy_from_slice(&self.dialer.to_le_bytes());
+        b[8..10].copy_from_slice(&self.acceptor.to_le_bytes());
+        b
+    }
+
+    /// Splits a datagram into its header and the handshake messages.
+    pub fn decode(d: &[u8]) -> Result<(Self, &[u8]), HandshakeError> {
+        if d.len() < DATAGRAM_HEADER_LEN || d[..4] != DATAGRAM_MAGIC || d[4] > 1 {
+            return Err(HandshakeError::BadMagic);
+        }
+        let h = Self {
+            to_acceptor: d[4] == 1,
+            dialer: u16::from_le_bytes([d[6], d[7]]),
+            acceptor: u16::from_le_bytes([d[8], d[9]]),
+        };
+        Ok((h, &d[DATAGRAM_HEADER_LEN..]))
+    }
+}
+
+/// Magic of an InfiniBand close notice.
+pub const CLOSE_MAGIC: [u8; 8] = *b"DXNETib\0";
+/// Size of a close notice: fields, HMAC (bytes 68..100) and the sender's
+/// identity signature of bytes 0..100 (100..164; zeros without identity
+/// keys).
+pub const CLOSE_LEN: usize = 164;
+
+/// "I closed the connection between these two queue pairs": a UDP datagram
+/// that lets the peer fail its half at once rather than at its next send.
+/// It names both endpoints, so it closes only that connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exchange {
-    /// What this datagram asks for.
-    pub kind: ExchangeKind,
+pub struct CloseNotice {
     /// Sender node id.
     pub src: u16,
     /// Receiver node id.
     pub dst: u16,
-    /// Sender's instance id (detects restarted nodes).
-    pub instance: u64,
-    /// Sender's flow-control window.
-    pub fc_window: u32,
-    /// Sender's flow-control unit.
-    pub fc_unit: u32,
-    /// Sender's queue-pair endpoint (opaque here; `dxnet_verbs::Endpoint`).
-    pub endpoint: [u8; ENDPOINT_LEN],
-    /// Fresh random value: makes every datagram's MAC unique.
-    pub nonce: [u8; 16],
+    /// The sender's endpoint of the connection.
+    pub src_endpoint: [u8; ENDPOINT_LEN],
+    /// The receiver's endpoint of the connection.
+    pub dst_endpoint: [u8; ENDPOINT_LEN],
 }
 
-impl Exchange {
-    /// Encodes and, with a secret, authenticates the datagram
-    /// (HMAC-SHA256 over everything before the MAC); with an identity, signs
-    /// it.
-    pub fn encode(&self, secret: Option<&[u8]>, identity: Option<&Identity>) -> [u8; EXCHANGE_LEN] {
-        let mut b = [0u8; EXCHANGE_LEN];
-        b[..8].copy_from_slice(&EXCHANGE_MAGIC);
+impl CloseNotice {
+    /// Encodes and, with a secret, authenticates the notice (HMAC-SHA256
+    /// over everything before the MAC); with an identity, signs it.
+    pub fn encode(&self, secret: Option<&[u8]>, identity: Option<&Identity>) -> [u8; CLOSE_LEN] {
+        let mut b = [0u8; CLOSE_LEN];
+        b[..8].copy_from_slice(&CLOSE_MAGIC);
         b[8..10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        b[10] = self.kind as u8;
         b[12..14].copy_from_slice(&self.src.to_le_bytes());
         b[14..16].copy_from_slice(&self.dst.to_le_bytes());
-        b[16..24].copy_from_slice(&self.instance.to_le_bytes());
-        b[24..28].copy_from_slice(&self.fc_window.to_le_bytes());
-        b[28..32].copy_from_slice(&self.fc_unit.to_le_bytes());
-        b[32..58].copy_from_slice(&self.endpoint);
-        b[58..74].copy_from_slice(&self.nonce);
-        let mac = exchange_mac(secret, &b[..88]);
-        b[88..120].copy_from_slice(&mac);
+        b[16..42].copy_from_slice(&self.src_endpoint);
+        b[42..68].copy_from_slice(&self.dst_endpoint);
+        let mac = close_mac(secret, &b[..68]);
+        b[68..100].copy_from_slice(&mac);
         if let Some(id) = identity {
-            let sig = id.sign(&b[..120]);
-            b[120..184].copy_from_slice(&sig);
+            let sig = id.sign(&b[..100]);
+            b[100..164].copy_from_slice(&sig);
         }
         b
     }
@@ -494,7 +507,7 @@ impl Exchange {
         secret: Option<&[u8]>,
         identity: Option<&Identity>,
     ) -> Result<Self, HandshakeError> {
-        if b.len() != EXCHANGE_LEN || b[..8] != EXCHANGE_MAGIC {
+        if b.len() != CLOSE_LEN || b[..8] != CLOSE_MAGIC {
             return Err(HandshakeError::BadMagic);
         }
         let theirs = u16::from_le_bytes([b[8], b[9]]);
@@ -504,17 +517,13 @@ impl Exchange {
                 theirs,
             });
         }
-        let kind = match b[10] {
-            1 => ExchangeKind::Request,
-            2 => ExchangeKind::Accept,
-            3 => ExchangeKind::Close,
-            4 => ExchangeKind::Ready,
-            k => return Err(HandshakeError::Kind(k)),
-        };
+        if b[10] != 0 || b[11] != 0 {
+            return Err(HandshakeError::Kind(b[10]));
+        }
         if let Some(secret) = secret {
             // Constant-time comparison.
-            if exchange_hmac(secret, &b[..88])
-                .verify_slice(&b[88..120])
+            if close_hmac(secret, &b[..68])
+                .verify_slice(&b[68..100])
                 .is_err()
             {
                 return Err(HandshakeError::Auth);
@@ -522,34 +531,30 @@ impl Exchange {
         }
         let src = u16::from_le_bytes([b[12], b[13]]);
         if let Some(id) = identity {
-            let sig: &[u8; 64] = b[120..184].try_into().unwrap();
-            if !id.verify(src, &b[..120], sig) {
+            let sig: &[u8; 64] = b[100..164].try_into().unwrap();
+            if !id.verify(src, &b[..100], sig) {
                 return Err(HandshakeError::Auth);
             }
         }
         Ok(Self {
-            kind,
-            src: u16::from_le_bytes([b[12], b[13]]),
+            src,
             dst: u16::from_le_bytes([b[14], b[15]]),
-            instance: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-            fc_window: u32::from_le_bytes(b[24..28].try_into().unwrap()),
-            fc_unit: u32::from_le_bytes(b[28..32].try_into().unwrap()),
-            endpoint: b[32..58].try_into().unwrap(),
-            nonce: b[58..74].try_into().unwrap(),
+            src_endpoint: b[16..42].try_into().unwrap(),
+            dst_endpoint: b[42..68].try_into().unwrap(),
         })
     }
 }
 
-fn exchange_hmac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
+fn close_hmac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
-    mac.update(b"ib-exchange");
+    mac.update(b"ib-close");
     mac.update(body);
     mac
 }
 
-fn exchange_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
+fn close_mac(secret: Option<&[u8]>, body: &[u8]) -> [u8; 32] {
     match secret {
-        Some(secret) => exchange_hmac(secret, body).finalize().into_bytes().into(),
+        Some(secret) => close_hmac(secret, body).finalize().into_bytes().into(),
         None => [0; 32],
     }
 }
@@ -583,6 +588,7 @@ mod tests {
             fc_window: 1 << 20,
             fc_unit: 1 << 19,
             nonce: [9; 16],
+            endpoint: [8; ENDPOINT_LEN],
         }
     }
 
@@ -593,6 +599,7 @@ mod tests {
             HandshakeMsg::Reply(hello(), [5; 32]),
             HandshakeMsg::Proof([6; 32]),
             HandshakeMsg::Final(Status::Duplicate),
+            HandshakeMsg::Signature([7; 64]),
         ] {
             assert_eq!(HandshakeMsg::decode(&m.encode()), Ok(m));
         }
@@ -606,6 +613,10 @@ mod tests {
             HandshakeMsg::decode(&b),
             Err(HandshakeError::Version { theirs: 99, .. })
         ));
+        assert!(matches!(
+            HandshakeMsg::check_prefix(b[..HANDSHAKE_PREFIX_LEN].try_into().unwrap()),
+            Err(HandshakeError::Version { theirs: 99, .. })
+        ));
         b[0] = b'X';
         assert_eq!(HandshakeMsg::decode(&b), Err(HandshakeError::BadMagic));
         let mut b = HandshakeMsg::Final(Status::Accept).encode();
@@ -614,56 +625,85 @@ mod tests {
     }
 
     #[test]
-    fn proofs_bind_secret_roles_and_ids() {
+    fn proofs_bind_secret_roles_and_every_hello_field() {
         let s = Some(&b"secret"[..]);
-        let (a, b) = ([1u8; 16], [2u8; 16]);
-        let p = proof(s, b"dialer", &a, &b, 1, 2, 42);
-        assert!(verify_proof(s, b"dialer", &a, &b, 1, 2, 42, &p));
-        assert!(!verify_proof(
-            Some(b"other"),
-            b"dialer",
-            &a,
-            &b,
-            1,
-            2,
-            42,
-            &p
-        ));
-        assert!(!verify_proof(s, b"acceptor", &a, &b, 1, 2, 42, &p));
-        assert!(
-            !verify_proof(s, b"dialer", &a, &b, 3, 2, 42, &p),
-            "claimed id bound"
+        let (a, b) = (
+            hello(),
+            Hello {
+                node_id: 7,
+                target_id: 0,
+                nonce: [1; 16],
+                ..hello()
+            },
         );
-        assert!(!verify_proof(s, b"dialer", &b, &a, 1, 2, 42, &p));
+        let p = proof(s, b"dialer", &a, &b);
+        assert!(verify_proof(s, b"dialer", &a, &b, &p));
+        assert!(!verify_proof(Some(b"other"), b"dialer", &a, &b, &p));
+        assert!(!verify_proof(s, b"acceptor", &a, &b, &p));
+        assert!(!verify_proof(s, b"dialer", &b, &a, &p), "direction bound");
+        let changed = [
+            Hello { node_id: 4, ..a },
+            Hello { target_id: 8, ..a },
+            Hello { instance: 1, ..a },
+            Hello { fc_window: 1, ..a },
+            Hello { fc_unit: 1, ..a },
+            Hello {
+                nonce: [0; 16],
+                ..a
+            },
+            Hello {
+                endpoint: [0; ENDPOINT_LEN],
+                ..a
+            },
+        ];
+        for c in changed {
+            assert!(!verify_proof(s, b"dialer", &c, &b, &p), "{c:?} bound");
+            assert!(!verify_proof(s, b"dialer", &a, &c, &p), "{c:?} bound");
+        }
+        assert!(verify_proof(None, b"dialer", &a, &b, &[0; 32]), "no secret");
     }
 
     #[test]
-    fn exchange_roundtrip_and_auth() {
-        let e = Exchange {
-            kind: ExchangeKind::Request,
+    fn datagram_header_roundtrip() {
+        let h = DatagramHeader {
+            dialer: 513,
+            acceptor: 2,
+            to_acceptor: true,
+        };
+        let mut d = h.encode().to_vec();
+        d.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(DatagramHeader::decode(&d), Ok((h, &[1u8, 2, 3][..])));
+        assert!(DatagramHeader::decode(&d[..5]).is_err());
+        d[4] = 2;
+        assert!(DatagramHeader::decode(&d).is_err());
+    }
+
+    #[test]
+    fn close_notice_roundtrip_and_auth() {
+        let e = CloseNotice {
             src: 1,
             dst: 2,
-            instance: 77,
-            fc_window: 1 << 20,
-            fc_unit: 1 << 19,
-            endpoint: [4; ENDPOINT_LEN],
-            nonce: [5; 16],
+            src_endpoint: [4; ENDPOINT_LEN],
+            dst_endpoint: [5; ENDPOINT_LEN],
         };
         let s = Some(&b"k"[..]);
         let b = e.encode(s, None);
-        assert_eq!(Exchange::decode(&b, s, None), Ok(e));
+        assert_eq!(CloseNotice::decode(&b, s, None), Ok(e));
         assert_eq!(
-            Exchange::decode(&b, Some(b"other"), None),
+            CloseNotice::decode(&b, Some(b"other"), None),
             Err(HandshakeError::Auth)
         );
         let mut t = b;
         t[12] = 9; // claims another source
-        assert_eq!(Exchange::decode(&t, s, None), Err(HandshakeError::Auth));
+        assert_eq!(CloseNotice::decode(&t, s, None), Err(HandshakeError::Auth));
         assert_eq!(
-            Exchange::decode(&b[..100], s, None),
+            CloseNotice::decode(&b[..100], s, None),
             Err(HandshakeError::BadMagic)
         );
-        assert_eq!(Exchange::decode(&e.encode(None, None), None, None), Ok(e));
+        assert_eq!(
+            CloseNotice::decode(&e.encode(None, None), None, None),
+            Ok(e)
+        );
         // Identity keys: node 1 signs; node 3 (a member with the secret but
         // another key) cannot pass as node 1.
         let n1 = Identity::from_keys([1; 32], &[]).unwrap();
@@ -671,14 +711,14 @@ mod tests {
         let me =
             Identity::from_keys([2; 32], &[(1, n1.public_key()), (3, n3.public_key())]).unwrap();
         let signed = e.encode(s, Some(&n1));
-        assert_eq!(Exchange::decode(&signed, s, Some(&me)), Ok(e));
+        assert_eq!(CloseNotice::decode(&signed, s, Some(&me)), Ok(e));
         let forged = e.encode(s, Some(&n3));
         assert_eq!(
-            Exchange::decode(&forged, s, Some(&me)),
+            CloseNotice::decode(&forged, s, Some(&me)),
             Err(HandshakeError::Auth)
         );
         assert_eq!(
-            Exchange::decode(&b, s, Some(&me)),
+            CloseNotice::decode(&b, s, Some(&me)),
             Err(HandshakeError::Auth),
             "unsigned"
         );

@@ -145,8 +145,8 @@ impl Default for ParkConfig {
     }
 }
 
-/// Settings of the InfiniBand/RoCE engine (`transport = "ib"`). The UDP
-/// connection exchange uses each node's node-map address.
+/// Settings of the InfiniBand/RoCE engine (`transport = "ib"`). The
+/// connection handshake (over UDP) uses each node's node-map address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 #[non_exhaustive]

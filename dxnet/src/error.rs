@@ -59,7 +59,7 @@ pub enum Unreachable {
     #[error("not in the node map")]
     NotInNodeMap,
     /// No connection could be set up: resolving the address, connecting,
-    /// the connection exchange or its authentication failed, or it did not
+    /// the connection handshake or its authentication failed, or it did not
     /// finish within `connect_timeout_ms`.
     #[error("cannot connect: {0}")]
     Connect(String),

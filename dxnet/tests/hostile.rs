@@ -244,6 +244,7 @@ fn hello(claim: u16, target: u16, window: u32) -> Hello {
         fc_window: window,
         fc_unit: window / 2,
         nonce: noise(random_u64(), 16).try_into().unwrap(),
+        endpoint: [0; wire::ENDPOINT_LEN],
     }
 }
 
@@ -272,15 +273,7 @@ fn handshake(
         m => return Err(format!("unexpected {m:?}")),
     };
     assert_eq!(theirs.node_id, target);
-    let p = wire::proof(
-        secret,
-        b"dialer",
-        &mine.nonce,
-        &theirs.nonce,
-        claim,
-        target,
-        mine.instance,
-    );
+    let p = wire::proof(secret, b"dialer", &mine, &theirs);
     s.write_all(&HandshakeMsg::Proof(p).encode())
         .map_err(|e| e.to_string())?;
     match read_hs(s)? {
@@ -412,14 +405,27 @@ fn random_bytes_instead_of_a_handshake() {
     wait_log(&[&from, "bad handshake magic"], 3);
     println!("random bytes: closed after {t:?}");
 
-    // A few random bytes and silence: closed after connect_timeout_ms.
+    // A few random bytes: rejected at the magic too (checked as soon as
+    // it is in).
     let mut s = c.connect(0);
     let from = s.local_addr().unwrap().to_string();
-    s.write_all(&noise(2, 40)).unwrap();
+    let mut few = noise(2, 40);
+    few[0] = b'X';
+    s.write_all(&few).unwrap();
+    let t = assert_closed(&mut s, 3);
+    wait_log(&[&from, "bad handshake magic"], 3);
+    println!("40 random bytes: closed after {t:?}");
+
+    // The start of a valid hello and silence: closed after
+    // connect_timeout_ms.
+    let mut s = c.connect(0);
+    let from = s.local_addr().unwrap().to_string();
+    s.write_all(&HandshakeMsg::Hello(hello(1, 0, 4096)).encode()[..40])
+        .unwrap();
     let t = assert_closed(&mut s, 5);
     wait_log(&[&from, "handshake read"], 3);
     assert!(t >= Duration::from_millis(1400), "closed after {t:?}");
-    println!("40 random bytes then silence: closed after {t:?}");
+    println!("40 bytes of a hello then silence: closed after {t:?}");
 
     // Valid magic and version, garbage kind.
     let mut s = c.connect(0);

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use dxnet_proto::codec::encode_into;
 use dxnet_proto::wire::{
-    encode_chunk_header, Exchange, ExchangeKind, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
+    encode_chunk_header, CloseNotice, DatagramHeader, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
 use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
 use dxnet_fuzz::{make_split_input, sample, Item};
@@ -100,7 +100,7 @@ fn main() {
         &with_max(100, &[2], b"not a dxnet stream at all"),
     );
 
-    // handshake: 96 bytes (+ optional secret).
+    // handshake: HANDSHAKE_LEN bytes (+ optional secret).
     let hello = Hello {
         node_id: 2,
         target_id: 1,
@@ -108,6 +108,7 @@ fn main() {
         fc_window: 4 << 20,
         fc_unit: 2 << 20,
         nonce: [3; 16],
+        endpoint: [4; ENDPOINT_LEN],
     };
     write(
         &dir,
@@ -186,33 +187,34 @@ fn main() {
     let mut hostile = enc(&sample(0));
     hostile[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
     write(&dir, "payload_decode", "hostile_len", &hostile);
-    // ib_exchange: [secret length][secret][datagram].
-    let ex = Exchange {
-        kind: ExchangeKind::Request,
+    // ib_datagram: [secret length][secret][datagram].
+    let notice = CloseNotice {
         src: 1,
         dst: 2,
-        instance: 0xfeed_beef,
-        fc_window: 1 << 20,
-        fc_unit: 1 << 19,
-        endpoint: [7; ENDPOINT_LEN],
-        nonce: [8; 16],
+        src_endpoint: [7; ENDPOINT_LEN],
+        dst_endpoint: [8; ENDPOINT_LEN],
     };
     let mut v = vec![0u8];
-    v.extend_from_slice(&ex.encode(None, None));
-    write(&dir, "ib_exchange", "request_no_secret", &v);
+    v.extend_from_slice(&notice.encode(None, None));
+    write(&dir, "ib_datagram", "close_no_secret", &v);
     let mut v = vec![6u8];
     v.extend_from_slice(b"secret");
-    v.extend_from_slice(
-        &Exchange {
-            kind: ExchangeKind::Accept,
-            ..ex
-        }
-        .encode(Some(b"secret"), None),
-    );
-    write(&dir, "ib_exchange", "accept_with_secret", &v);
+    v.extend_from_slice(&notice.encode(Some(b"secret"), None));
+    write(&dir, "ib_datagram", "close_with_secret", &v);
     let mut v = vec![0u8];
-    v.extend_from_slice(&ex.encode(None, None)[..60]);
-    write(&dir, "ib_exchange", "truncated", &v);
+    v.extend_from_slice(&notice.encode(None, None)[..60]);
+    write(&dir, "ib_datagram", "truncated", &v);
+    let mut v = vec![0u8];
+    v.extend_from_slice(
+        &DatagramHeader {
+            dialer: 1,
+            acceptor: 2,
+            to_acceptor: true,
+        }
+        .encode(),
+    );
+    v.extend_from_slice(&HandshakeMsg::Hello(hello).encode());
+    write(&dir, "ib_datagram", "hello_datagram", &v);
 
     println!("corpus written to {}", dir.display());
 }

@@ -1,11 +1,11 @@
-//! HandshakeMsg::decode on any 96 bytes: never panics; a valid message
+//! HandshakeMsg::decode on any HANDSHAKE_LEN bytes: never panics; a valid message
 //! re-encodes to one that decodes to the same value and keeps the header
-//! bytes. The bytes after the first 96 serve as a cluster secret for the
+//! bytes. The bytes after the first HANDSHAKE_LEN serve as a cluster secret for the
 //! proof check (HMAC), which must not panic on any key or MAC.
 #![no_main]
 
 use dxnet_proto::wire::{
-    proof, verify_proof, HandshakeError, HandshakeMsg, HANDSHAKE_LEN, HANDSHAKE_MAGIC,
+    proof, verify_proof, HandshakeError, HandshakeMsg, Hello, HANDSHAKE_LEN, HANDSHAKE_MAGIC,
     PROTOCOL_VERSION,
 };
 use libfuzzer_sys::fuzz_target;
@@ -23,39 +23,17 @@ fn check(b: &[u8; HANDSHAKE_LEN], secret: &[u8]) {
                         HandshakeMsg::Reply(_, mac) => mac,
                         _ => [0; 32],
                     };
-                    let mine = [0x5a; 16];
-                    let ok = verify_proof(
-                        secret,
-                        b"acceptor",
-                        &h.nonce,
-                        &mine,
-                        h.node_id,
-                        1,
-                        h.instance,
-                        &mac,
-                    );
+                    let mine = Hello {
+                        node_id: 1,
+                        nonce: [0x5a; 16],
+                        ..h
+                    };
+                    let ok = verify_proof(secret, b"acceptor", &h, &mine, &mac);
                     // A correct proof verifies; the fuzzer's MAC only if it
                     // happens to be right (or there is no secret).
-                    let good = proof(
-                        secret,
-                        b"acceptor",
-                        &h.nonce,
-                        &mine,
-                        h.node_id,
-                        1,
-                        h.instance,
-                    );
+                    let good = proof(secret, b"acceptor", &h, &mine);
                     assert_eq!(ok, secret.is_none() || good == mac);
-                    assert!(verify_proof(
-                        secret,
-                        b"acceptor",
-                        &h.nonce,
-                        &mine,
-                        h.node_id,
-                        1,
-                        h.instance,
-                        &good
-                    ));
+                    assert!(verify_proof(secret, b"acceptor", &h, &mine, &good));
                 }
                 HandshakeMsg::Proof(_) | HandshakeMsg::Final(_) | HandshakeMsg::Signature(_) => {}
             }

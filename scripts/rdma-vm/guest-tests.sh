@@ -1,8 +1,9 @@
 #!/bin/sh
 # Runs inside the RDMA VM (started by scripts/test-ib.sh): every test binary
 # in STAGE/tests with --include-ignored (so the device tests run too), then
-# every executable in STAGE/programs (two-process examples). Prints a summary
-# line and exits non-zero if anything failed.
+# every executable in STAGE/programs (two-process examples). With
+# DXNET_TEST_FILTER set, only the tests whose name contains it (no
+# programs). Prints a summary line and exits non-zero if anything failed.
 set -u
 STAGE=$1
 passed=0
@@ -14,7 +15,7 @@ for t in "$STAGE"/tests/*; do
     name=${t##*/}
     echo "== test binary $name"
     start=$(cut -d' ' -f1 /proc/uptime)
-    if "$t" --include-ignored --test-threads=1; then
+    if "$t" --include-ignored --test-threads=1 ${DXNET_TEST_FILTER:-}; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); failures="$failures $name"
@@ -23,6 +24,7 @@ for t in "$STAGE"/tests/*; do
 done
 for p in "$STAGE"/programs/*; do
     [ -x "$p" ] || continue
+    [ -z "${DXNET_TEST_FILTER:-}" ] || continue
     name=${p##*/}
     echo "== program $name"
     start=$(cut -d' ' -f1 /proc/uptime)

@@ -1,5 +1,5 @@
 use super::*;
-use crate::wire::HandshakeMsg;
+use crate::wire::{self, HandshakeMsg};
 
 fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
     Hello {
@@ -9,6 +9,7 @@ fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
         fc_window: 1 << 20,
         fc_unit: 1 << 16,
         nonce: [n; 16],
+        endpoint: [0; wire::ENDPOINT_LEN],
     }
 }
 
@@ -73,8 +74,10 @@ fn run(
         }
         other => panic!("acceptor after hello: {other:?}"),
     }
-    if let Some(r) = pump(a, d, chunk) {
-        return Err(r.expect_err("the dialer has no event before final"));
+    match pump(a, d, chunk) {
+        Some(Ok(Event::Verified(h))) => assert_eq!(Some(&h), a.peer().map(|_| &a.mine)),
+        Some(Err(e)) => return Err(e),
+        other => panic!("dialer after reply: {other:?}"),
     }
     let theirs = match pump(d, a, chunk) {
         Some(Ok(Event::Authenticated(h))) => match on_authenticated {
@@ -137,7 +140,10 @@ fn bytes_after_the_final_message_are_left_to_the_caller() {
         Some(Ok(Event::Introduced(_)))
     ));
     a.admit();
-    assert!(pump(&mut a, &mut d, 1).is_none());
+    assert!(matches!(
+        pump(&mut a, &mut d, 1),
+        Some(Ok(Event::Verified(_)))
+    ));
     assert!(matches!(
         pump(&mut d, &mut a, 1),
         Some(Ok(Event::Authenticated(_)))
@@ -305,7 +311,10 @@ fn an_identity_signature_of_another_key_is_refused() {
     ));
     a.admit();
     // (Node 2's own signature checks out: the impostor has its public key.)
-    assert!(pump(&mut a, &mut d, 96).is_none());
+    assert!(matches!(
+        pump(&mut a, &mut d, 96),
+        Some(Ok(Event::Verified(_)))
+    ));
     assert_eq!(
         pump(&mut d, &mut a, 96),
         Some(Err(HandshakeError::Signature(1)))
@@ -349,4 +358,59 @@ fn a_signature_reflected_across_roles_is_refused() {
     while a.poll_transmit().is_some() {}
     a.read(&HandshakeMsg::Proof([0; 32]).encode()).unwrap();
     assert_eq!(a.read(&acceptor_sig), Err(HandshakeError::Signature(1)));
+}
+
+/// The acceptor announces the endpoint it chose when admitting; the dialer
+/// sees it (bound by the proof: a changed endpoint fails).
+#[test]
+fn the_acceptors_endpoint_reaches_the_dialer_bound_by_its_proof() {
+    let creds = Credentials {
+        secret: Some(b"s"),
+        identity: None,
+    };
+    let ep = [7u8; wire::ENDPOINT_LEN];
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    assert!(matches!(
+        pump(&mut d, &mut a, 112),
+        Some(Ok(Event::Introduced(_)))
+    ));
+    a.admit_at(ep);
+    let reply = a.poll_transmit().unwrap();
+    let mut tampered = reply;
+    let HandshakeMsg::Reply(h, mac) = HandshakeMsg::decode(&reply).unwrap() else {
+        panic!("not a reply");
+    };
+    assert_eq!(h.endpoint, ep);
+    let other = Hello {
+        endpoint: [8; wire::ENDPOINT_LEN],
+        ..h
+    };
+    tampered.copy_from_slice(&HandshakeMsg::Reply(other, mac).encode());
+    let mut d2 = Handshake::dialer(creds, hello(1, 2, 1));
+    d2.poll_transmit();
+    assert_eq!(d2.read(&tampered), Err(HandshakeError::Auth));
+    match d.read(&reply) {
+        Ok(Progress {
+            event: Some(Event::Verified(h)),
+            ..
+        }) => assert_eq!(h.endpoint, ep),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A peer of another protocol version is told apart from its first ten
+/// bytes, whatever the length of its messages.
+#[test]
+fn another_version_is_reported_from_the_prefix() {
+    let mut a = Handshake::acceptor(Credentials::default(), hello(2, 0, 2));
+    let mut old = HandshakeMsg::Hello(hello(1, 2, 1)).encode();
+    old[8..10].copy_from_slice(&3u16.to_le_bytes());
+    assert_eq!(
+        a.read(&old[..wire::HANDSHAKE_PREFIX_LEN]),
+        Err(HandshakeError::Version { ours: 4, theirs: 3 })
+    );
+    assert!(a.is_failed());
+    let mut a = Handshake::acceptor(Credentials::default(), hello(2, 0, 2));
+    assert_eq!(a.read(b"GET / HTTP/1.1\r\n"), Err(HandshakeError::BadMagic));
 }

@@ -529,6 +529,17 @@ impl Orb {
         })
     }
 
+    /// Gives the consumer role back, so that [`Orb::consumer`] hands it out
+    /// again (a transport gave up the connection half that held it, e.g.
+    /// an abandoned connection set-up). The ring's positions stay as they
+    /// are: the next consumer goes on from there.
+    pub fn release_consumer(&self, c: Consumer) {
+        self.check_consumer(&c);
+        // Taken by value: the role cannot be used after it is given back.
+        let _ = c;
+        self.consumer_taken.store(false, Ordering::Release);
+    }
+
     fn check_consumer(&self, c: &Consumer) {
         assert_eq!(
             c.orb, self as *const Orb as usize,

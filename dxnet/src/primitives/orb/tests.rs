@@ -47,6 +47,21 @@ fn capacity_is_rounded_up() {
 }
 
 #[test]
+fn the_consumer_role_is_handed_out_once_until_released() {
+    let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
+    assert!(orb.consumer().is_none());
+    let msg: Vec<u8> = (0..64).collect();
+    put(&orb, &msg).unwrap();
+    assert_eq!(take(&orb, &mut c, 40), &msg[..40]);
+    orb.release_consumer(c);
+    // The next consumer goes on where the first stopped.
+    let mut c = orb.consumer().expect("released");
+    assert_eq!(take(&orb, &mut c, 100), &msg[40..]);
+    assert!(orb.consumer().is_none());
+}
+
+#[test]
 fn wrap_around_gives_two_slices_and_correct_bytes() {
     let orb = Orb::new(4096);
     let mut c = orb.consumer().unwrap();

@@ -27,9 +27,12 @@
 //!   (`receive_while_waiting`, see `ReceiveRole::help`): one busy-polling
 //!   thread per side in a ping-pong, as in perftest.
 //! - Connection thread: a job queue (create, close) and a UDP socket on the
-//!   node-map address: requests and accepts exchange QPN, PSN, LID, GID,
-//!   node id, instance id and flow-control window, authenticated with the
-//!   cluster secret. Failed work completions close the connection (pending
+//!   node-map address, over which it runs the connection handshake
+//!   (`proto::handshake`, as TCP does over its stream) in both roles: the
+//!   hellos carry the queue pairs' endpoints (QPN, PSN, LID, GID), bound
+//!   like every other field by the proofs of the cluster secret and the
+//!   identity signatures; a close notice tells the peer a connection's
+//!   queue pair is gone. Failed work completions close the connection (pending
 //!   requests fail with "destination unreachable"); the next send
 //!   rediscovers the node.
 //! - The incoming queue's limits hold here too: no receive is posted while
@@ -37,7 +40,7 @@
 //!   the node never queues more than its limit plus the posted receives.
 //!
 //! Files: this one holds the engine's state, start-up and the [`Transport`]
-//! methods; `setup.rs` the queue pairs and the exchange (connection
+//! methods; `setup.rs` the queue pairs and the handshake (connection
 //! thread), `send.rs` the send side, `recv.rs` the receive side.
 
 use std::collections::{HashMap, VecDeque};
@@ -57,7 +60,7 @@ use crate::core::{Core, InlineWork};
 use crate::primitives::orb::Consumer;
 use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
-use crate::proto::wire::{self, Exchange, ExchangeKind, Status, ENDPOINT_LEN};
+use crate::proto::wire::{self, Hello, Status};
 use crate::transport::cannot_connect;
 use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
@@ -184,10 +187,11 @@ pub struct IbEngine {
     /// failed completions and the watchdog; FxHash (a multiply) as the keys
     /// are our own queue pairs' numbers.
     by_qpn: Mutex<FxHashMap<u32, Arc<IbConn>>>,
-    /// Connections whose queue pair waits for the peer's accept.
-    pending: Mutex<HashMap<u16, Arc<IbConn>>>,
-    /// Accepted connections waiting for the requester's "ready".
-    awaiting: Mutex<HashMap<u16, (Arc<IbConn>, Exchange)>>,
+    /// Halves of our dials whose queue pair is connected to the
+    /// acceptor's, with the acceptor's hello, by peer: whoever takes one
+    /// out (the final answer, or the first data, which can overtake it)
+    /// opens the connection.
+    verified: Mutex<HashMap<u16, (Arc<IbConn>, Hello)>>,
     udp: UdpSocket,
     jobs: Sender<Job>,
     send_signal: Signal,
@@ -204,7 +208,7 @@ fn verbs_err(e: ibv::Error) -> Error {
 }
 
 /// Starts the engine: opens the device, creates the shared queues,
-/// registers the receive pool, binds the exchange socket, starts threads.
+/// registers the receive pool, binds the handshake socket, starts threads.
 pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let cfg = core.config();
     let ib = &cfg.ib;
@@ -241,8 +245,11 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         .address_of(own)
         .ok_or_else(|| Error::Config(format!("own node id {} is not in the node map", own.0)))?;
     let addr = resolve(addr).map_err(|e| Error::Config(format!("address of {own}: {e}")))?;
-    let udp = UdpSocket::bind(addr)
-        .map_err(|e| Error::Transport(format!("cannot bind UDP {addr} for IB exchange: {e}")))?;
+    let udp = UdpSocket::bind(addr).map_err(|e| {
+        Error::Transport(format!(
+            "cannot bind UDP {addr} for the IB connection handshake: {e}"
+        ))
+    })?;
     udp.set_read_timeout(Some(Duration::from_millis(20)))
         .map_err(|e| Error::Transport(e.to_string()))?;
     let (jobs, job_rx) = crossbeam::channel::unbounded();
@@ -267,8 +274,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         max_recv_size: cfg.limits.recv_buffer_size * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         by_qpn: Mutex::new(FxHashMap::default()),
-        pending: Mutex::new(HashMap::new()),
-        awaiting: Mutex::new(HashMap::new()),
+        verified: Mutex::new(HashMap::new()),
         udp,
         jobs,
         send_signal: Signal::new(),
@@ -314,7 +320,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         return Err(e);
     }
     tracing::info!(
-        "{own}: InfiniBand engine on {} port {} ({:?}), exchange on udp {addr}",
+        "{own}: InfiniBand engine on {} port {} ({:?}), handshakes on udp {addr}",
         engine.ctx.name(),
         engine.attr.port,
         port.link_layer
@@ -339,7 +345,8 @@ impl Transport for IbEngine {
             ConnState::Open => Ok(()),
             ConnState::Closed => Err(cannot_connect(conn.peer, conn.close_reason())),
             ConnState::Connecting => {
-                self.pending.lock().remove(&conn.peer.0);
+                // The connection thread gives the handshake up once the
+                // connection is closed.
                 Err(cannot_connect(
                     conn.peer,
                     "no answer to the connection request in time",
@@ -355,19 +362,16 @@ impl Transport for IbEngine {
             .engine::<IbConn>()
             .and_then(|ic| self.by_qpn.lock().remove(&ic.qp.qp_num()));
         {
-            let mut pending = self.pending.lock();
-            if pending
-                .get(&conn.peer.0)
-                .is_some_and(|ic| ic.conn.id == conn.id)
-            {
-                pending.remove(&conn.peer.0);
-            }
-            let mut awaiting = self.awaiting.lock();
-            if awaiting
+            // A dial that got as far as a connected queue pair: it can no
+            // longer open (the connection thread drops the rest of it).
+            let mut verified = self.verified.lock();
+            if verified
                 .get(&conn.peer.0)
                 .is_some_and(|(ic, _)| ic.conn.id == conn.id)
             {
-                awaiting.remove(&conn.peer.0);
+                if let Some((ic, _)) = verified.remove(&conn.peer.0) {
+                    self.by_qpn.lock().remove(&ic.qp.qp_num());
+                }
             }
         }
         if let Some(ic) = ic {

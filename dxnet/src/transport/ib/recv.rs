@@ -149,7 +149,7 @@ impl IbEngine {
                     break 'wc;
                 };
                 if ic.conn.state() == ConnState::Connecting {
-                    self.on_ready(core, ic.conn.peer.0, None);
+                    self.open_verified(core, &ic);
                 }
                 let standalone = u32::from(flags) == wire::IMM_STANDALONE;
                 let len = wc.byte_len() as usize;

@@ -1,19 +1,80 @@
-//! Connection set-up: queue pairs, the signed UDP exchange of their
-//! endpoints (the connection thread), and opening a connection once both
-//! sides are ready.
+//! Connection set-up: queue pairs, the connection handshake over UDP (the
+//! connection thread drives `proto::handshake` in both roles, one flight of
+//! messages per datagram, with retransmission), opening a connection once
+//! both queue pairs are connected, and close notices.
+//!
+//! ```text
+//! dialer (conn Connecting)                         acceptor
+//!   queue pair (INIT), Hello + endpoint   ──▶  Introduced: node map; queue pair (INIT)
+//!        ◀── Reply + endpoint (proof) [+ signature]
+//!   Verified: queue pair → RTR/RTS
+//!   Proof [+ signature]                   ──▶  Authenticated: accept_incoming,
+//!                                              queue pair → RTR/RTS, open
+//!        ◀── Final(Accept)
+//!   Established: open (or at the first data, if it overtakes the Final)
+//! ```
+//!
+//! The dialer retransmits its last flight every [`REQUEST_RETRY`]; the
+//! acceptor answers a repeated datagram with its last flight again (and
+//! keeps a finished handshake [`ACCEPT_LINGER`] for that). Of two nodes
+//! dialing each other at once, the lower id's dial wins (as on TCP): the
+//! lower id refuses the other's hello at once with `Duplicate`, the higher
+//! id gives up its own dial when it accepts.
 
 use super::*;
+use crate::proto::handshake::{Credentials, Event, Handshake};
+use crate::proto::wire::{
+    CloseNotice, DatagramHeader, HandshakeError, HandshakeMsg, Hello, CLOSE_MAGIC, DATAGRAM_MAGIC,
+    DATAGRAM_MAX, HANDSHAKE_LEN,
+};
+
+/// How long a finished handshake is kept to answer repeats of the dialer's
+/// last flight (its copy of our final answer was lost).
+const ACCEPT_LINGER: Duration = Duration::from_secs(2);
+
+/// A queue pair in state INIT, not yet tied to a connection.
+pub(super) struct NewQp {
+    qp: ibv::QueuePair,
+    local: ibv::Endpoint,
+}
+
+/// This node's side of a handshake it started.
+struct Dial<'a> {
+    ic: Arc<IbConn>,
+    hs: Handshake<'a>,
+    /// The last flight sent (retransmitted until answered).
+    flight: Vec<u8>,
+    /// The last datagram taken (a repeat of it is dropped).
+    last_in: Vec<u8>,
+}
+
+/// This node's side of a handshake a peer started.
+struct Accept<'a> {
+    hs: Handshake<'a>,
+    /// Created when the dialer was admitted; tied to the connection when
+    /// it is accepted.
+    qp: Option<NewQp>,
+    flight: Vec<u8>,
+    last_in: Vec<u8>,
+    started: Instant,
+    /// When the handshake ended (accepted, refused or failed).
+    ended: Option<Instant>,
+}
+
+/// The connection thread's handshakes, by peer node id.
+#[derive(Default)]
+struct Handshakes<'a> {
+    dials: HashMap<u16, Dial<'a>>,
+    accepts: HashMap<u16, Accept<'a>>,
+}
 
 impl IbEngine {
     pub(super) fn secret(&self) -> Option<&[u8]> {
         self.secret.as_deref()
     }
 
-    /// A queue pair for `conn` in state INIT, its ring buffer registered.
-    pub(super) fn create_ibconn(
-        &self,
-        conn: &Arc<Connection>,
-    ) -> std::result::Result<Arc<IbConn>, String> {
+    /// A queue pair in state INIT.
+    pub(super) fn create_qp(&self) -> std::result::Result<NewQp, String> {
         let create = |max_inline_data| {
             self.pd.create_rc_qp(&ibv::QpInit {
                 send_cq: &self.send_cq,
@@ -43,6 +104,24 @@ impl IbEngine {
         };
         qp.to_init(self.attr.port, self.attr.access)
             .map_err(|e| e.to_string())?;
+        let local = ibv::Endpoint::local(
+            &self.ctx,
+            &qp,
+            self.attr.port,
+            self.gid_index,
+            self.attr.local_psn,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(NewQp { qp, local })
+    }
+
+    /// Ties a queue pair to `conn`: registers its ring buffer and takes the
+    /// ring's consumer role.
+    pub(super) fn bind_qp(
+        &self,
+        conn: &Arc<Connection>,
+        q: NewQp,
+    ) -> std::result::Result<Arc<IbConn>, String> {
         // SAFETY: the ring buffer's memory never moves and lives as long as
         // `conn`, which the IbConn (and so the registration) keeps alive.
         let orb_mr = unsafe {
@@ -57,20 +136,12 @@ impl IbEngine {
             .orb
             .consumer()
             .ok_or("the connection's ring buffer already has a consumer")?;
-        let local = ibv::Endpoint::local(
-            &self.ctx,
-            &qp,
-            self.attr.port,
-            self.gid_index,
-            self.attr.local_psn,
-        )
-        .map_err(|e| e.to_string())?;
         Ok(Arc::new(IbConn {
             conn: conn.clone(),
-            max_inline: qp.caps().max_inline_data.min(self.max_inline_data) as usize,
-            qp,
+            max_inline: q.qp.caps().max_inline_data.min(self.max_inline_data) as usize,
+            qp: q.qp,
             orb_mr,
-            local,
+            local: q.local,
             remote: Mutex::new(None),
             send: Mutex::new(SendState {
                 consumer,
@@ -84,102 +155,179 @@ impl IbEngine {
         }))
     }
 
-    pub(super) fn exchange(
-        &self,
-        core: &Core,
-        kind: ExchangeKind,
-        dst: u16,
-        local: &ibv::Endpoint,
-    ) -> Exchange {
-        let mut endpoint = [0u8; ENDPOINT_LEN];
-        endpoint.copy_from_slice(&local.to_bytes());
-        Exchange {
-            kind,
-            src: self.own.0,
-            dst,
+    /// Gives up the half of a set-up that did not open (one that did,
+    /// e.g. through its first data while its handshake was still
+    /// finishing, is the connection's and stays): its queue pair goes, and
+    /// the ring's consumer role goes back to the connection for another
+    /// half (unless a completion being handled still holds this one: then
+    /// the connection cannot open, and the next send reconnects).
+    fn abandon(&self, ic: Arc<IbConn>) {
+        if ic
+            .conn
+            .engine::<IbConn>()
+            .is_some_and(|c| Arc::ptr_eq(&c, &ic))
+        {
+            return;
+        }
+        {
+            let mut by_qpn = self.by_qpn.lock();
+            if by_qpn
+                .get(&ic.qp.qp_num())
+                .is_some_and(|c| Arc::ptr_eq(c, &ic))
+            {
+                by_qpn.remove(&ic.qp.qp_num());
+            }
+        }
+        {
+            let mut verified = self.verified.lock();
+            if verified
+                .get(&ic.conn.peer.0)
+                .is_some_and(|(c, _)| Arc::ptr_eq(c, &ic))
+            {
+                verified.remove(&ic.conn.peer.0);
+            }
+        }
+        let _ = ic.qp.to_error();
+        if let Ok(IbConn { conn, send, .. }) = Arc::try_unwrap(ic) {
+            conn.orb.release_consumer(send.into_inner().consumer);
+        }
+    }
+
+    fn hello(&self, core: &Core, target: u16, endpoint: [u8; wire::ENDPOINT_LEN]) -> Hello {
+        Hello {
+            node_id: self.own.0,
+            target_id: target,
             instance: core.instance,
             fc_window: core.fc_window.min(u32::MAX as u64) as u32,
             fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
-            endpoint,
             nonce: rand::random(),
+            endpoint,
         }
     }
 
-    pub(super) fn send_exchange(&self, core: &Core, peer: NodeId, x: &Exchange) {
-        let Some(addr) = core.config().address_of(peer).and_then(|a| resolve(a).ok()) else {
+    fn send_datagram(&self, core: &Core, peer: u16, d: &[u8]) {
+        let Some(addr) = core
+            .config()
+            .address_of(NodeId(peer))
+            .and_then(|a| resolve(a).ok())
+        else {
             return;
         };
-        if let Err(e) = self
-            .udp
-            .send_to(&x.encode(self.secret(), core.identity.as_ref()), addr)
-        {
-            tracing::debug!("{}: exchange datagram to {peer} failed: {e}", self.own);
+        if let Err(e) = self.udp.send_to(d, addr) {
+            tracing::debug!("{}: datagram to node {peer} failed: {e}", self.own);
         }
     }
 
-    /// Connects `ic`'s queue pair to the peer's (RTR, RTS) and makes it
-    /// known to the send and receive threads.
-    pub(super) fn connect_qp(
+    /// Sends what `hs` has queued as one datagram; keeps it in `flight`
+    /// for retransmission.
+    fn transmit(
         &self,
-        ic: &Arc<IbConn>,
-        x: &Exchange,
-    ) -> std::result::Result<(), String> {
-        let remote = ibv::Endpoint::from_bytes(&x.endpoint).map_err(|e| e.to_string())?;
+        core: &Core,
+        peer: u16,
+        header: DatagramHeader,
+        hs: &mut Handshake<'_>,
+        flight: &mut Vec<u8>,
+    ) {
+        let mut d = header.encode().to_vec();
+        while let Some(m) = hs.poll_transmit() {
+            d.extend_from_slice(&m);
+        }
+        if d.len() > wire::DATAGRAM_HEADER_LEN {
+            self.send_datagram(core, peer, &d);
+            *flight = d;
+        }
+    }
+
+    /// Connects `ic`'s queue pair to the peer's endpoint (RTR, RTS): it
+    /// can receive. Completions find it through the queue-pair table until
+    /// it is attached.
+    fn connect_qp(&self, ic: &Arc<IbConn>, endpoint: &[u8]) -> std::result::Result<(), String> {
+        let remote = ibv::Endpoint::from_bytes(endpoint).map_err(|e| e.to_string())?;
         ic.qp
             .to_rtr(&self.attr, &remote)
             .map_err(|e| e.to_string())?;
         ic.qp.to_rts(&self.attr).map_err(|e| e.to_string())?;
         *ic.remote.lock() = Some(remote);
         self.by_qpn.lock().insert(ic.qp.qp_num(), ic.clone());
-        let attached = ic.conn.attach_engine(ic);
-        debug_assert!(attached, "a connection's queue pair is connected once");
-        if !ic.conn.is_alive() {
+        Ok(())
+    }
+
+    /// Attaches `ic` to its connection and opens it: data may flow.
+    fn attach_and_open(
+        &self,
+        core: &Core,
+        ic: &Arc<IbConn>,
+        theirs: &Hello,
+    ) -> std::result::Result<(), String> {
+        if !ic.conn.attach_engine(ic) {
+            return Err("the connection already has a queue pair".into());
+        }
+        if !ic.conn.is_alive()
+            || !core.opened(
+                &ic.conn,
+                theirs.instance,
+                u64::from(theirs.fc_window),
+                u64::from(theirs.fc_unit),
+            )
+        {
             // Closed meanwhile (marked closed before `Transport::close`
             // runs): that close may have found nothing to release yet.
             // Releasing twice is harmless (the table entry goes once).
             self.close(&ic.conn);
             return Err("connection closed during set-up".into());
         }
-        Ok(())
-    }
-
-    /// Opens the connection: data may flow.
-    pub(super) fn open(
-        &self,
-        core: &Core,
-        ic: &IbConn,
-        x: &Exchange,
-    ) -> std::result::Result<(), String> {
-        if !core.opened(&ic.conn, x.instance, x.fc_window as u64, x.fc_unit as u64) {
-            return Err("connection closed during set-up".into());
-        }
         core.on_write_interest(ic.conn.peer);
         Ok(())
     }
 
-    pub(super) fn is_remote(ic: &IbConn, x: &Exchange) -> bool {
-        ic.remote
-            .lock()
-            .is_some_and(|r| r.to_bytes()[..] == x.endpoint[..])
+    /// Data arrived on a connecting connection's queue pair: the acceptor
+    /// accepted (it sends only then), and its final answer is still on the
+    /// way. Opens the connection now, so the data is not held up.
+    pub(super) fn open_verified(&self, core: &Core, ic: &Arc<IbConn>) {
+        let claimed = {
+            let mut verified = self.verified.lock();
+            match verified.get(&ic.conn.peer.0) {
+                Some((c, _)) if Arc::ptr_eq(c, ic) => verified.remove(&ic.conn.peer.0),
+                _ => None,
+            }
+        };
+        if let Some((ic, theirs)) = claimed {
+            if let Err(e) = self.attach_and_open(core, &ic, &theirs) {
+                core.close_connection(&ic.conn, &format!("connection set-up failed: {e}"), true);
+            }
+        }
     }
 
     // ----- connection thread ------------------------------------------------
 
     pub(super) fn connection_loop(self: Arc<Self>, jobs: Receiver<Job>) {
-        let mut buf = [0u8; 2 * wire::EXCHANGE_LEN];
+        let Some(core) = self.core.upgrade() else {
+            return;
+        };
+        let creds = Credentials {
+            secret: self.secret(),
+            identity: core.identity.as_ref(),
+        };
+        let mut hss = Handshakes::default();
+        let mut buf = [0u8; 2 * DATAGRAM_MAX];
         let mut lingering: VecDeque<(Instant, Arc<IbConn>)> = VecDeque::new();
         let mut last_retry = Instant::now();
+        let connect_timeout = Duration::from_millis(core.config().limits.connect_timeout_ms);
         while !self.stop.load(Ordering::Acquire) {
-            let Some(core) = self.core.upgrade() else {
-                return;
-            };
             while let Ok(job) = jobs.try_recv() {
                 match job {
-                    Job::Create(conn) => self.job_create(&core, &conn),
+                    Job::Create(conn) => self.dial(&core, creds, &mut hss, &conn),
                     Job::Close(ic) => {
-                        let x =
-                            self.exchange(&core, ExchangeKind::Close, ic.conn.peer.0, &ic.local);
-                        self.send_exchange(&core, ic.conn.peer, &x);
+                        if let Some(remote) = *ic.remote.lock() {
+                            let notice = CloseNotice {
+                                src: self.own.0,
+                                dst: ic.conn.peer.0,
+                                src_endpoint: ic.local.to_bytes(),
+                                dst_endpoint: remote.to_bytes(),
+                            };
+                            let d = notice.encode(self.secret(), core.identity.as_ref());
+                            self.send_datagram(&core, ic.conn.peer.0, &d);
+                        }
                         lingering.push_back((Instant::now() + CLOSE_LINGER, ic));
                     }
                 }
@@ -189,64 +337,62 @@ impl IbEngine {
             }
             if last_retry.elapsed() >= REQUEST_RETRY {
                 last_retry = Instant::now();
-                let pending: Vec<_> = self.pending.lock().values().cloned().collect();
-                for ic in pending {
-                    if ic.conn.state() == ConnState::Connecting {
-                        let x =
-                            self.exchange(&core, ExchangeKind::Request, ic.conn.peer.0, &ic.local);
-                        self.send_exchange(&core, ic.conn.peer, &x);
-                    } else {
-                        self.pending.lock().remove(&ic.conn.peer.0);
-                    }
+                let gone: Vec<u16> = hss
+                    .dials
+                    .iter()
+                    .filter(|(_, d)| d.ic.conn.state() != ConnState::Connecting)
+                    .map(|(p, _)| *p)
+                    .collect();
+                for p in gone {
+                    let d = hss.dials.remove(&p).expect("listed");
+                    self.abandon(d.ic);
                 }
-                let awaiting: Vec<_> = self.awaiting.lock().values().cloned().collect();
-                for (ic, _) in awaiting {
-                    if ic.conn.state() == ConnState::Connecting {
-                        let a =
-                            self.exchange(&core, ExchangeKind::Accept, ic.conn.peer.0, &ic.local);
-                        self.send_exchange(&core, ic.conn.peer, &a);
-                    } else {
-                        self.awaiting.lock().remove(&ic.conn.peer.0);
-                    }
+                for (p, d) in &hss.dials {
+                    self.send_datagram(&core, *p, &d.flight);
                 }
+                hss.accepts.retain(|_, a| match a.ended {
+                    Some(t) => t.elapsed() < ACCEPT_LINGER,
+                    None => a.started.elapsed() < connect_timeout,
+                });
             }
             match self.udp.recv_from(&mut buf) {
-                Ok((n, from)) => {
-                    match Exchange::decode(&buf[..n], self.secret(), core.identity.as_ref()) {
-                        Ok(x) if x.dst == self.own.0 => self.on_exchange(&core, &x),
-                        Ok(x) => tracing::info!(
-                            "{}: exchange for node {} from {from} ignored",
-                            self.own,
-                            x.dst
-                        ),
-                        Err(e) => {
-                            tracing::warn!("{}: bad exchange datagram from {from}: {e}", self.own)
-                        }
-                    }
-                }
+                Ok((n, from)) => self.on_datagram(&core, creds, &mut hss, &buf[..n], from),
                 Err(e)
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) => {}
                 Err(e) => {
-                    tracing::warn!("{}: exchange socket: {e}", self.own);
+                    tracing::warn!("{}: connection socket: {e}", self.own);
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
         }
     }
 
-    pub(super) fn job_create(&self, core: &Core, conn: &Arc<Connection>) {
+    /// Starts this node's handshake for `conn` (unless one runs or the
+    /// peer's got there first).
+    fn dial<'a>(
+        &self,
+        core: &Core,
+        creds: Credentials<'a>,
+        hss: &mut Handshakes<'a>,
+        conn: &Arc<Connection>,
+    ) {
+        let peer = conn.peer.0;
         if conn.state() != ConnState::Connecting || conn.engine::<IbConn>().is_some() {
-            return; // the peer's request got there first
+            return;
         }
-        match self.create_ibconn(conn) {
-            Ok(ic) => {
-                let x = self.exchange(core, ExchangeKind::Request, conn.peer.0, &ic.local);
-                self.pending.lock().insert(conn.peer.0, ic);
-                self.send_exchange(core, conn.peer, &x);
+        if let Some(d) = hss.dials.get(&peer) {
+            if d.ic.conn.id == conn.id {
+                return; // already dialing
             }
+            let old = hss.dials.remove(&peer).expect("present");
+            self.abandon(old.ic);
+        }
+        let ic = self.create_qp().and_then(|q| self.bind_qp(conn, q));
+        let ic = match ic {
+            Ok(ic) => ic,
             Err(e) => {
                 tracing::warn!(
                     "{}: cannot create a queue pair for {}: {e}",
@@ -254,118 +400,324 @@ impl IbEngine {
                     conn.peer
                 );
                 conn.close(&format!("queue pair creation failed: {e}"));
-            }
-        }
-    }
-
-    pub(super) fn on_exchange(&self, core: &Arc<Core>, x: &Exchange) {
-        let peer = NodeId(x.src);
-        if core.config().address_of(peer).is_none() || x.src == self.own.0 {
-            tracing::warn!("{}: exchange from unknown node {} ignored", self.own, x.src);
-            return;
-        }
-        match x.kind {
-            ExchangeKind::Request => {
-                // A repeated request for a queue pair we already connected:
-                // answer again (our accept was lost).
-                if let Some(ic) = core.engine_half::<IbConn>(peer) {
-                    if Self::is_remote(&ic, x) && ic.conn.is_alive() {
-                        let a = self.exchange(core, ExchangeKind::Accept, x.src, &ic.local);
-                        self.send_exchange(core, peer, &a);
-                        return;
-                    }
-                }
-                let conn = match core.accept_incoming(peer, x.instance) {
-                    Ok(c) => c,
-                    Err(Status::Duplicate) => return, // our own request wins
-                    Err(s) => {
-                        tracing::info!("{}: connection request from {peer} refused: {s}", self.own);
-                        return;
-                    }
-                };
-                // Reuse the queue pair of our own pending request, if any.
-                let ic = match self.pending.lock().remove(&x.src) {
-                    Some(ic) if ic.conn.id == conn.id => Ok(ic),
-                    _ => self.create_ibconn(&conn),
-                };
-                let res = ic.and_then(|ic| {
-                    self.connect_qp(&ic, x)?;
-                    // Data may flow only once the requester's queue pair is
-                    // connected too: it says so with "ready" (or by sending).
-                    self.awaiting.lock().insert(x.src, (ic.clone(), *x));
-                    let a = self.exchange(core, ExchangeKind::Accept, x.src, &ic.local);
-                    self.send_exchange(core, peer, &a);
-                    Ok(())
-                });
-                if let Err(e) = res {
-                    core.close_connection(&conn, &format!("connection set-up failed: {e}"), true);
-                }
-            }
-            ExchangeKind::Accept => {
-                let ic = self.pending.lock().remove(&x.src);
-                match ic {
-                    Some(ic) if ic.conn.state() == ConnState::Connecting => {
-                        let res = self
-                            .connect_qp(&ic, x)
-                            .and_then(|_| self.open(core, &ic, x));
-                        match res {
-                            Ok(()) => {
-                                let r = self.exchange(core, ExchangeKind::Ready, x.src, &ic.local);
-                                self.send_exchange(core, peer, &r);
-                            }
-                            Err(e) => core.close_connection(
-                                &ic.conn,
-                                &format!("connection set-up failed: {e}"),
-                                true,
-                            ),
-                        }
-                    }
-                    _ => {
-                        // A repeated accept: our "ready" was lost.
-                        let ic = core.engine_half::<IbConn>(peer);
-                        if let Some(ic) = ic.filter(|ic| Self::is_remote(ic, x)) {
-                            let r = self.exchange(core, ExchangeKind::Ready, x.src, &ic.local);
-                            self.send_exchange(core, peer, &r);
-                        }
-                    }
-                }
-            }
-            ExchangeKind::Ready => self.on_ready(core, x.src, Some(&x.endpoint)),
-            ExchangeKind::Close => {
-                let ic = core.engine_half::<IbConn>(peer);
-                if let Some(ic) = ic {
-                    let ours = ic
-                        .remote
-                        .lock()
-                        .is_some_and(|r| r.to_bytes()[..] == x.endpoint[..]);
-                    if ours {
-                        core.close_connection(&ic.conn, "peer closed the connection", true);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The requester's queue pair is connected (it said so, or its data
-    /// arrived): open the accepted connection.
-    pub(super) fn on_ready(&self, core: &Core, src: u16, endpoint: Option<&[u8; ENDPOINT_LEN]>) {
-        let entry = {
-            let mut aw = self.awaiting.lock();
-            match aw.get(&src) {
-                Some((ic, x))
-                    if endpoint.map_or(true, |e| {
-                        Self::is_remote(ic, &Exchange { endpoint: *e, ..*x })
-                    }) =>
-                {
-                    aw.remove(&src)
-                }
-                _ => None,
+                return;
             }
         };
-        if let Some((ic, x)) = entry {
-            if let Err(e) = self.open(core, &ic, &x) {
-                core.close_connection(&ic.conn, &format!("connection set-up failed: {e}"), true);
+        let mut d = Dial {
+            hs: Handshake::dialer(creds, self.hello(core, peer, ic.local.to_bytes())),
+            ic,
+            flight: Vec::new(),
+            last_in: Vec::new(),
+        };
+        let header = DatagramHeader {
+            dialer: self.own.0,
+            acceptor: peer,
+            to_acceptor: true,
+        };
+        self.transmit(core, peer, header, &mut d.hs, &mut d.flight);
+        hss.dials.insert(peer, d);
+    }
+
+    fn on_datagram<'a>(
+        &self,
+        core: &Arc<Core>,
+        creds: Credentials<'a>,
+        hss: &mut Handshakes<'a>,
+        d: &[u8],
+        from: std::net::SocketAddr,
+    ) {
+        if d.starts_with(&CLOSE_MAGIC) {
+            match CloseNotice::decode(d, self.secret(), core.identity.as_ref()) {
+                Ok(n) if n.dst == self.own.0 => self.on_close_notice(core, &n),
+                Ok(n) => tracing::info!(
+                    "{}: close notice for node {} from {from} ignored",
+                    self.own,
+                    n.dst
+                ),
+                Err(e) => tracing::warn!("{}: bad close notice from {from}: {e}", self.own),
             }
+            return;
+        }
+        if !d.starts_with(&DATAGRAM_MAGIC) {
+            tracing::warn!("{}: unknown datagram from {from} ignored", self.own);
+            return;
+        }
+        let (h, msgs) = match DatagramHeader::decode(d) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("{}: bad handshake datagram from {from}: {e}", self.own);
+                return;
+            }
+        };
+        if h.to_acceptor && h.acceptor == self.own.0 {
+            self.on_accept_datagram(core, creds, hss, h.dialer, d, msgs);
+        } else if !h.to_acceptor && h.dialer == self.own.0 {
+            self.on_dial_datagram(core, hss, h.acceptor, d, msgs);
+        } else {
+            tracing::info!(
+                "{}: handshake datagram between {} and {} from {from} ignored",
+                self.own,
+                h.dialer,
+                h.acceptor
+            );
+        }
+    }
+
+    /// An answer to our dial to `peer`.
+    fn on_dial_datagram(
+        &self,
+        core: &Core,
+        hss: &mut Handshakes<'_>,
+        peer: u16,
+        d: &[u8],
+        msgs: &[u8],
+    ) {
+        let Some(dial) = hss.dials.get_mut(&peer) else {
+            return; // over, or never ours
+        };
+        if dial.last_in == d {
+            return; // a repeat: our retransmission will be answered
+        }
+        dial.last_in = d.to_vec();
+        let mut at = 0;
+        let mut outcome: std::result::Result<bool, HandshakeError> = Ok(false);
+        while at < msgs.len() && outcome == Ok(false) {
+            let p = match dial.hs.read(&msgs[at..]) {
+                Ok(p) => p,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            };
+            at += p.consumed;
+            match p.event {
+                Some(Event::Verified(theirs)) => {
+                    // Connected before our proof goes: the acceptor may
+                    // send once it has it.
+                    match self.connect_qp(&dial.ic, &theirs.endpoint) {
+                        Ok(()) => {
+                            self.verified.lock().insert(peer, (dial.ic.clone(), theirs));
+                        }
+                        Err(e) => {
+                            let why = format!("connection set-up failed: {e}");
+                            core.close_connection(&dial.ic.conn, &why, true);
+                            outcome = Ok(true);
+                        }
+                    }
+                }
+                Some(Event::Established(_)) => outcome = Ok(true),
+                Some(ev) => {
+                    tracing::warn!("{}: dialer got {ev:?}", self.own);
+                    outcome = Ok(true);
+                }
+                None if p.consumed == 0 => break,
+                None => {}
+            }
+        }
+        let header = DatagramHeader {
+            dialer: self.own.0,
+            acceptor: peer,
+            to_acceptor: true,
+        };
+        let (hs, flight) = (&mut dial.hs, &mut dial.flight);
+        self.transmit(core, peer, header, hs, flight);
+        match outcome {
+            Ok(false) => {}
+            Ok(true) => {
+                let dial = hss.dials.remove(&peer).expect("present");
+                if dial.hs.is_established() {
+                    // Unless its first data opened it already.
+                    self.open_verified(core, &dial.ic);
+                } else {
+                    self.abandon(dial.ic);
+                }
+            }
+            Err(e) => {
+                let dial = hss.dials.remove(&peer).expect("present");
+                let conn = dial.ic.conn.clone();
+                self.abandon(dial.ic);
+                if e == HandshakeError::Rejected(Status::Duplicate) {
+                    // The peer's own dial to us wins; the connection stays
+                    // connecting until that one is accepted.
+                    tracing::debug!("{}: dial to node {peer} yields to the peer's", self.own);
+                } else {
+                    tracing::warn!("{}: handshake with node {peer} failed: {e}", self.own);
+                    core.close_connection(&conn, &format!("handshake failed: {e}"), true);
+                }
+            }
+        }
+    }
+
+    /// A datagram of `peer`'s dial to us.
+    fn on_accept_datagram<'a>(
+        &self,
+        core: &Arc<Core>,
+        creds: Credentials<'a>,
+        hss: &mut Handshakes<'a>,
+        peer: u16,
+        d: &[u8],
+        msgs: &[u8],
+    ) {
+        if let Some(a) = hss.accepts.get(&peer) {
+            if a.last_in == d {
+                // The dialer did not get our answer: again.
+                self.send_datagram(core, peer, &a.flight);
+                return;
+            }
+        }
+        let opens_handshake = msgs.len() >= HANDSHAKE_LEN
+            && matches!(
+                HandshakeMsg::decode(msgs[..HANDSHAKE_LEN].try_into().unwrap()),
+                Ok(HandshakeMsg::Hello(_))
+            );
+        if opens_handshake {
+            // A new handshake replaces an older one of the same dialer.
+            // (The endpoint comes when the dialer is admitted.)
+            let mine = self.hello(core, 0, [0; wire::ENDPOINT_LEN]);
+            hss.accepts.insert(
+                peer,
+                Accept {
+                    hs: Handshake::acceptor(creds, mine),
+                    qp: None,
+                    flight: Vec::new(),
+                    last_in: Vec::new(),
+                    started: Instant::now(),
+                    ended: None,
+                },
+            );
+        }
+        let Some(a) = hss.accepts.get_mut(&peer) else {
+            return;
+        };
+        if a.ended.is_some() {
+            return;
+        }
+        a.last_in = d.to_vec();
+        let mut at = 0;
+        while at < msgs.len() && a.ended.is_none() {
+            let p = match a.hs.read(&msgs[at..]) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("{}: handshake from node {peer} failed: {e}", self.own);
+                    a.ended = Some(Instant::now());
+                    break;
+                }
+            };
+            at += p.consumed;
+            match p.event {
+                Some(Event::Introduced(theirs)) => self.on_introduced(core, peer, a, &theirs),
+                Some(Event::Authenticated(theirs)) => {
+                    self.on_authenticated(core, &mut hss.dials, peer, a, &theirs);
+                    a.ended = Some(Instant::now());
+                }
+                Some(ev) => {
+                    tracing::warn!("{}: acceptor got {ev:?}", self.own);
+                    a.ended = Some(Instant::now());
+                }
+                None if p.consumed == 0 => break,
+                None => {}
+            }
+        }
+        let header = DatagramHeader {
+            dialer: peer,
+            acceptor: self.own.0,
+            to_acceptor: false,
+        };
+        let (hs, flight) = (&mut a.hs, &mut a.flight);
+        self.transmit(core, peer, header, hs, flight);
+    }
+
+    /// Admits or refuses a dialer that introduced itself.
+    fn on_introduced(&self, core: &Core, peer: u16, a: &mut Accept<'_>, theirs: &Hello) {
+        let p = NodeId(theirs.node_id);
+        if theirs.node_id != peer || core.config().address_of(p).is_none() {
+            tracing::warn!(
+                "{}: hello from unknown node {} refused",
+                self.own,
+                theirs.node_id
+            );
+            a.hs.reject(Status::UnknownNode);
+            a.ended = Some(Instant::now());
+            return;
+        }
+        // Both dial: the lower id's dial wins (no state is touched yet, so
+        // this needs no authentication).
+        let dialing = core
+            .connections
+            .get(p)
+            .is_some_and(|c| c.state() == ConnState::Connecting);
+        if dialing && self.own < p {
+            a.hs.reject(Status::Duplicate);
+            a.ended = Some(Instant::now());
+            return;
+        }
+        match self.create_qp() {
+            Ok(q) => {
+                a.hs.admit_at(q.local.to_bytes());
+                a.qp = Some(q);
+            }
+            Err(e) => {
+                tracing::warn!("{}: cannot create a queue pair for {p}: {e}", self.own);
+                a.hs.reject(Status::ShuttingDown);
+                a.ended = Some(Instant::now());
+            }
+        }
+    }
+
+    /// The dialer proved its id: accept the connection (or refuse it).
+    fn on_authenticated(
+        &self,
+        core: &Arc<Core>,
+        dials: &mut HashMap<u16, Dial<'_>>,
+        peer: u16,
+        a: &mut Accept<'_>,
+        theirs: &Hello,
+    ) {
+        let p = NodeId(peer);
+        let conn = match core.accept_incoming(p, theirs.instance) {
+            Ok(c) => c,
+            Err(st) => {
+                tracing::info!("{}: connection from {p} refused: {st}", self.own);
+                a.hs.reject(st);
+                return;
+            }
+        };
+        // Our own dial to the peer, if any, yields: its connection is the
+        // one accepted now, and the ring's consumer goes to this half.
+        if let Some(d) = dials.remove(&peer) {
+            self.abandon(d.ic);
+        }
+        let q = a.qp.take().expect("admitted dialers have a queue pair");
+        let res = self.bind_qp(&conn, q).and_then(|ic| {
+            self.connect_qp(&ic, &theirs.endpoint)?;
+            // The dialer's queue pair is connected (it was before it sent
+            // its proof): open, then say so.
+            self.attach_and_open(core, &ic, theirs)
+        });
+        match res {
+            Ok(()) => {
+                a.hs.accept();
+            }
+            Err(e) => {
+                core.close_connection(&conn, &format!("connection set-up failed: {e}"), true);
+                // No status says "failed here"; the dialer fails its
+                // connect, and the next send tries again.
+                a.hs.reject(Status::ShuttingDown);
+            }
+        }
+    }
+
+    fn on_close_notice(&self, core: &Core, n: &CloseNotice) {
+        let Some(ic) = core.engine_half::<IbConn>(NodeId(n.src)) else {
+            return;
+        };
+        let ours = ic.local.to_bytes() == n.dst_endpoint
+            && ic
+                .remote
+                .lock()
+                .is_some_and(|r| r.to_bytes() == n.src_endpoint);
+        if ours {
+            core.close_connection(&ic.conn, "peer closed the connection", true);
         }
     }
 }

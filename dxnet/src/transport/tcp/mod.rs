@@ -42,7 +42,7 @@ use crate::primitives::pool::RecvBuffer;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
 use crate::proto::wire::{
     encode_chunk_header, ChunkParser, HandshakeError, Hello, Status, CHUNK_HEADER_LEN,
-    HANDSHAKE_LEN,
+    ENDPOINT_LEN, HANDSHAKE_LEN,
 };
 use crate::transport::cannot_connect;
 use crate::transport::tls::{self, TlsContext, TlsStream};
@@ -285,6 +285,7 @@ impl TcpEngine {
             fc_window: core.fc_window.min(u32::MAX as u64) as u32,
             fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
             nonce: rand::random(),
+            endpoint: [0; ENDPOINT_LEN],
         }
     }
 

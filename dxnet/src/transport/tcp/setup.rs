@@ -44,18 +44,30 @@ fn flush<S: Write>(hs: &mut Handshake<'_>, s: &mut S) -> Result<(), SetupFailure
 
 /// Runs `hs` over a blocking stream (its read and write timeouts bound the
 /// wait) until it hands back an event or fails; on failure the peer still
-/// gets what the handshake has to tell it. Reads exactly the bytes of the
-/// expected message, so nothing of the data that follows is taken.
+/// gets what the handshake has to tell it. Reads at most the rest of the
+/// expected message, so nothing of the data that follows is taken, and
+/// feeds every read at once (a peer of another version is recognized from
+/// the start of its message, whatever its length).
 fn drive<S: Read + Write>(hs: &mut Handshake<'_>, s: &mut S) -> Result<Event, SetupFailure> {
     let mut b = [0u8; HANDSHAKE_LEN];
     loop {
         flush(hs, s)?;
-        let n = hs.wants_read();
-        if n == 0 {
+        let want = hs.wants_read();
+        if want == 0 {
             return Err(SetupFailure::Io("handshake already over".into()));
         }
-        s.read_exact(&mut b[..n])
-            .map_err(|e| SetupFailure::Io(format!("handshake read: {e}")))?;
+        let n = loop {
+            match s.read(&mut b[..want]) {
+                Ok(0) => {
+                    return Err(SetupFailure::Io(
+                        "handshake read: the peer closed the connection".into(),
+                    ))
+                }
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(SetupFailure::Io(format!("handshake read: {e}"))),
+            }
+        };
         match hs.read(&b[..n]) {
             Ok(Progress {
                 event: Some(ev), ..
@@ -85,9 +97,13 @@ impl TcpEngine {
         peer: NodeId,
     ) -> std::result::Result<Hello, SetupFailure> {
         let mut hs = Handshake::dialer(self.credentials(core), self.hello(core, peer.0));
-        match drive(&mut hs, s)? {
-            Event::Established(theirs) => Ok(theirs),
-            other => Err(SetupFailure::Io(format!("dialer got {other:?}"))),
+        loop {
+            match drive(&mut hs, s)? {
+                // Nothing to set up before the proof goes out.
+                Event::Verified(_) => {}
+                Event::Established(theirs) => return Ok(theirs),
+                other => return Err(SetupFailure::Io(format!("dialer got {other:?}"))),
+            }
         }
     }
 
