@@ -7,16 +7,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::Core;
 use crate::primitives::orb::Consumer;
-use crate::primitives::park::{Idle, Signal};
+use crate::primitives::park::Signal;
 use crate::proto::wire::Status;
 use crate::transport::cannot_connect;
+use crate::transport::driver::{run_send_loop, SendSide};
 use crate::transport::{EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
@@ -90,7 +91,14 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let c = core.clone();
     if let Err(e) = engine
         .threads
-        .spawn(format!("dxnet-lo-send-{}", own.0), move || e.send_loop(c))
+        .spawn(format!("dxnet-lo-send-{}", own.0), move || {
+            let mut side = LoopbackSender {
+                seen_epoch: e.fabric.resource_epoch.load(Ordering::Acquire),
+                engine: e,
+                stalled: Vec::new(),
+            };
+            run_send_loop(&mut side, &c);
+        })
     {
         engine.shutdown();
         return Err(e);
@@ -98,45 +106,55 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     Ok(engine)
 }
 
-impl LoopbackEngine {
-    fn send_loop(&self, core: Arc<Core>) {
-        let mut idle = Idle::new(core.park());
-        let mut stalled: Vec<u16> = Vec::new();
-        let mut seen_epoch = self.fabric.resource_epoch.load(Ordering::Acquire);
-        while !self.stop.load(Ordering::Acquire) {
-            let mut worked = false;
-            let epoch = self.fabric.resource_epoch.load(Ordering::Acquire);
-            if epoch != seen_epoch && !stalled.is_empty() {
-                seen_epoch = epoch;
-                for p in stalled.drain(..) {
-                    core.requeue_write_interest(p);
-                }
-            }
-            while let Some(peer) = core.next_write_interest() {
-                worked = true;
-                if self.pump(&core, peer) {
-                    stalled.push(peer);
-                }
-            }
-            if worked {
-                idle.reset();
-                continue;
-            }
-            if idle.step() {
-                let max = idle.max_park;
-                self.signal.park_unless(
-                    || {
-                        !core.write_interest_is_empty()
-                            || self.stop.load(Ordering::Acquire)
-                            || (!stalled.is_empty()
-                                && self.fabric.resource_epoch.load(Ordering::Acquire) != seen_epoch)
-                    },
-                    max,
-                );
+/// The loopback engine's part of its send thread: moving ring contents
+/// to the peer, and the connections stalled on the peer's receive
+/// resources (taken up again when the fabric's resources change).
+struct LoopbackSender {
+    engine: Arc<LoopbackEngine>,
+    stalled: Vec<u16>,
+    seen_epoch: u64,
+}
+
+impl SendSide for LoopbackSender {
+    fn stopping(&self) -> bool {
+        self.engine.stop.load(Ordering::Acquire)
+    }
+
+    fn round(&mut self, core: &Core) {
+        let epoch = self.engine.fabric.resource_epoch.load(Ordering::Acquire);
+        if epoch != self.seen_epoch && !self.stalled.is_empty() {
+            self.seen_epoch = epoch;
+            for p in self.stalled.drain(..) {
+                core.requeue_write_interest(p);
             }
         }
     }
 
+    fn write(&mut self, core: &Core, peer: u16) {
+        if self.engine.pump(core, peer) {
+            self.stalled.push(peer);
+        }
+    }
+
+    fn idle(&mut self, core: &Core, park: Option<Duration>) -> bool {
+        let Some(max) = park else {
+            return false;
+        };
+        let e = &self.engine;
+        e.signal.park_unless(
+            || {
+                !core.write_interest_is_empty()
+                    || e.stop.load(Ordering::Acquire)
+                    || (!self.stalled.is_empty()
+                        && e.fabric.resource_epoch.load(Ordering::Acquire) != self.seen_epoch)
+            },
+            max,
+        );
+        false
+    }
+}
+
+impl LoopbackEngine {
     /// Moves `peer`'s ring-buffer data and confirmations to the peer. Returns
     /// true if it stalled for lack of receive resources at the peer.
     fn pump(&self, core: &Core, peer: u16) -> bool {

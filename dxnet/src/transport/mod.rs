@@ -16,6 +16,7 @@ use crate::core::connection::Connection;
 use crate::core::Core;
 use crate::{NodeId, Result};
 
+mod driver;
 #[cfg(feature = "ib")]
 pub mod ib;
 pub mod loopback;

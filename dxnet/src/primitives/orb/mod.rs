@@ -533,6 +533,7 @@ impl Orb {
     /// again (a transport gave up the connection half that held it, e.g.
     /// an abandoned connection set-up). The ring's positions stay as they
     /// are: the next consumer goes on from there.
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     pub fn release_consumer(&self, c: Consumer) {
         self.check_consumer(&c);
         // Taken by value: the role cannot be used after it is given back.

@@ -62,6 +62,7 @@ use crate::primitives::park::{Idle, Signal};
 use crate::primitives::pool::RecvBuffer;
 use crate::proto::wire::{self, Hello, Status};
 use crate::transport::cannot_connect;
+use crate::transport::driver::run_send_loop;
 use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
@@ -300,7 +301,14 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         let (e, c) = (engine.clone(), core.clone());
         engine
             .threads
-            .spawn(format!("dxnet-ib-send-{}", own.0), move || e.send_loop(c))?;
+            .spawn(format!("dxnet-ib-send-{}", own.0), move || {
+                let mut side = send::IbSender {
+                    engine: e,
+                    wcs: vec![ibv::WorkCompletion::default(); POLL_BATCH],
+                    last_watch: Instant::now(),
+                };
+                run_send_loop(&mut side, &c);
+            })?;
         for _ in 0..2 {
             let (e, c) = (engine.clone(), core.clone());
             engine

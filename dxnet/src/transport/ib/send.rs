@@ -3,72 +3,79 @@
 //! completions and the watchdog.
 
 use super::*;
+use crate::transport::driver::SendSide;
 
-impl IbEngine {
-    pub(super) fn send_loop(self: Arc<Self>, core: Arc<Core>) {
-        let mut idle = Idle::new(core.park());
-        let mut wcs = vec![ibv::WorkCompletion::default(); POLL_BATCH];
-        let mut last_watch = Instant::now();
-        while !self.stop.load(Ordering::Acquire) {
-            let mut worked = false;
-            if self.outstanding_total.load(Ordering::Acquire) > 0 {
-                // Completions alone do not restart the idle clock: a thread
-                // that spins for them would take the spinning budget from
-                // the receive thread, whose spinning is what keeps round
-                // trips short.
-                self.poll_send(&core, &mut wcs, None);
-                if last_watch.elapsed() >= Duration::from_millis(100) {
-                    last_watch = Instant::now();
-                    self.watchdog(&core);
-                }
-            }
-            while let Some(peer) = core.next_write_interest() {
-                if !worked {
-                    worked = true;
-                    self.send_busy.store(true, Ordering::SeqCst);
-                }
-                if let Some(ic) = core.engine_half::<IbConn>(NodeId(peer)) {
-                    self.post(&core, &ic);
-                }
-            }
-            if worked {
-                idle.reset();
-                continue;
-            }
-            self.send_busy.store(false, Ordering::SeqCst);
-            if idle.step() {
-                // Completions outstanding that someone waits for (a
-                // producer blocked on a full ring, a post refused for a
-                // full send queue): look again soon. Otherwise they wait
-                // for the next post or wake-up (inline posters retire them
-                // too, see `try_flush`): a timer per send would wake this
-                // thread thousands of times a second in a ping-pong.
-                // Cleared before the check: a wake after it is not lost.
-                self.send_woken.store(false, Ordering::SeqCst);
-                let pressure = self.outstanding_total.load(Ordering::Acquire) > 0
-                    && (self.sq_refused.swap(false, Ordering::AcqRel)
-                        || self
-                            .by_qpn
-                            .lock()
-                            .values()
-                            .any(|ic| ic.conn.orb.has_waiters()));
-                let max = if pressure {
-                    Duration::from_micros(200)
-                } else {
-                    idle.max_park.min(Duration::from_millis(100))
-                };
-                self.send_signal.park_unless(
-                    || {
-                        !core.write_interest_is_empty()
-                            || self.send_woken.load(Ordering::SeqCst)
-                            || self.stop.load(Ordering::Acquire)
-                    },
-                    max,
-                );
+/// The InfiniBand engine's part of its send thread: posting ring
+/// buffers, retiring send completions, the watchdog.
+pub(super) struct IbSender {
+    pub(super) engine: Arc<IbEngine>,
+    pub(super) wcs: Vec<ibv::WorkCompletion>,
+    pub(super) last_watch: Instant,
+}
+
+impl SendSide for IbSender {
+    fn stopping(&self) -> bool {
+        self.engine.stop.load(Ordering::Acquire)
+    }
+
+    fn round(&mut self, core: &Core) {
+        let e = &self.engine;
+        if e.outstanding_total.load(Ordering::Acquire) > 0 {
+            // Completions alone do not restart the idle clock: a thread
+            // that spins for them would take the spinning budget from the
+            // receive thread, whose spinning is what keeps round trips
+            // short.
+            e.poll_send(core, &mut self.wcs, None);
+            if self.last_watch.elapsed() >= Duration::from_millis(100) {
+                self.last_watch = Instant::now();
+                e.watchdog(core);
             }
         }
     }
 
+    fn write(&mut self, core: &Core, peer: u16) {
+        if let Some(ic) = core.engine_half::<IbConn>(NodeId(peer)) {
+            self.engine.post(core, &ic);
+        }
+    }
+
+    fn busy(&mut self, busy: bool) {
+        self.engine.send_busy.store(busy, Ordering::SeqCst);
+    }
+
+    fn idle(&mut self, core: &Core, park: Option<Duration>) -> bool {
+        let Some(max_park) = park else {
+            return false;
+        };
+        let e = &self.engine;
+        // Completions outstanding that someone waits for (a producer
+        // blocked on a full ring, a post refused for a full send queue):
+        // look again soon. Otherwise they wait for the next post or wake-up
+        // (inline posters retire them too, see `try_flush`): a timer per
+        // send would wake this thread thousands of times a second in a
+        // ping-pong. Cleared before the check: a wake after it is not lost.
+        e.send_woken.store(false, Ordering::SeqCst);
+        let pressure = e.outstanding_total.load(Ordering::Acquire) > 0
+            && (e.sq_refused.swap(false, Ordering::AcqRel)
+                || e.by_qpn.lock().values().any(|ic| ic.conn.orb.has_waiters()));
+        let max = if pressure {
+            Duration::from_micros(200)
+        } else {
+            max_park.min(Duration::from_millis(100))
+        };
+        e.send_signal.park_unless(
+            || {
+                !core.write_interest_is_empty()
+                    || e.send_woken.load(Ordering::SeqCst)
+                    || e.stop.load(Ordering::Acquire)
+            },
+            max,
+        );
+        false
+    }
+}
+
+impl IbEngine {
     /// A peer that died without a word leaves our sends without completions
     /// on some devices (no retry-exceeded error): a connection whose oldest
     /// send has not completed within the send timeout is declared broken.

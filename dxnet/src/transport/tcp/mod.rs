@@ -45,6 +45,7 @@ use crate::proto::wire::{
     ENDPOINT_LEN, HANDSHAKE_LEN,
 };
 use crate::transport::cannot_connect;
+use crate::transport::driver::run_send_loop;
 use crate::transport::tls::{self, TlsContext, TlsStream};
 use crate::transport::{resolve, EngineThreads, Transport};
 use crate::{Error, NodeId, Result};
@@ -241,7 +242,13 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         engine
             .threads
             .spawn(format!("dxnet-tcp-send-{}", own.0), move || {
-                e.send_loop(c, send_poll)
+                let mut side = send::TcpSender {
+                    engine: e,
+                    poll: send_poll,
+                    events: Events::with_capacity(256),
+                    failed: false,
+                };
+                run_send_loop(&mut side, &c);
             })?;
         let e = engine.clone();
         engine

@@ -3,56 +3,80 @@
 //! rustls with TLS).
 
 use super::*;
+use crate::transport::driver::SendSide;
 
-impl TcpEngine {
-    pub(super) fn send_loop(self: Arc<Self>, core: Arc<Core>, mut poll: Poll) {
-        let mut events = Events::with_capacity(256);
-        let mut idle = Idle::new(core.park());
-        while !self.stop.load(Ordering::Acquire) {
-            let mut worked = false;
-            while let Some(peer) = core.next_write_interest() {
-                worked = true;
-                if let Some(tc) = core.engine_half::<TcpConn>(NodeId(peer)) {
-                    self.write_some(&core, &tc);
-                }
+/// The TCP engine's part of its send thread: writing ring buffers, and a
+/// poll set of the sockets that were full (writable again: write on).
+pub(super) struct TcpSender {
+    pub(super) engine: Arc<TcpEngine>,
+    pub(super) poll: Poll,
+    pub(super) events: Events,
+    /// The poll set failed: the thread ends.
+    pub(super) failed: bool,
+}
+
+impl TcpSender {
+    /// Waits up to `timeout` for sockets that turned writable and writes
+    /// the ones that had been full; true if there were any.
+    fn poll_writable(&mut self, core: &Core, timeout: Duration) -> bool {
+        let e = &self.engine;
+        if let Err(err) = self.poll.poll(&mut self.events, Some(timeout)) {
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!("{}: send poll failed: {err}", e.own);
+                self.failed = true;
             }
-            let timeout = if worked {
-                idle.reset();
-                Duration::ZERO
-            } else if idle.step() {
-                self.send_sleeping.store(true, Ordering::SeqCst);
-                if core.write_interest_is_empty() {
-                    idle.max_park
-                } else {
-                    Duration::ZERO
-                }
-            } else {
-                Duration::ZERO
-            };
-            let res = poll.poll(&mut events, Some(timeout));
-            self.send_sleeping.store(false, Ordering::SeqCst);
-            if let Err(e) = res {
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    tracing::error!("{}: send poll failed: {e}", self.own);
-                    return;
-                }
+            return false;
+        }
+        let mut found = false;
+        for ev in self.events.iter() {
+            if ev.token() == WAKER {
+                continue;
             }
-            for ev in events.iter() {
-                if ev.token() == WAKER {
-                    continue;
-                }
-                let tc = self.by_token.lock().get(&ev.token().0).cloned();
-                if let Some(tc) = tc {
-                    let was_blocked = std::mem::replace(&mut tc.send.lock().blocked, false);
-                    if was_blocked {
-                        idle.reset();
-                        self.write_some(&core, &tc);
-                    }
+            let tc = e.by_token.lock().get(&ev.token().0).cloned();
+            if let Some(tc) = tc {
+                let was_blocked = std::mem::replace(&mut tc.send.lock().blocked, false);
+                if was_blocked {
+                    found = true;
+                    e.write_some(core, &tc);
                 }
             }
         }
+        found
+    }
+}
+
+impl SendSide for TcpSender {
+    fn stopping(&self) -> bool {
+        self.failed || self.engine.stop.load(Ordering::Acquire)
     }
 
+    fn write(&mut self, core: &Core, peer: u16) {
+        if let Some(tc) = core.engine_half::<TcpConn>(NodeId(peer)) {
+            self.engine.write_some(core, &tc);
+        }
+    }
+
+    fn after_work(&mut self, core: &Core) -> bool {
+        self.poll_writable(core, Duration::ZERO)
+    }
+
+    fn idle(&mut self, core: &Core, park: Option<Duration>) -> bool {
+        let Some(max) = park else {
+            return self.poll_writable(core, Duration::ZERO);
+        };
+        self.engine.send_sleeping.store(true, Ordering::SeqCst);
+        let timeout = if core.write_interest_is_empty() {
+            max
+        } else {
+            Duration::ZERO
+        };
+        let found = self.poll_writable(core, timeout);
+        self.engine.send_sleeping.store(false, Ordering::SeqCst);
+        found
+    }
+}
+
+impl TcpEngine {
     /// Writes chunks of `tc`'s ring buffer until it is empty, the socket is
     /// full, or the round budget is used up.
     pub(super) fn write_some(&self, core: &Core, tc: &TcpConn) {
