@@ -105,8 +105,9 @@ enum State {
     Failed,
 }
 
-/// One side of one handshake.
-#[derive(Debug)]
+/// One side of one handshake. `Clone`, so that a driver on an unreliable
+/// carrier (datagrams) can try input on a copy and drop input that fails.
+#[derive(Debug, Clone)]
 pub struct Handshake<'a> {
     role: Role,
     creds: Credentials<'a>,

@@ -414,15 +414,17 @@ pub fn verify_proof(
 /// InfiniBand engine runs it).
 pub const DATAGRAM_MAGIC: [u8; 4] = *b"DXhd";
 /// Bytes of a [`DatagramHeader`].
-pub const DATAGRAM_HEADER_LEN: usize = 10;
+pub const DATAGRAM_HEADER_LEN: usize = 18;
 /// Largest handshake datagram: the header and one flight of messages (a
 /// reply or proof with its identity signature).
 pub const DATAGRAM_MAX: usize = DATAGRAM_HEADER_LEN + 2 * HANDSHAKE_LEN;
 
-/// Routes a handshake datagram to its handshake: which pair of nodes, and
-/// which side of it is addressed. Not authenticated: it only selects the
-/// handshake, whose messages carry their own proofs (a forged header at
-/// worst makes a handshake fail, and the dialer starts a new one).
+/// Routes a handshake datagram to its handshake: which pair of nodes,
+/// which handshake between them, and which side is addressed. Not
+/// authenticated: it only selects the handshake, whose messages carry their
+/// own proofs. The session id is the start of the dialer's fresh nonce, so
+/// a sender off the path cannot guess it: its datagrams reach no
+/// handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DatagramHeader {
     /// The node that started the handshake.
@@ -431,6 +433,15 @@ pub struct DatagramHeader {
     pub acceptor: u16,
     /// The datagram goes to the acceptor (else to the dialer).
     pub to_acceptor: bool,
+    /// Which handshake: the first bytes of the dialer's hello nonce.
+    pub session: [u8; 8],
+}
+
+impl DatagramHeader {
+    /// The session id of a handshake whose dialer sent `hello`.
+    pub fn session_of(hello: &Hello) -> [u8; 8] {
+        hello.nonce[..8].try_into().unwrap()
+    }
 }
 
 impl DatagramHeader {
@@ -441,6 +452,7 @@ impl DatagramHeader {
         b[4] = u8::from(self.to_acceptor);
         b[6..8].copy_from_slice(&self.dialer.to_le_bytes());
         b[8..10].copy_from_slice(&self.acceptor.to_le_bytes());
+        b[10..18].copy_from_slice(&self.session);
         b
     }
 
@@ -453,6 +465,7 @@ impl DatagramHeader {
             to_acceptor: d[4] == 1,
             dialer: u16::from_le_bytes([d[6], d[7]]),
             acceptor: u16::from_le_bytes([d[8], d[9]]),
+            session: d[10..18].try_into().unwrap(),
         };
         Ok((h, &d[DATAGRAM_HEADER_LEN..]))
     }
@@ -669,11 +682,12 @@ mod tests {
             dialer: 513,
             acceptor: 2,
             to_acceptor: true,
+            session: [3; 8],
         };
         let mut d = h.encode().to_vec();
         d.extend_from_slice(&[1, 2, 3]);
         assert_eq!(DatagramHeader::decode(&d), Ok((h, &[1u8, 2, 3][..])));
-        assert!(DatagramHeader::decode(&d[..5]).is_err());
+        assert!(DatagramHeader::decode(&d[..DATAGRAM_HEADER_LEN - 1]).is_err());
         d[4] = 2;
         assert!(DatagramHeader::decode(&d).is_err());
     }

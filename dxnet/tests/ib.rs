@@ -437,3 +437,114 @@ fn ib_flooding_peer_stays_within_incoming_limits() {
         "node 0 queued {peak} buffers, more than its incoming limit and posted receives ({bound})"
     );
 }
+
+/// Datagrams anyone can send to the handshake port: random bytes, headers
+/// of real node pairs with guessed sessions carrying hellos, finals and
+/// junk, and close notices without the secret. None of them may stop a
+/// connection from being set up at the first attempt or close it.
+#[test]
+fn ib_forged_handshake_datagrams_do_not_disturb_connections() {
+    use dxnet::proto::wire::{
+        CloseNotice, DatagramHeader, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
+    };
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(2);
+    let vars = [("BASE", base.to_string())];
+    let a = Node::start(ib_config(0, 2, base)).unwrap();
+    let mut b = spawn_ib_child("child_ib_echo", &vars);
+    b.wait_line("READY", 60);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let spammer = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let to = |id: u16| format!("127.0.0.1:{}", base + id);
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            while !stop.load(Ordering::Acquire) {
+                let r = next();
+                let session = next().to_le_bytes();
+                let hello = Hello {
+                    node_id: 0,
+                    target_id: 1,
+                    instance: r | 1,
+                    fc_window: 1 << 20,
+                    fc_unit: 1 << 16,
+                    nonce: [r as u8; 16],
+                    endpoint: [7; ENDPOINT_LEN],
+                };
+                let msg = match r % 4 {
+                    0 => HandshakeMsg::Hello(hello),
+                    1 => HandshakeMsg::Final(Status::AuthFailed),
+                    2 => HandshakeMsg::Final(Status::Duplicate),
+                    _ => HandshakeMsg::Reply(
+                        Hello {
+                            node_id: 1,
+                            ..hello
+                        },
+                        [1; 32],
+                    ),
+                };
+                // To node 1 as node 0's dial, and to node 0 as node 1's
+                // answer to it.
+                for (to_acceptor, dst) in [(true, 1), (false, 0)] {
+                    let mut d = DatagramHeader {
+                        dialer: 0,
+                        acceptor: 1,
+                        to_acceptor,
+                        session,
+                    }
+                    .encode()
+                    .to_vec();
+                    d.extend_from_slice(&msg.encode());
+                    let _ = udp.send_to(&d, to(dst));
+                }
+                let notice = CloseNotice {
+                    src: 1,
+                    dst: 0,
+                    src_endpoint: [r as u8; ENDPOINT_LEN],
+                    dst_endpoint: [(r >> 8) as u8; ENDPOINT_LEN],
+                };
+                let _ = udp.send_to(&notice.encode(Some(b"not the secret"), None), to(0));
+                let junk: Vec<u8> = (0..(r % 300) as usize).map(|_| next() as u8).collect();
+                let _ = udp.send_to(&junk, to((r >> 16) as u16 % 2));
+                sent.fetch_add(4, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // The first request opens the connection while the forgeries fly.
+    let t0 = Instant::now();
+    let pong = a
+        .request(NodeId(1), &Ping(1), Duration::from_secs(10))
+        .expect("connection set up despite forged datagrams");
+    assert_eq!(pong.0, 2);
+    println!("connected after {:?}", t0.elapsed());
+    for i in 0..300u64 {
+        let p = a
+            .request(NodeId(1), &Ping(i), Duration::from_secs(10))
+            .expect("connection kept");
+        assert_eq!(p.0, 2 * i);
+    }
+    stop.store(true, Ordering::Release);
+    spammer.join().unwrap();
+    println!("{} forged datagrams sent", sent.load(Ordering::Relaxed));
+    assert_eq!(
+        a.stats().connections_closed,
+        0,
+        "nothing closed a connection"
+    );
+    b.command("exit");
+    wait_child(b, 30);
+}

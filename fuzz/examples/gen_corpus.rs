@@ -210,6 +210,7 @@ fn main() {
             dialer: 1,
             acceptor: 2,
             to_acceptor: true,
+            session: [3; 8],
         }
         .encode(),
     );

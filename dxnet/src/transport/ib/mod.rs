@@ -369,19 +369,9 @@ impl Transport for IbEngine {
         let ic = conn
             .engine::<IbConn>()
             .and_then(|ic| self.by_qpn.lock().remove(&ic.qp.qp_num()));
-        {
-            // A dial that got as far as a connected queue pair: it can no
-            // longer open (the connection thread drops the rest of it).
-            let mut verified = self.verified.lock();
-            if verified
-                .get(&conn.peer.0)
-                .is_some_and(|(ic, _)| ic.conn.id == conn.id)
-            {
-                if let Some((ic, _)) = verified.remove(&conn.peer.0) {
-                    self.by_qpn.lock().remove(&ic.qp.qp_num());
-                }
-            }
-        }
+        // A dial still in its handshake: the connection thread gives it up
+        // (and tells the peer, if its queue pair was connected) once it
+        // sees the connection closed.
         if let Some(ic) = ic {
             let _ = ic.qp.to_error();
             {

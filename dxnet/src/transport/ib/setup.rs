@@ -16,16 +16,23 @@
 //!
 //! The dialer retransmits its last flight every [`REQUEST_RETRY`]; the
 //! acceptor answers a repeated datagram with its last flight again (and
-//! keeps a finished handshake [`ACCEPT_LINGER`] for that). Of two nodes
-//! dialing each other at once, the lower id's dial wins (as on TCP): the
-//! lower id refuses the other's hello at once with `Duplicate`, the higher
-//! id gives up its own dial when it accepts.
+//! keeps a finished handshake [`ACCEPT_LINGER`] for that). Every datagram
+//! names its handshake (the session id from the dialer's nonce); one for no
+//! handshake, or one a handshake cannot take (a late repeat, a stranger's
+//! bytes), is dropped without touching the handshake: it is fed to a copy
+//! first. Of two nodes dialing each other at once, the lower id's dial wins
+//! (as on TCP): the lower id refuses the other's hello at once with
+//! `Duplicate`, the higher id gives up its own dial when it accepts. A
+//! dialer whose handshake the acceptor accepted but that gave up (its
+//! connect timed out) tells the acceptor with a close notice; and an
+//! authenticated new handshake of a node replaces an open connection to it
+//! (a node dials only without one).
 
 use super::*;
 use crate::proto::handshake::{Credentials, Event, Handshake};
 use crate::proto::wire::{
-    CloseNotice, DatagramHeader, HandshakeError, HandshakeMsg, Hello, CLOSE_MAGIC, DATAGRAM_MAGIC,
-    DATAGRAM_MAX, HANDSHAKE_LEN,
+    CloseNotice, DatagramHeader, HandshakeError, HandshakeMsg, Hello, CLOSE_MAGIC, DATAGRAM_MAX,
+    HANDSHAKE_LEN,
 };
 
 /// How long a finished handshake is kept to answer repeats of the dialer's
@@ -38,10 +45,14 @@ pub(super) struct NewQp {
     local: ibv::Endpoint,
 }
 
+/// Handshakes a dialer may have going with us at once (older ones go).
+const ACCEPTS_PER_DIALER: usize = 4;
+
 /// This node's side of a handshake it started.
 struct Dial<'a> {
     ic: Arc<IbConn>,
     hs: Handshake<'a>,
+    session: [u8; 8],
     /// The last flight sent (retransmitted until answered).
     flight: Vec<u8>,
     /// The last datagram taken (a repeat of it is dropped).
@@ -61,11 +72,40 @@ struct Accept<'a> {
     ended: Option<Instant>,
 }
 
-/// The connection thread's handshakes, by peer node id.
+/// The connection thread's handshakes: ours by peer node id, the peers'
+/// by dialer node id and session.
 #[derive(Default)]
 struct Handshakes<'a> {
     dials: HashMap<u16, Dial<'a>>,
-    accepts: HashMap<u16, Accept<'a>>,
+    accepts: HashMap<(u16, [u8; 8]), Accept<'a>>,
+}
+
+/// Feeds one datagram's messages (whole messages only) to a copy of `hs`
+/// and returns the copy with the events it produced, or the error. The
+/// caller keeps the copy only if it wants the outcome.
+fn try_feed<'a>(
+    hs: &Handshake<'a>,
+    msgs: &[u8],
+) -> (
+    Handshake<'a>,
+    std::result::Result<Vec<Event>, HandshakeError>,
+) {
+    let mut trial = hs.clone();
+    let mut events = Vec::new();
+    let mut at = 0;
+    while at < msgs.len() {
+        match trial.read(&msgs[at..]) {
+            Ok(p) => {
+                at += p.consumed;
+                events.extend(p.event);
+                if p.consumed == 0 {
+                    break;
+                }
+            }
+            Err(e) => return (trial, Err(e)),
+        }
+    }
+    (trial, Ok(events))
 }
 
 impl IbEngine {
@@ -157,17 +197,30 @@ impl IbEngine {
 
     /// Gives up the half of a set-up that did not open (one that did,
     /// e.g. through its first data while its handshake was still
-    /// finishing, is the connection's and stays): its queue pair goes, and
-    /// the ring's consumer role goes back to the connection for another
-    /// half (unless a completion being handled still holds this one: then
-    /// the connection cannot open, and the next send reconnects).
-    fn abandon(&self, ic: Arc<IbConn>) {
+    /// finishing, is the connection's and stays). If its queue pair was
+    /// connected, the peer may have opened its side: it gets a close
+    /// notice. The queue pair goes, and the ring's consumer role goes back
+    /// to the connection for another half.
+    fn abandon(&self, core: &Core, ic: Arc<IbConn>) {
         if ic
             .conn
             .engine::<IbConn>()
             .is_some_and(|c| Arc::ptr_eq(&c, &ic))
         {
             return;
+        }
+        // The entry in `verified` is the right to open: whoever takes it
+        // out decides. Here: not opened, unless `open_verified` has it.
+        let took = {
+            let mut verified = self.verified.lock();
+            match verified.get(&ic.conn.peer.0) {
+                Some((c, _)) if Arc::ptr_eq(c, &ic) => verified.remove(&ic.conn.peer.0).is_some(),
+                _ => false,
+            }
+        };
+        let remote = *ic.remote.lock();
+        if remote.is_some() && !took {
+            return; // `open_verified` attaches it or closes the connection
         }
         {
             let mut by_qpn = self.by_qpn.lock();
@@ -178,19 +231,40 @@ impl IbEngine {
                 by_qpn.remove(&ic.qp.qp_num());
             }
         }
-        {
-            let mut verified = self.verified.lock();
-            if verified
-                .get(&ic.conn.peer.0)
-                .is_some_and(|(c, _)| Arc::ptr_eq(c, &ic))
-            {
-                verified.remove(&ic.conn.peer.0);
-            }
+        if let Some(remote) = remote {
+            self.send_close_notice(core, &ic, &remote);
         }
         let _ = ic.qp.to_error();
-        if let Ok(IbConn { conn, send, .. }) = Arc::try_unwrap(ic) {
-            conn.orb.release_consumer(send.into_inner().consumer);
+        // A completion being handled, or the watchdog, may hold the half
+        // for a moment.
+        let mut ic = ic;
+        for _ in 0..100 {
+            match Arc::try_unwrap(ic) {
+                Ok(IbConn { conn, send, .. }) => {
+                    conn.orb.release_consumer(send.into_inner().consumer);
+                    return;
+                }
+                Err(back) => ic = back,
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
+        tracing::warn!(
+            "{}: an abandoned queue pair for {} stayed in use; its connection cannot open",
+            self.own,
+            ic.conn.peer
+        );
+        ic.conn.close("queue pair set-up abandoned while in use");
+    }
+
+    fn send_close_notice(&self, core: &Core, ic: &IbConn, remote: &ibv::Endpoint) {
+        let notice = CloseNotice {
+            src: self.own.0,
+            dst: ic.conn.peer.0,
+            src_endpoint: ic.local.to_bytes(),
+            dst_endpoint: remote.to_bytes(),
+        };
+        let d = notice.encode(self.secret(), core.identity.as_ref());
+        self.send_datagram(core, ic.conn.peer.0, &d);
     }
 
     fn hello(&self, core: &Core, target: u16, endpoint: [u8; wire::ENDPOINT_LEN]) -> Hello {
@@ -319,14 +393,7 @@ impl IbEngine {
                     Job::Create(conn) => self.dial(&core, creds, &mut hss, &conn),
                     Job::Close(ic) => {
                         if let Some(remote) = *ic.remote.lock() {
-                            let notice = CloseNotice {
-                                src: self.own.0,
-                                dst: ic.conn.peer.0,
-                                src_endpoint: ic.local.to_bytes(),
-                                dst_endpoint: remote.to_bytes(),
-                            };
-                            let d = notice.encode(self.secret(), core.identity.as_ref());
-                            self.send_datagram(&core, ic.conn.peer.0, &d);
+                            self.send_close_notice(&core, &ic, &remote);
                         }
                         lingering.push_back((Instant::now() + CLOSE_LINGER, ic));
                     }
@@ -345,7 +412,7 @@ impl IbEngine {
                     .collect();
                 for p in gone {
                     let d = hss.dials.remove(&p).expect("listed");
-                    self.abandon(d.ic);
+                    self.abandon(&core, d.ic);
                 }
                 for (p, d) in &hss.dials {
                     self.send_datagram(&core, *p, &d.flight);
@@ -388,7 +455,7 @@ impl IbEngine {
                 return; // already dialing
             }
             let old = hss.dials.remove(&peer).expect("present");
-            self.abandon(old.ic);
+            self.abandon(core, old.ic);
         }
         let ic = self.create_qp().and_then(|q| self.bind_qp(conn, q));
         let ic = match ic {
@@ -403,8 +470,10 @@ impl IbEngine {
                 return;
             }
         };
+        let hello = self.hello(core, peer, ic.local.to_bytes());
         let mut d = Dial {
-            hs: Handshake::dialer(creds, self.hello(core, peer, ic.local.to_bytes())),
+            hs: Handshake::dialer(creds, hello),
+            session: DatagramHeader::session_of(&hello),
             ic,
             flight: Vec::new(),
             last_in: Vec::new(),
@@ -413,6 +482,7 @@ impl IbEngine {
             dialer: self.own.0,
             acceptor: peer,
             to_acceptor: true,
+            session: d.session,
         };
         self.transmit(core, peer, header, &mut d.hs, &mut d.flight);
         hss.dials.insert(peer, d);
@@ -438,21 +508,25 @@ impl IbEngine {
             }
             return;
         }
-        if !d.starts_with(&DATAGRAM_MAGIC) {
-            tracing::warn!("{}: unknown datagram from {from} ignored", self.own);
-            return;
-        }
         let (h, msgs) = match DatagramHeader::decode(d) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!("{}: bad handshake datagram from {from}: {e}", self.own);
+                tracing::warn!("{}: bad datagram from {from}: {e}", self.own);
                 return;
             }
         };
+        if msgs.is_empty() || msgs.len() % HANDSHAKE_LEN != 0 {
+            tracing::warn!(
+                "{}: handshake datagram of {} bytes from {from} ignored",
+                self.own,
+                d.len()
+            );
+            return;
+        }
         if h.to_acceptor && h.acceptor == self.own.0 {
-            self.on_accept_datagram(core, creds, hss, h.dialer, d, msgs);
+            self.on_accept_datagram(core, creds, hss, h, d, msgs);
         } else if !h.to_acceptor && h.dialer == self.own.0 {
-            self.on_dial_datagram(core, hss, h.acceptor, d, msgs);
+            self.on_dial_datagram(core, hss, h, d, msgs);
         } else {
             tracing::info!(
                 "{}: handshake datagram between {} and {} from {from} ignored",
@@ -463,79 +537,30 @@ impl IbEngine {
         }
     }
 
-    /// An answer to our dial to `peer`.
+    /// An answer to our dial.
     fn on_dial_datagram(
         &self,
         core: &Core,
         hss: &mut Handshakes<'_>,
-        peer: u16,
+        h: DatagramHeader,
         d: &[u8],
         msgs: &[u8],
     ) {
+        let peer = h.acceptor;
         let Some(dial) = hss.dials.get_mut(&peer) else {
             return; // over, or never ours
         };
-        if dial.last_in == d {
-            return; // a repeat: our retransmission will be answered
+        if dial.session != h.session || dial.last_in == d {
+            return; // another handshake's, or a repeat
         }
-        dial.last_in = d.to_vec();
-        let mut at = 0;
-        let mut outcome: std::result::Result<bool, HandshakeError> = Ok(false);
-        while at < msgs.len() && outcome == Ok(false) {
-            let p = match dial.hs.read(&msgs[at..]) {
-                Ok(p) => p,
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
-                }
-            };
-            at += p.consumed;
-            match p.event {
-                Some(Event::Verified(theirs)) => {
-                    // Connected before our proof goes: the acceptor may
-                    // send once it has it.
-                    match self.connect_qp(&dial.ic, &theirs.endpoint) {
-                        Ok(()) => {
-                            self.verified.lock().insert(peer, (dial.ic.clone(), theirs));
-                        }
-                        Err(e) => {
-                            let why = format!("connection set-up failed: {e}");
-                            core.close_connection(&dial.ic.conn, &why, true);
-                            outcome = Ok(true);
-                        }
-                    }
-                }
-                Some(Event::Established(_)) => outcome = Ok(true),
-                Some(ev) => {
-                    tracing::warn!("{}: dialer got {ev:?}", self.own);
-                    outcome = Ok(true);
-                }
-                None if p.consumed == 0 => break,
-                None => {}
-            }
-        }
-        let header = DatagramHeader {
-            dialer: self.own.0,
-            acceptor: peer,
-            to_acceptor: true,
-        };
-        let (hs, flight) = (&mut dial.hs, &mut dial.flight);
-        self.transmit(core, peer, header, hs, flight);
-        match outcome {
-            Ok(false) => {}
-            Ok(true) => {
-                let dial = hss.dials.remove(&peer).expect("present");
-                if dial.hs.is_established() {
-                    // Unless its first data opened it already.
-                    self.open_verified(core, &dial.ic);
-                } else {
-                    self.abandon(dial.ic);
-                }
-            }
+        let (trial, fed) = try_feed(&dial.hs, msgs);
+        let events = match fed {
+            Ok(events) => events,
+            Err(HandshakeError::Unexpected { .. }) => return, // a late repeat
             Err(e) => {
                 let dial = hss.dials.remove(&peer).expect("present");
                 let conn = dial.ic.conn.clone();
-                self.abandon(dial.ic);
+                self.abandon(core, dial.ic);
                 if e == HandshakeError::Rejected(Status::Duplicate) {
                     // The peer's own dial to us wins; the connection stays
                     // connecting until that one is accepted.
@@ -544,38 +569,88 @@ impl IbEngine {
                     tracing::warn!("{}: handshake with node {peer} failed: {e}", self.own);
                     core.close_connection(&conn, &format!("handshake failed: {e}"), true);
                 }
+                return;
             }
+        };
+        dial.hs = trial;
+        dial.last_in = d.to_vec();
+        let mut finished = false;
+        for ev in events {
+            match ev {
+                Event::Verified(theirs) => {
+                    // Connected before our proof goes: the acceptor may
+                    // send once it has it.
+                    if let Err(e) = self.connect_qp(&dial.ic, &theirs.endpoint) {
+                        let conn = dial.ic.conn.clone();
+                        let dial = hss.dials.remove(&peer).expect("present");
+                        self.abandon(core, dial.ic);
+                        let why = format!("connection set-up failed: {e}");
+                        core.close_connection(&conn, &why, true);
+                        return;
+                    }
+                    self.verified.lock().insert(peer, (dial.ic.clone(), theirs));
+                }
+                Event::Established(_) => finished = true,
+                ev => tracing::warn!("{}: dialer got {ev:?}", self.own),
+            }
+        }
+        let (hs, flight) = (&mut dial.hs, &mut dial.flight);
+        self.transmit(core, peer, h_to_acceptor(h), hs, flight);
+        if finished {
+            let dial = hss.dials.remove(&peer).expect("present");
+            // Unless its first data opened it already.
+            self.open_verified(core, &dial.ic);
         }
     }
 
-    /// A datagram of `peer`'s dial to us.
+    /// A datagram of a peer's dial to us.
     fn on_accept_datagram<'a>(
         &self,
         core: &Arc<Core>,
         creds: Credentials<'a>,
         hss: &mut Handshakes<'a>,
-        peer: u16,
+        h: DatagramHeader,
         d: &[u8],
         msgs: &[u8],
     ) {
-        if let Some(a) = hss.accepts.get(&peer) {
+        let peer = h.dialer;
+        let key = (peer, h.session);
+        if let Some(a) = hss.accepts.get(&key) {
             if a.last_in == d {
                 // The dialer did not get our answer: again.
                 self.send_datagram(core, peer, &a.flight);
                 return;
             }
-        }
-        let opens_handshake = msgs.len() >= HANDSHAKE_LEN
-            && matches!(
-                HandshakeMsg::decode(msgs[..HANDSHAKE_LEN].try_into().unwrap()),
-                Ok(HandshakeMsg::Hello(_))
-            );
-        if opens_handshake {
-            // A new handshake replaces an older one of the same dialer.
+        } else {
+            let hello = HandshakeMsg::decode(msgs[..HANDSHAKE_LEN].try_into().unwrap());
+            let opens = matches!(hello, Ok(HandshakeMsg::Hello(ref x))
+                if x.node_id == peer && DatagramHeader::session_of(x) == h.session);
+            if !opens || peer == self.own.0 || core.config().address_of(NodeId(peer)).is_none() {
+                tracing::info!(
+                    "{}: handshake datagram of no handshake from node {peer} ignored",
+                    self.own
+                );
+                return;
+            }
+            // A dialer has few handshakes going at once: the oldest goes.
+            let mine: Vec<_> = hss
+                .accepts
+                .keys()
+                .filter(|k| k.0 == peer)
+                .copied()
+                .collect();
+            if mine.len() >= ACCEPTS_PER_DIALER {
+                let oldest = mine
+                    .iter()
+                    .min_by_key(|k| hss.accepts[k].started)
+                    .copied()
+                    .expect("not empty");
+                hss.accepts.remove(&oldest);
+            }
             // (The endpoint comes when the dialer is admitted.)
             let mine = self.hello(core, 0, [0; wire::ENDPOINT_LEN]);
             hss.accepts.insert(
-                peer,
+                key,
                 Accept {
                     hs: Handshake::acceptor(creds, mine),
                     qp: None,
@@ -586,60 +661,46 @@ impl IbEngine {
                 },
             );
         }
-        let Some(a) = hss.accepts.get_mut(&peer) else {
-            return;
-        };
+        let a = hss.accepts.get_mut(&key).expect("present");
         if a.ended.is_some() {
             return;
         }
+        let (trial, fed) = try_feed(&a.hs, msgs);
+        let events = match fed {
+            Ok(events) => events,
+            Err(HandshakeError::Unexpected { .. }) => return, // a late repeat
+            Err(e) => {
+                tracing::warn!("{}: handshake from node {peer} failed: {e}", self.own);
+                a.ended = Some(Instant::now());
+                Vec::new()
+            }
+        };
+        a.hs = trial;
         a.last_in = d.to_vec();
-        let mut at = 0;
-        while at < msgs.len() && a.ended.is_none() {
-            let p = match a.hs.read(&msgs[at..]) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!("{}: handshake from node {peer} failed: {e}", self.own);
-                    a.ended = Some(Instant::now());
-                    break;
-                }
-            };
-            at += p.consumed;
-            match p.event {
-                Some(Event::Introduced(theirs)) => self.on_introduced(core, peer, a, &theirs),
-                Some(Event::Authenticated(theirs)) => {
+        for ev in events {
+            match ev {
+                Event::Introduced(theirs) => self.on_introduced(core, a, &theirs),
+                Event::Authenticated(theirs) => {
                     self.on_authenticated(core, &mut hss.dials, peer, a, &theirs);
                     a.ended = Some(Instant::now());
                 }
-                Some(ev) => {
+                ev => {
                     tracing::warn!("{}: acceptor got {ev:?}", self.own);
                     a.ended = Some(Instant::now());
                 }
-                None if p.consumed == 0 => break,
-                None => {}
             }
         }
         let header = DatagramHeader {
-            dialer: peer,
-            acceptor: self.own.0,
             to_acceptor: false,
+            ..h
         };
         let (hs, flight) = (&mut a.hs, &mut a.flight);
         self.transmit(core, peer, header, hs, flight);
     }
 
     /// Admits or refuses a dialer that introduced itself.
-    fn on_introduced(&self, core: &Core, peer: u16, a: &mut Accept<'_>, theirs: &Hello) {
+    fn on_introduced(&self, core: &Core, a: &mut Accept<'_>, theirs: &Hello) {
         let p = NodeId(theirs.node_id);
-        if theirs.node_id != peer || core.config().address_of(p).is_none() {
-            tracing::warn!(
-                "{}: hello from unknown node {} refused",
-                self.own,
-                theirs.node_id
-            );
-            a.hs.reject(Status::UnknownNode);
-            a.ended = Some(Instant::now());
-            return;
-        }
         // Both dial: the lower id's dial wins (no state is touched yet, so
         // this needs no authentication).
         let dialing = core
@@ -674,6 +735,14 @@ impl IbEngine {
         theirs: &Hello,
     ) {
         let p = NodeId(peer);
+        // A node dials only when it has no connection to us: an open one
+        // of the same process is stale (its dial gave up after we had
+        // accepted it, or it closed and its notice was lost).
+        if let Some(old) = core.connections.get(p) {
+            if old.state() == ConnState::Open && old.peer_instance() == theirs.instance {
+                core.close_connection(&old, "the peer dialed again: it lost this connection", true);
+            }
+        }
         let conn = match core.accept_incoming(p, theirs.instance) {
             Ok(c) => c,
             Err(st) => {
@@ -685,7 +754,7 @@ impl IbEngine {
         // Our own dial to the peer, if any, yields: its connection is the
         // one accepted now, and the ring's consumer goes to this half.
         if let Some(d) = dials.remove(&peer) {
-            self.abandon(d.ic);
+            self.abandon(core, d.ic);
         }
         let q = a.qp.take().expect("admitted dialers have a queue pair");
         let res = self.bind_qp(&conn, q).and_then(|ic| {
@@ -719,5 +788,14 @@ impl IbEngine {
         if ours {
             core.close_connection(&ic.conn, "peer closed the connection", true);
         }
+    }
+}
+
+/// The header of our datagrams in the handshake `h` came in (to the
+/// acceptor).
+fn h_to_acceptor(h: DatagramHeader) -> DatagramHeader {
+    DatagramHeader {
+        to_acceptor: true,
+        ..h
     }
 }
