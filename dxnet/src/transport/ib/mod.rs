@@ -40,8 +40,9 @@
 //!   the node never queues more than its limit plus the posted receives.
 //!
 //! Files: this one holds the engine's state, start-up and the [`Transport`]
-//! methods; `setup.rs` the queue pairs and the handshake (connection
-//! thread), `send.rs` the send side, `recv.rs` the receive side.
+//! methods; `handshake.rs` the connection thread (the handshake over UDP,
+//! jobs, close notices), `setup.rs` the queue pairs (create, bind, connect,
+//! open, abandon), `send.rs` the send side, `recv.rs` the receive side.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::UdpSocket;
@@ -67,6 +68,7 @@ use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
 /// Completions taken per poll call.
+mod handshake;
 mod recv;
 mod send;
 mod setup;
