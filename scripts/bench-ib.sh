@@ -22,6 +22,9 @@
 #               --dxnet 'park={"max_spinning":0}' or --dxnet 'ib={"sq_size":64}'
 #   --threads L sender threads per node, e.g. 1,16 (default 1)
 #   --bindings L only these bindings, e.g. dxnet-ib
+#   --operations L, --sizes L, --count N
+#               only these operations / sizes, and this many messages (round
+#               trips) per run instead of the suite's
 #
 # The suite: throughput uni at 64 B (20 000 messages) and 64 KiB (1 250),
 # pingpong at 64 B (2 000 round trips), 1 sender thread, 2 nodes, warm-up
@@ -64,6 +67,9 @@ BIN=
 DXNET=()
 THREADS=
 BINDINGS=
+OPERATIONS=
+SIZES=
+COUNT=
 while [ $# -gt 0 ]; do
     case $1 in
         --no-vm) NO_VM=1; shift ;;
@@ -75,12 +81,15 @@ while [ $# -gt 0 ]; do
         --dxnet) DXNET+=("$2"); shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --bindings) BINDINGS=$2; shift 2 ;;
+        --operations) OPERATIONS=$2; shift 2 ;;
+        --sizes) SIZES=$2; shift 2 ;;
+        --count) COUNT=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -98,6 +107,9 @@ run_suite() {
     for kv in ${DXNET[@]+"${DXNET[@]}"}; do extra+=(--dxnet "$kv"); done
     [ -n "$THREADS" ] && extra+=(--threads "$THREADS")
     [ -n "$BINDINGS" ] && extra+=(--bindings "$BINDINGS")
+    [ -n "$OPERATIONS" ] && extra+=(--operations "$OPERATIONS")
+    [ -n "$SIZES" ] && extra+=(--sizes "$SIZES")
+    [ -n "$COUNT" ] && extra+=(--count "$COUNT")
     rxe() {
         local c
         for c in sent_pkts completer_retry_err rcvd_rnr_err retry_exceeded_err; do
@@ -176,6 +188,9 @@ else
     for kv in ${DXNET[@]+"${DXNET[@]}"}; do args+=(--dxnet "$kv"); done
     [ -n "$THREADS" ] && args+=(--threads "$THREADS")
     [ -n "$BINDINGS" ] && args+=(--bindings "$BINDINGS")
+    [ -n "$OPERATIONS" ] && args+=(--operations "$OPERATIONS")
+    [ -n "$SIZES" ] && args+=(--sizes "$SIZES")
+    [ -n "$COUNT" ] && args+=(--count "$COUNT")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.
     (

@@ -81,6 +81,17 @@ pub enum SendOp {
         /// Immediate data, host byte order.
         imm: u32,
     },
+    /// RDMA READ from `remote_addr` in the peer's region `rkey` into the
+    /// work request's scatter list (which needs local write access). The
+    /// queue pair must allow outstanding reads (`ConnectAttr::max_rd_atomic`
+    /// here, `max_dest_rd_atomic` at the peer) and the peer's region remote
+    /// read access.
+    RdmaRead {
+        /// Source address on the peer.
+        remote_addr: u64,
+        /// The peer's remote key.
+        rkey: u32,
+    },
 }
 
 /// `ibv_send_flags`.
@@ -183,6 +194,10 @@ impl SendChain {
                 wr.opcode = ffi::IBV_WR_RDMA_WRITE_WITH_IMM;
                 wr.wr.rdma = ffi::ibv_send_wr_rdma { remote_addr, rkey };
                 wr.imm_data = imm.to_be();
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                wr.opcode = ffi::IBV_WR_RDMA_READ;
+                wr.wr.rdma = ffi::ibv_send_wr_rdma { remote_addr, rkey };
             }
         }
         wr
@@ -577,6 +592,36 @@ mod tests {
         let rdma = unsafe { wrs[3].wr.rdma };
         assert_eq!((rdma.remote_addr, rdma.rkey), (0xabc, 77));
         assert!(wrs[3].next.is_null());
+        let mut r = SendChain::new();
+        r.push(
+            11,
+            SendOp::RdmaRead {
+                remote_addr: 0xdef,
+                rkey: 78,
+            },
+            &[sge(0x5000, 64, 6)],
+            SendFlags::SIGNALED,
+        );
+        r.push(
+            12,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: 0x10,
+                rkey: 79,
+                imm: 5,
+            },
+            &[],
+            SendFlags::NONE,
+        );
+        let rw = r.raw_linked().to_vec();
+        assert_eq!(rw[0].opcode, ffi::IBV_WR_RDMA_READ);
+        // SAFETY: `rdma` is the variant these WRs were built with.
+        let (r0, r1) = unsafe { (rw[0].wr.rdma, rw[1].wr.rdma) };
+        assert_eq!((r0.remote_addr, r0.rkey), (0xdef, 78));
+        assert_eq!(rw[1].opcode, ffi::IBV_WR_RDMA_WRITE_WITH_IMM);
+        assert_eq!(
+            (r1.remote_addr, r1.rkey, rw[1].imm_data),
+            (0x10, 79, 5u32.to_be())
+        );
         assert_eq!(c.index_of(base.wrapping_add(2)), 2);
         assert_eq!(c.index_of(ptr::null()), 0);
         c.clear();

@@ -144,6 +144,19 @@ fn connected_pair(
     recv_cq: &CompletionQueue,
     caps: QpCaps,
 ) -> (Side, Side) {
+    connected_pair_with(s, pd, srq, recv_cq, caps, AccessFlags::NONE)
+}
+
+/// [`connected_pair`] whose QPs allow the peer `access` (remote write,
+/// read) to the regions whose keys it has.
+fn connected_pair_with(
+    s: &Setup,
+    pd: &ProtectionDomain,
+    srq: &SharedReceiveQueue,
+    recv_cq: &CompletionQueue,
+    caps: QpCaps,
+    access: AccessFlags,
+) -> (Side, Side) {
     let mk = || {
         let send_cq = s.ctx.create_cq(caps.max_send_wr * 2, None).unwrap();
         let qp = pd
@@ -162,6 +175,7 @@ fn connected_pair(
     let gid8 = s.gid_index.map(|g| g as u8);
     let attr_a = ConnectAttr {
         local_psn: 0x1234,
+        access,
         ..ConnectAttr::for_port(&s.ctx, s.port, gid8).unwrap()
     };
     let attr_b = ConnectAttr {
@@ -173,7 +187,7 @@ fn connected_pair(
     // exercise the wire encoding the engine will use
     let ep_a = Endpoint::from_bytes(&ep_a.to_bytes()).unwrap();
     let ep_b = Endpoint::from_bytes(&ep_b.to_bytes()).unwrap();
-    a.qp.to_init(s.port, AccessFlags::NONE).unwrap();
+    a.qp.to_init(s.port, access).unwrap();
     assert_eq!(a.qp.state().unwrap(), QpState::Init);
     a.qp.to_rtr(&attr_a, &ep_b).unwrap();
     assert_eq!(a.qp.state().unwrap(), QpState::ReadyToReceive);
@@ -519,4 +533,176 @@ fn completion_channel_wakes_up() {
     mr.read(2048, &mut out).unwrap();
     assert_eq!(&out, b"wake up");
     poll_until(&a.send_cq, 1, "send", true, |_| {});
+}
+
+/// Posts `ops` (one SGE each, signalled) on `side` in batches of the send
+/// queue's depth and waits for their completions, which must succeed with
+/// `opcode`.
+fn post_all(side: &Side, ops: &[(SendOp, Sge)], opcode: WcOpcode, what: &str) {
+    let depth = side.qp.caps().max_send_wr as usize;
+    for batch in ops.chunks(depth) {
+        let mut chain = SendChain::new();
+        for (i, (op, sge)) in batch.iter().enumerate() {
+            chain.push(i as u64, *op, &[*sge], SendFlags::SIGNALED);
+        }
+        side.qp.post_send(&mut chain).unwrap();
+        poll_until(&side.send_cq, batch.len(), what, true, |wc| {
+            assert_eq!(wc.opcode(), opcode, "{what}")
+        });
+    }
+}
+
+/// One-sided operations: RDMA WRITEs of random sizes to random offsets of
+/// a peer's region land there byte for byte, RDMA READs bring them back,
+/// a WRITE with immediate data consumes a receive and delivers the value;
+/// a write past the region's end and a write to a region without remote
+/// write access fail with an error completion that breaks only their own
+/// queue pair.
+#[test]
+#[ignore = "needs an RDMA device (run by scripts/test-ib.sh in the rxe VM)"]
+fn rdma_write_read_and_access_errors() {
+    const LEN: usize = 1 << 20;
+    let s = setup();
+    let pd = s.ctx.alloc_pd().unwrap();
+    let srq = pd.create_srq(16, 1).unwrap();
+    let recv_cq = s.ctx.create_cq(64, None).unwrap();
+    let caps = QpCaps {
+        max_send_wr: 32,
+        max_send_sge: 1,
+        ..QpCaps::default()
+    };
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let (a, _b) = connected_pair_with(&s, &pd, &srq, &recv_cq, caps, remote);
+    let local = AccessFlags::LOCAL_WRITE;
+    let mut src = pd.alloc_buffer(LEN, local).unwrap();
+    let target = pd.alloc_buffer(LEN, local | remote).unwrap();
+    let dst = pd.alloc_buffer(LEN, local).unwrap();
+    let mut rng = Rng(env_or("DXNET_TEST_SEED", 0x5eed_u64) | 1);
+    let data: Vec<u8> = (0..LEN).map(|_| rng.next() as u8).collect();
+    src.write(0, &data).unwrap();
+    let at = |off: usize| target.addr() as u64 + off as u64;
+
+    // Writes of 1 B .. 64 KiB at random offsets; later ones may overwrite
+    // earlier ones (completions, and so placement, in post order).
+    let mut expect = vec![0u8; LEN];
+    let mut writes = Vec::new();
+    for _ in 0..300 {
+        let size = 1 + rng.below(64 << 10) as usize;
+        let off = rng.below((LEN - size) as u64) as usize;
+        let op = SendOp::RdmaWrite {
+            remote_addr: at(off),
+            rkey: target.rkey(),
+        };
+        writes.push((op, src.sge(off, size as u32).unwrap()));
+        expect[off..off + size].copy_from_slice(&data[off..off + size]);
+    }
+    post_all(&a, &writes, WcOpcode::RdmaWrite, "rdma write");
+    let mut landed = vec![0u8; LEN];
+    target.read(0, &mut landed).unwrap();
+    assert!(landed == expect, "written bytes differ");
+
+    // Reads of the whole region in 64 KiB pieces.
+    let reads: Vec<_> = (0..LEN / (64 << 10))
+        .map(|i| {
+            let off = i * (64 << 10);
+            let op = SendOp::RdmaRead {
+                remote_addr: at(off),
+                rkey: target.rkey(),
+            };
+            (op, dst.sge(off, 64 << 10).unwrap())
+        })
+        .collect();
+    post_all(&a, &reads, WcOpcode::RdmaRead, "rdma read");
+    let mut back = vec![0u8; LEN];
+    dst.read(0, &mut back).unwrap();
+    assert!(back == expect, "read bytes differ");
+
+    // A write with immediate data consumes a receive (no buffer needed).
+    let mut rc = RecvChain::new();
+    rc.push(99, &[]);
+    srq.post_recv(&mut rc).unwrap();
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: at(0),
+        rkey: target.rkey(),
+        imm: 0xfeed_0001,
+    };
+    post_all(
+        &a,
+        &[(op, src.sge(100, 300).unwrap())],
+        WcOpcode::RdmaWrite,
+        "write with imm",
+    );
+    let mut got = Vec::new();
+    poll_until(&recv_cq, 1, "write-with-imm receive", true, |wc| {
+        got.push(*wc)
+    });
+    assert_eq!(got[0].wr_id(), 99);
+    assert_eq!(got[0].opcode(), WcOpcode::RecvRdmaWithImm);
+    assert_eq!(got[0].imm(), Some(0xfeed_0001));
+    assert_eq!(got[0].byte_len(), 300);
+    let mut head = [0u8; 300];
+    target.read(0, &mut head).unwrap();
+    assert_eq!(head[..], data[100..400]);
+
+    // Past the end of the region: an error completion on this queue pair.
+    let (c, _d) = connected_pair_with(&s, &pd, &srq, &recv_cq, caps, remote);
+    let mut chain = SendChain::new();
+    let op = SendOp::RdmaWrite {
+        remote_addr: at(LEN - 10),
+        rkey: target.rkey(),
+    };
+    chain.push(1, op, &[src.sge(0, 100).unwrap()], SendFlags::SIGNALED);
+    c.qp.post_send(&mut chain).unwrap();
+    let mut status = None;
+    poll_until(&c.send_cq, 1, "write past the end", false, |wc| {
+        status = Some((wc.is_success(), wc.is_flush(), wc.status_name()))
+    });
+    let (ok, flush, name) = status.unwrap();
+    eprintln!("write past the end: {name}");
+    assert!(!ok && !flush, "write past the end completed with {name}");
+    assert_eq!(landed[LEN - 10..], {
+        let mut tail = [0u8; 10];
+        target.read(LEN - 10, &mut tail).unwrap();
+        tail
+    });
+
+    // A region without remote write access.
+    let read_only = pd
+        .alloc_buffer(4096, local | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let (e, _f) = connected_pair_with(&s, &pd, &srq, &recv_cq, caps, remote);
+    let mut chain = SendChain::new();
+    let op = SendOp::RdmaWrite {
+        remote_addr: read_only.addr() as u64,
+        rkey: read_only.rkey(),
+    };
+    chain.push(1, op, &[src.sge(0, 8).unwrap()], SendFlags::SIGNALED);
+    e.qp.post_send(&mut chain).unwrap();
+    poll_until(&e.send_cq, 1, "write to a read-only region", false, |wc| {
+        status = Some((wc.is_success(), wc.is_flush(), wc.status_name()))
+    });
+    let (ok, flush, name) = status.unwrap();
+    eprintln!("write to a read-only region: {name}");
+    assert!(
+        !ok && !flush,
+        "write to a read-only region completed with {name}"
+    );
+    let mut ro = [1u8; 8];
+    read_only.read(0, &mut ro).unwrap();
+    assert_eq!(ro, [0u8; 8], "nothing written");
+
+    // The first queue pair is unaffected.
+    let op = SendOp::RdmaRead {
+        remote_addr: at(4096),
+        rkey: target.rkey(),
+    };
+    post_all(
+        &a,
+        &[(op, dst.sge(0, 64).unwrap())],
+        WcOpcode::RdmaRead,
+        "read after errors",
+    );
+    let mut again = [0u8; 64];
+    dst.read(0, &mut again).unwrap();
+    assert_eq!(again[..], expect[4096..4160]);
 }
