@@ -44,7 +44,7 @@ fn device() -> Option<String> {
 }
 
 fn ib_config(id: u16, n: u16, base: u16) -> Config {
-    let mut c = Config::tcp_localhost(id, n, base); // UDP exchange on these addresses
+    let mut c = Config::tcp_localhost(id, n, base); // UDP handshakes on these addresses
     c.transport = TransportKind::Ib;
     c.ib.device = std::env::var("RDMA_DEV").unwrap_or_default();
     c.ib.gid_index = std::env::var("RDMA_GID_INDEX")
@@ -61,7 +61,7 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
     c.limits.send_timeout_ms = 60_000;
     c.limits.request_timeout_ms = 60_000;
     c.cluster_secret = Some("ib test".into());
-    // Every IB test also signs its connection exchanges (identity keys).
+    // Every IB test also signs its connection handshakes (identity keys).
     with_test_identities(&mut c);
     c.park.spin_us = 20;
     c.park.yield_us = 200;

@@ -1,8 +1,9 @@
 //! Identity keys (Ed25519) bind node ids: with `identity_key` and the node
 //! map's `public_key`s, a member that knows the cluster secret still cannot
 //! act as another node id — not even one that is down — in either
-//! direction; the real node joins as usual. (The IB exchange is signed the
-//! same way: every test of `ib.rs` runs with identity keys.)
+//! direction; the real node joins as usual. (The InfiniBand engine runs the
+//! same signed handshake over UDP: every test of `ib.rs` runs with identity
+//! keys.)
 
 mod common;
 

@@ -8,7 +8,7 @@
 //! same-size response. Loopback nodes are `Node` instances in one process.
 //!
 //! `dxnet-ib` uses the InfiniBand/RoCE transport; the node-map addresses
-//! (`127.0.0.1:port` on one host) are the nodes' UDP connection-exchange
+//! (`127.0.0.1:port` on one host) are the nodes' UDP connection-handshake
 //! addresses, and device, port and GID index come from `params.rdma` or the
 //! environment (`RDMA_DEV`, `RDMA_PORT`, `RDMA_GID_INDEX`).
 

@@ -17,10 +17,14 @@
 //! The dialer retransmits its last flight every [`REQUEST_RETRY`]; the
 //! acceptor answers a repeated datagram with its last flight again (and
 //! keeps a finished handshake [`ACCEPT_LINGER`] for that). Every datagram
-//! names its handshake (the session id from the dialer's nonce); one for no
-//! handshake, or one a handshake cannot take (a late repeat, a stranger's
-//! bytes), is dropped without touching the handshake: it is fed to a copy
-//! first. Of two nodes dialing each other at once, the lower id's dial wins
+//! names its handshake (the session id from the dialer's nonce), so one
+//! from a sender off the path reaches none; a hello is taken only from the
+//! claimed node's node-map address. A datagram is fed to a copy of its
+//! handshake first: a late repeat the handshake cannot take is dropped
+//! without touching it; any other failure (a wrong proof or signature, a
+//! refusal) ends the handshake, and the dialer's connect fails with it (a
+//! sender on the path that sees the session can end a handshake that way;
+//! the next send tries again). Of two nodes dialing each other at once, the lower id's dial wins
 //! (as on TCP): the lower id refuses the other's hello at once with
 //! `Duplicate`, the higher id gives up its own dial when it accepts. A
 //! dialer whose handshake the acceptor accepted but that gave up (its
@@ -275,7 +279,7 @@ impl IbEngine {
     ) {
         if d.starts_with(&CLOSE_MAGIC) {
             match CloseNotice::decode(d, self.secret(), core.identity.as_ref()) {
-                Ok(n) if n.dst == self.own.0 => self.on_close_notice(core, &n),
+                Ok(n) if n.dst == self.own.0 => self.on_close_notice(core, &mut hss.dials, &n),
                 Ok(n) => tracing::info!(
                     "{}: close notice for node {} from {from} ignored",
                     self.own,
@@ -292,6 +296,23 @@ impl IbEngine {
                 return;
             }
         };
+        if let Some(prefix) = msgs.get(..wire::HANDSHAKE_PREFIX_LEN) {
+            if let Err(e @ HandshakeError::Version { .. }) =
+                HandshakeMsg::check_prefix(prefix.try_into().expect("prefix length"))
+            {
+                tracing::warn!("{}: handshake datagram from {from}: {e}", self.own);
+                let ours = !h.to_acceptor && h.dialer == self.own.0;
+                if let Some(dial) = hss
+                    .dials
+                    .get(&h.acceptor)
+                    .filter(|d| ours && d.session == h.session)
+                {
+                    let conn = dial.ic.conn.clone();
+                    core.close_connection(&conn, &format!("handshake failed: {e}"), true);
+                }
+                return;
+            }
+        }
         if msgs.is_empty() || msgs.len() % HANDSHAKE_LEN != 0 {
             tracing::warn!(
                 "{}: handshake datagram of {} bytes from {from} ignored",
@@ -301,7 +322,7 @@ impl IbEngine {
             return;
         }
         if h.to_acceptor && h.acceptor == self.own.0 {
-            self.on_accept_datagram(core, creds, hss, h, d, msgs);
+            self.on_accept_datagram(core, creds, hss, h, d, from);
         } else if !h.to_acceptor && h.dialer == self.own.0 {
             self.on_dial_datagram(core, hss, h, d, msgs);
         } else {
@@ -388,8 +409,9 @@ impl IbEngine {
         hss: &mut Handshakes<'a>,
         h: DatagramHeader,
         d: &[u8],
-        msgs: &[u8],
+        from: std::net::SocketAddr,
     ) {
+        let msgs = &d[wire::DATAGRAM_HEADER_LEN..];
         let peer = h.dialer;
         let key = (peer, h.session);
         if let Some(a) = hss.accepts.get(&key) {
@@ -402,26 +424,41 @@ impl IbEngine {
             let hello = HandshakeMsg::decode(msgs[..HANDSHAKE_LEN].try_into().unwrap());
             let opens = matches!(hello, Ok(HandshakeMsg::Hello(ref x))
                 if x.node_id == peer && DatagramHeader::session_of(x) == h.session);
-            if !opens || peer == self.own.0 || core.config().address_of(NodeId(peer)).is_none() {
+            // A node's connection socket is bound to its node-map address:
+            // a hello from elsewhere is not that node's.
+            let home = core
+                .config()
+                .address_of(NodeId(peer))
+                .and_then(|a| resolve(a).ok());
+            if !opens || peer == self.own.0 || home != Some(from) {
                 tracing::info!(
-                    "{}: handshake datagram of no handshake from node {peer} ignored",
+                    "{}: handshake datagram of no handshake from {from} (as node {peer}) ignored",
                     self.own
                 );
                 return;
             }
-            // A dialer has few handshakes going at once: the oldest goes.
+            // A dialer has few handshakes going at once. Only finished ones
+            // make room: one waiting for its proof is never pushed out by
+            // a newer hello (it ends by `connect_timeout_ms` at the latest).
             let mine: Vec<_> = hss
                 .accepts
-                .keys()
-                .filter(|k| k.0 == peer)
-                .copied()
+                .iter()
+                .filter(|(k, _)| k.0 == peer)
+                .map(|(k, a)| (*k, a.ended))
                 .collect();
             if mine.len() >= ACCEPTS_PER_DIALER {
-                let oldest = mine
+                let Some(oldest) = mine
                     .iter()
-                    .min_by_key(|k| hss.accepts[k].started)
-                    .copied()
-                    .expect("not empty");
+                    .filter_map(|(k, ended)| ended.map(|t| (t, *k)))
+                    .min()
+                    .map(|(_, k)| k)
+                else {
+                    tracing::info!(
+                        "{}: hello from node {peer} dropped: {ACCEPTS_PER_DIALER} of its handshakes are under way",
+                        self.own
+                    );
+                    return;
+                };
                 hss.accepts.remove(&oldest);
             }
             // (The endpoint comes when the dialer is admitted.)
@@ -454,11 +491,12 @@ impl IbEngine {
         };
         a.hs = trial;
         a.last_in = d.to_vec();
+        let mut accepted = false;
         for ev in events {
             match ev {
                 Event::Introduced(theirs) => self.on_introduced(core, a, &theirs),
                 Event::Authenticated(theirs) => {
-                    self.on_authenticated(core, &mut hss.dials, peer, a, &theirs);
+                    accepted = self.on_authenticated(core, &mut hss.dials, peer, a, &theirs);
                     a.ended = Some(Instant::now());
                 }
                 ev => {
@@ -473,6 +511,11 @@ impl IbEngine {
         };
         let (hs, flight) = (&mut a.hs, &mut a.flight);
         self.transmit(core, peer, header, hs, flight);
+        if accepted {
+            // The dialer's older handshakes are over: a late proof of one
+            // must not replace this connection.
+            hss.accepts.retain(|k, _| k.0 != peer || *k == key);
+        }
     }
 
     /// Admits or refuses a dialer that introduced itself.
@@ -503,6 +546,7 @@ impl IbEngine {
     }
 
     /// The dialer proved its id: accept the connection (or refuse it).
+    /// True if accepted.
     fn on_authenticated(
         &self,
         core: &Arc<Core>,
@@ -510,7 +554,7 @@ impl IbEngine {
         peer: u16,
         a: &mut Accept<'_>,
         theirs: &Hello,
-    ) {
+    ) -> bool {
         let p = NodeId(peer);
         // A node dials only when it has no connection to us: an open one
         // of the same process is stale (its dial gave up after we had
@@ -525,7 +569,7 @@ impl IbEngine {
             Err(st) => {
                 tracing::info!("{}: connection from {p} refused: {st}", self.own);
                 a.hs.reject(st);
-                return;
+                return false;
             }
         };
         // Our own dial to the peer, if any, yields: its connection is the
@@ -543,27 +587,39 @@ impl IbEngine {
         match res {
             Ok(()) => {
                 a.hs.accept();
+                true
             }
             Err(e) => {
                 core.close_connection(&conn, &format!("connection set-up failed: {e}"), true);
                 // No status says "failed here"; the dialer fails its
                 // connect, and the next send tries again.
                 a.hs.reject(Status::ShuttingDown);
+                false
             }
         }
     }
 
-    fn on_close_notice(&self, core: &Core, n: &CloseNotice) {
-        let Some(ic) = core.engine_half::<IbConn>(NodeId(n.src)) else {
-            return;
+    fn on_close_notice(&self, core: &Core, dials: &mut HashMap<u16, Dial<'_>>, n: &CloseNotice) {
+        let names = |ic: &IbConn| {
+            ic.local.to_bytes() == n.dst_endpoint
+                && ic
+                    .remote
+                    .lock()
+                    .is_some_and(|r| r.to_bytes() == n.src_endpoint)
         };
-        let ours = ic.local.to_bytes() == n.dst_endpoint
-            && ic
-                .remote
-                .lock()
-                .is_some_and(|r| r.to_bytes() == n.src_endpoint);
-        if ours {
-            core.close_connection(&ic.conn, "peer closed the connection", true);
+        if let Some(ic) = core.engine_half::<IbConn>(NodeId(n.src)) {
+            if names(&ic) {
+                core.close_connection(&ic.conn, "peer closed the connection", true);
+            }
+            return;
+        }
+        // Our dial, accepted and closed by the peer before we opened it
+        // (its final answer was lost): it must not open on a repeat.
+        if dials.get(&n.src).is_some_and(|d| names(&d.ic)) {
+            let dial = dials.remove(&n.src).expect("present");
+            let conn = dial.ic.conn.clone();
+            self.abandon(core, dial.ic);
+            core.close_connection(&conn, "peer closed the connection during set-up", true);
         }
     }
 }

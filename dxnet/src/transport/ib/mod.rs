@@ -67,12 +67,12 @@ use crate::transport::driver::run_send_loop;
 use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
-/// Completions taken per poll call.
 mod handshake;
 mod recv;
 mod send;
 mod setup;
 
+/// Completions taken per poll call.
 const POLL_BATCH: usize = 32;
 /// Retransmission interval of connection requests.
 const REQUEST_RETRY: Duration = Duration::from_millis(50);
