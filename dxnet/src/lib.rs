@@ -48,7 +48,7 @@ pub(crate) mod transport;
 pub use config::{Config, TlsConfig, TransportKind};
 pub use error::{Cancelled, Error, Result, Unreachable, Waited};
 pub use message::{Message, Request};
-pub use node::{Node, NodeStats, ResponseHandle};
+pub use node::{MultiSend, Node, NodeStats, ResponseHandle};
 
 /// A node's 16-bit id.
 #[derive(

@@ -117,6 +117,31 @@ impl Node {
         self.core.send_message(dest, msg)
     }
 
+    /// Sends `msg` to every node of `dests`, each once (a node listed twice
+    /// gets it once). The message is serialized once and its bytes copied
+    /// into each destination's ring buffer; per destination it behaves as
+    /// [`Node::send`]: in order with this thread's other sends to that
+    /// node, exactly once on a live connection, blocking only under that
+    /// destination's back-pressure. One destination failing (unreachable,
+    /// timed out) does not keep the others from getting it; the result says
+    /// per destination what happened.
+    pub fn send_to_many<M: Message>(&self, dests: &[NodeId], msg: &M) -> MultiSend {
+        MultiSend(self.core.send_message_many(dests, msg))
+    }
+
+    /// [`Node::send_to_many`] to every other node of the node map.
+    pub fn send_to_all<M: Message>(&self, msg: &M) -> MultiSend {
+        let own = self.id();
+        let dests: Vec<NodeId> = self
+            .config()
+            .nodes
+            .iter()
+            .map(|n| NodeId(n.id))
+            .filter(|n| *n != own)
+            .collect();
+        self.send_to_many(&dests, msg)
+    }
+
     /// Sends raw bytes as a message of (`msg_type`, `subtype`), copied
     /// straight into the ring buffer without serde.
     pub fn send_raw(&self, dest: NodeId, msg_type: u8, subtype: u8, payload: &[u8]) -> Result<()> {
@@ -201,4 +226,36 @@ fn decode_response<T: Message>(bytes: Vec<u8>) -> Result<T> {
     let resp = crate::proto::codec::decode::<T>(&bytes).map_err(Error::from);
     crate::core::requests::recycle_payload(bytes);
     resp
+}
+
+/// What [`Node::send_to_many`] did, per destination (in the order of their
+/// first appearance in the list).
+#[derive(Debug)]
+pub struct MultiSend(Vec<(NodeId, Result<()>)>);
+
+impl MultiSend {
+    /// True if every destination got the message.
+    pub fn is_ok(&self) -> bool {
+        self.0.iter().all(|(_, r)| r.is_ok())
+    }
+
+    /// The destinations that did not get it, with why.
+    pub fn failed(&self) -> impl Iterator<Item = (NodeId, &crate::Error)> {
+        self.0
+            .iter()
+            .filter_map(|(n, r)| r.as_ref().err().map(|e| (*n, e)))
+    }
+
+    /// Every destination with its outcome.
+    pub fn results(&self) -> &[(NodeId, Result<()>)] {
+        &self.0
+    }
+
+    /// The first failure, if any, as a `Result` (for `?`).
+    pub fn into_result(self) -> Result<()> {
+        match self.0.into_iter().find_map(|(_, r)| r.err()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }

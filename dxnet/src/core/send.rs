@@ -21,6 +21,81 @@ impl Core {
         )
     }
 
+    /// Sends a typed message to every node of `dests` (each once),
+    /// serialized once: each destination's ring buffer gets a copy of the
+    /// same bytes. Per destination as [`Core::send_message`].
+    pub fn send_message_many<M: Message>(
+        &self,
+        dests: &[NodeId],
+        msg: &M,
+    ) -> Vec<(NodeId, Result<()>)> {
+        thread_local! {
+            /// The encoded message (reused: no allocation per call once it
+            /// has grown to the thread's message sizes).
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let mut unique: Vec<NodeId> = Vec::with_capacity(dests.len());
+        for d in dests {
+            if !unique.contains(d) {
+                unique.push(*d);
+            }
+        }
+        let max = self.config.limits.max_message_size;
+        let len = match codec::encoded_len(msg) {
+            Ok(len) if len > max => {
+                return unique
+                    .into_iter()
+                    .map(|d| (d, Err(Error::TooLarge { size: len, max })))
+                    .collect();
+            }
+            Ok(len) => len,
+            Err(e) => {
+                let why = Error::from(e).to_string();
+                return unique
+                    .into_iter()
+                    .map(|d| (d, Err(Error::Decode(why.clone()))))
+                    .collect();
+            }
+        };
+        SCRATCH.with(|scratch| {
+            // A receiver run inline on this thread may send to many too:
+            // then it encodes into its own buffer.
+            let mut own = Vec::new();
+            let mut guard = scratch.try_borrow_mut();
+            let buf: &mut Vec<u8> = match guard {
+                Ok(ref mut b) => b,
+                Err(_) => &mut own,
+            };
+            buf.clear();
+            if let Err(e) = codec::encode_into(&mut *buf, msg) {
+                let why = format!("cannot encode message: {e}");
+                return unique
+                    .into_iter()
+                    .map(|d| (d, Err(Error::Decode(why.clone()))))
+                    .collect();
+            }
+            debug_assert_eq!(buf.len(), len);
+            let bytes = &buf[..];
+            unique
+                .into_iter()
+                .map(|d| {
+                    let r = self.send_frame(
+                        d,
+                        M::TYPE,
+                        M::SUBTYPE,
+                        MessageKind::Plain,
+                        0,
+                        bytes.len(),
+                        None,
+                        None,
+                        |w| w.write_all(bytes),
+                    );
+                    (d, r)
+                })
+                .collect()
+        })
+    }
+
     /// Sends raw bytes as a message.
     pub fn send_raw(&self, dest: NodeId, t: u8, s: u8, payload: &[u8]) -> Result<()> {
         if t == 0 {
