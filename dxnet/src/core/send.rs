@@ -480,11 +480,11 @@ impl<T: serde::Serialize + ?Sized> Payload<'_, T> {
 /// the thread's scratch buffer when it is small. Serde writes element by
 /// element, so serializing straight into the ring made a `Vec<u8>` payload
 /// a call per byte through the ring's writer, and the ring space stayed
-/// reserved (the send thread waiting behind it) while it ran: 64 B
-/// `Vec<u8>` messages went 8× faster as one copy (`cargo run --release
-/// --example multisend`: `send_to_many`, which copied, against single
-/// sends). A send run inside another's on the same thread (an inline
-/// receiver sending while its caller blocks) serializes into the ring.
+/// reserved (the send thread waiting behind it) while it ran. Single sends
+/// of 64 B `Vec<u8>` messages to 8 nodes: ~6× the rate (`cargo run
+/// --release --example multisend`). A send run inside another's on the
+/// same thread (an inline receiver sending while its caller blocks)
+/// serializes into the ring.
 fn with_encoded<T: serde::Serialize + ?Sized, R>(
     msg: &T,
     len: usize,
