@@ -13,6 +13,26 @@
 use super::*;
 
 impl Core {
+    /// This node's hello for a handshake with `target` (0 as the
+    /// acceptor): ids, instance, flow-control window and unit, a fresh
+    /// nonce, and the transport's `endpoint` (zeros where it has none).
+    #[cfg(any(feature = "tcp", feature = "ib"))]
+    pub fn hello(
+        &self,
+        target: u16,
+        endpoint: [u8; crate::proto::wire::ENDPOINT_LEN],
+    ) -> crate::proto::wire::Hello {
+        crate::proto::wire::Hello {
+            node_id: self.own_id().0,
+            target_id: target,
+            instance: self.instance,
+            fc_window: self.fc_window.min(u32::MAX as u64) as u32,
+            fc_unit: self.fc_unit.min(u32::MAX as u64) as u32,
+            nonce: rand::random(),
+            endpoint,
+        }
+    }
+
     /// A free receive buffer; `None` when all are in use: the engine stops
     /// receiving until [`Transport::wake_receiver`] says some came back.
     #[inline]

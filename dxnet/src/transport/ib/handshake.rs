@@ -108,18 +108,6 @@ fn try_feed<'a>(
 }
 
 impl IbEngine {
-    fn hello(&self, core: &Core, target: u16, endpoint: [u8; wire::ENDPOINT_LEN]) -> Hello {
-        Hello {
-            node_id: self.own.0,
-            target_id: target,
-            instance: core.instance,
-            fc_window: core.fc_window.min(u32::MAX as u64) as u32,
-            fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
-            nonce: rand::random(),
-            endpoint,
-        }
-    }
-
     pub(super) fn send_datagram(&self, core: &Core, peer: u16, d: &[u8]) {
         let Some(addr) = core
             .config()
@@ -251,7 +239,7 @@ impl IbEngine {
                 return;
             }
         };
-        let hello = self.hello(core, peer, ic.local.to_bytes());
+        let hello = core.hello(peer, ic.local.to_bytes());
         let mut d = Dial {
             hs: Handshake::dialer(creds, hello),
             session: DatagramHeader::session_of(&hello),
@@ -462,7 +450,7 @@ impl IbEngine {
                 hss.accepts.remove(&oldest);
             }
             // (The endpoint comes when the dialer is admitted.)
-            let mine = self.hello(core, 0, [0; wire::ENDPOINT_LEN]);
+            let mine = core.hello(0, [0; wire::ENDPOINT_LEN]);
             hss.accepts.insert(
                 key,
                 Accept {

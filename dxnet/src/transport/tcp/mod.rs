@@ -284,18 +284,6 @@ fn bind_listener(
 }
 
 impl TcpEngine {
-    fn hello(&self, core: &Core, target: u16) -> Hello {
-        Hello {
-            node_id: self.own.0,
-            target_id: target,
-            instance: core.instance,
-            fc_window: core.fc_window.min(u32::MAX as u64) as u32,
-            fc_unit: core.fc_unit.min(u32::MAX as u64) as u32,
-            nonce: rand::random(),
-            endpoint: [0; ENDPOINT_LEN],
-        }
-    }
-
     fn secret(&self) -> Option<&[u8]> {
         self.secret.as_deref()
     }

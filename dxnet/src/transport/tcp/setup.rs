@@ -96,7 +96,10 @@ impl TcpEngine {
         s: &mut S,
         peer: NodeId,
     ) -> std::result::Result<Hello, SetupFailure> {
-        let mut hs = Handshake::dialer(self.credentials(core), self.hello(core, peer.0));
+        let mut hs = Handshake::dialer(
+            self.credentials(core),
+            core.hello(peer.0, [0; ENDPOINT_LEN]),
+        );
         loop {
             match drive(&mut hs, s)? {
                 // Nothing to set up before the proof goes out.
@@ -154,7 +157,7 @@ impl TcpEngine {
         timeout: Duration,
         identity: &dyn Fn(NodeId) -> std::result::Result<(), String>,
     ) -> std::result::Result<(Arc<Connection>, Hello), String> {
-        let mut hs = Handshake::acceptor(self.credentials(core), self.hello(core, 0));
+        let mut hs = Handshake::acceptor(self.credentials(core), core.hello(0, [0; ENDPOINT_LEN]));
         let failed = |hs: &Handshake<'_>, e: SetupFailure| match hs.peer() {
             Some(h) => format!("rejected node {}: {e}", h.node_id),
             None => e.to_string(),
