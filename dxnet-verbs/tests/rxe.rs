@@ -552,6 +552,18 @@ fn post_all(side: &Side, ops: &[(SendOp, Sge)], opcode: WcOpcode, what: &str) {
     }
 }
 
+/// Waits for `side`'s one send completion, which must be an error (not a
+/// flush: the operation itself was refused).
+fn expect_error_completion(side: &Side, what: &str) {
+    let mut status = None;
+    poll_until(&side.send_cq, 1, what, false, |wc| {
+        status = Some((wc.is_success(), wc.is_flush(), wc.status_name()))
+    });
+    let (ok, flush, name) = status.unwrap();
+    eprintln!("{what}: {name}");
+    assert!(!ok && !flush, "{what} completed with {name}");
+}
+
 /// One-sided operations: RDMA WRITEs of random sizes to random offsets of
 /// a peer's region land there byte for byte, RDMA READs bring them back,
 /// a WRITE with immediate data consumes a receive and delivers the value;
@@ -653,13 +665,7 @@ fn rdma_write_read_and_access_errors() {
     };
     chain.push(1, op, &[src.sge(0, 100).unwrap()], SendFlags::SIGNALED);
     c.qp.post_send(&mut chain).unwrap();
-    let mut status = None;
-    poll_until(&c.send_cq, 1, "write past the end", false, |wc| {
-        status = Some((wc.is_success(), wc.is_flush(), wc.status_name()))
-    });
-    let (ok, flush, name) = status.unwrap();
-    eprintln!("write past the end: {name}");
-    assert!(!ok && !flush, "write past the end completed with {name}");
+    expect_error_completion(&c, "write past the end");
     assert_eq!(landed[LEN - 10..], {
         let mut tail = [0u8; 10];
         target.read(LEN - 10, &mut tail).unwrap();
@@ -678,15 +684,7 @@ fn rdma_write_read_and_access_errors() {
     };
     chain.push(1, op, &[src.sge(0, 8).unwrap()], SendFlags::SIGNALED);
     e.qp.post_send(&mut chain).unwrap();
-    poll_until(&e.send_cq, 1, "write to a read-only region", false, |wc| {
-        status = Some((wc.is_success(), wc.is_flush(), wc.status_name()))
-    });
-    let (ok, flush, name) = status.unwrap();
-    eprintln!("write to a read-only region: {name}");
-    assert!(
-        !ok && !flush,
-        "write to a read-only region completed with {name}"
-    );
+    expect_error_completion(&e, "write to a read-only region");
     let mut ro = [1u8; 8];
     read_only.read(0, &mut ro).unwrap();
     assert_eq!(ro, [0u8; 8], "nothing written");

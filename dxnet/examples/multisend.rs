@@ -3,8 +3,9 @@
 //! loopback; node 0 sends `PER` messages of `SIZE` bytes (a `Vec<u8>`
 //! payload, so serialization copies it) to nodes 1..=8 either way, and a
 //! round ends when all 8 have them all.
-//!     cargo run --release --example multisend -- [PER] [SIZE] [ROUNDS] [BASE_PORT]
-//! Defaults: 100 000 messages, 64 B, 6 rounds, port 23400. Prints messages
+//!     cargo run --release --example multisend -- [PER] [SIZE] [ROUNDS] [BASE_PORT] [THREADS]
+//! Defaults: 100 000 messages, 64 B, 6 rounds, port 23400, 1 sender thread
+//! (with more, each sends its share of the messages). Prints messages
 //! per second (counted per destination) for each way and round, and the
 //! median ratio.
 
@@ -31,6 +32,7 @@ fn main() {
     let size = arg(2, 64) as usize;
     let rounds = arg(3, 6);
     let base = arg(4, 23400) as u16;
+    let threads = arg(5, 1).max(1);
     let n = DESTS + 1;
     let got = Arc::new(AtomicU64::new(0));
     let nodes: Vec<Node> = (0..n)
@@ -60,15 +62,23 @@ fn main() {
             let many = (k + r as usize) % 2 == 0;
             got.store(0, Ordering::SeqCst);
             let t0 = Instant::now();
-            for _ in 0..per {
-                if many {
-                    nodes[0].send_to_many(&dests, &msg).into_result().unwrap();
-                } else {
-                    for d in &dests {
-                        nodes[0].send(*d, &msg).unwrap();
-                    }
+            std::thread::scope(|sc| {
+                for t in 0..threads {
+                    let (node, dests, msg) = (&nodes[0], &dests, &msg);
+                    let share = per / threads + u64::from(t < per % threads);
+                    sc.spawn(move || {
+                        for _ in 0..share {
+                            if many {
+                                node.send_to_many(dests, msg).into_result().unwrap();
+                            } else {
+                                for d in dests {
+                                    node.send(*d, msg).unwrap();
+                                }
+                            }
+                        }
+                    });
                 }
-            }
+            });
             wait(&got, per * DESTS as u64);
             let secs = t0.elapsed().as_secs_f64();
             rate[usize::from(!many)] = (per * DESTS as u64) as f64 / secs;

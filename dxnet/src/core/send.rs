@@ -8,19 +8,27 @@ impl Core {
     /// Sends a typed message.
     pub fn send_message<M: Message>(&self, dest: NodeId, msg: &M) -> Result<()> {
         let len = codec::encoded_len(msg)?;
-        with_encoded(msg, len, |payload| {
-            self.send_frame(
-                dest,
-                M::TYPE,
-                M::SUBTYPE,
-                MessageKind::Plain,
-                0,
-                len,
-                None,
-                None,
-                |w| payload.fill(w),
-            )
-        })
+        with_encoded(msg, len, |payload| self.send_plain(dest, len, payload))
+    }
+
+    /// A plain message of type `M`, `len` bytes of `payload`, to `dest`.
+    fn send_plain<M: Message>(
+        &self,
+        dest: NodeId,
+        len: usize,
+        payload: Payload<'_, M>,
+    ) -> Result<()> {
+        self.send_frame(
+            dest,
+            M::TYPE,
+            M::SUBTYPE,
+            MessageKind::Plain,
+            0,
+            len,
+            None,
+            None,
+            |w| payload.fill(w),
+        )
     }
 
     /// Sends a typed message to every node of `dests` (each once),
@@ -57,20 +65,7 @@ impl Core {
         with_encoded(msg, len, |payload| {
             unique
                 .into_iter()
-                .map(|d| {
-                    let r = self.send_frame(
-                        d,
-                        M::TYPE,
-                        M::SUBTYPE,
-                        MessageKind::Plain,
-                        0,
-                        len,
-                        None,
-                        None,
-                        |w| payload.fill(w),
-                    );
-                    (d, r)
-                })
+                .map(|d| (d, self.send_plain(d, len, payload)))
                 .collect()
         })
     }
