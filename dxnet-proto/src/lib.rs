@@ -15,6 +15,8 @@
 //!   chunk header, InfiniBand immediate data and close notices.
 //! - [`identity`]: node identities (Ed25519) and the signed handshake
 //!   material.
+//! - [`region`]: one-sided operations (remote write and read of exposed
+//!   memory) carried as messages, and the owner's answers.
 
 #![warn(missing_docs)]
 
@@ -24,4 +26,5 @@ pub mod depth;
 pub mod handshake;
 pub mod header;
 pub mod identity;
+pub mod region;
 pub mod wire;

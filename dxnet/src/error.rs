@@ -48,6 +48,40 @@ pub enum Error {
     /// The node is shutting down or has shut down.
     #[error("node is shut down")]
     Shutdown,
+    /// A one-sided access to a memory region failed (see [`RegionError`]).
+    #[error("region access failed: {0}")]
+    Region(RegionError),
+}
+
+/// Why a one-sided access ([`crate::Node::write`], [`crate::Node::read`],
+/// a [`crate::Region`]'s own accesses) failed. Nothing was written or read
+/// (except where a multi-part write says otherwise).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RegionError {
+    /// The range is not inside the region.
+    #[error("bytes {offset}..{offset}+{len} are outside the region's {region_len} bytes")]
+    OutOfBounds {
+        /// Start of the access.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The region's length.
+        region_len: u64,
+    },
+    /// The region was exposed without read access.
+    #[error("the region does not permit reading")]
+    ReadNotPermitted,
+    /// The region was exposed without write access.
+    #[error("the region does not permit writing")]
+    WriteNotPermitted,
+    /// The region was revoked, or its node does not know it (it restarted
+    /// since the descriptor was made, or the descriptor is forged).
+    #[error("the region is revoked or unknown at its node")]
+    Revoked,
+    /// The memory for a new region could not be had (or its length is 0).
+    #[error("cannot allocate a region of {0} bytes")]
+    Allocation(usize),
 }
 
 /// Why a node could not be reached ([`Error::Unreachable`]). The text

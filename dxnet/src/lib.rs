@@ -14,7 +14,8 @@
 //!
 //! Public API: [`Node`], [`Config`] (with its sections in [`config`]),
 //! [`Message`] and [`Request`] (see [`mod@message`]), [`Error`], [`NodeId`],
-//! [`NodeStats`]; `pki` with the `pki-gen` feature; [`proto`], the
+//! [`NodeStats`]; one-sided access to exposed memory ([`Region`],
+//! [`RemoteRegion`], see [`mod@region`]); `pki` with the `pki-gen` feature; [`proto`], the
 //! protocol without I/O, for fuzzing and protocol tools.
 //!
 //! Inside (private; `ARCHITECTURE.md` maps them): `core`, the
@@ -41,14 +42,16 @@ mod node;
 #[cfg(feature = "pki-gen")]
 pub mod pki;
 pub(crate) mod primitives;
+pub mod region;
 /// The protocol without I/O (the `dxnet-proto` crate).
 pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
 pub use config::{Config, TlsConfig, TransportKind};
-pub use error::{Cancelled, Error, Result, Unreachable, Waited};
+pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{MultiSend, Node, NodeStats, ResponseHandle};
+pub use region::{Access, Region, RemoteRegion};
 
 /// A node's 16-bit id.
 #[derive(

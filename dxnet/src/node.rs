@@ -176,6 +176,10 @@ impl Node {
         })
     }
 
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
     /// Counters since start.
     pub fn stats(&self) -> NodeStats {
         self.core.stats()

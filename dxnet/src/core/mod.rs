@@ -7,6 +7,7 @@
 //! - [`requests`]: pending requests and their responses.
 //! - [`connection`]: per-peer state and the connection table.
 //! - [`inline`]: handling on receive threads and the receive role.
+//! - [`regions`]: exposed memory regions and one-sided operations.
 //!
 //! The ring buffer, write-interest queue, buffer pool and parking live in
 //! [`crate::primitives`]; codec, reassembly and wire formats in
@@ -27,6 +28,7 @@ mod handlers;
 pub mod incoming;
 pub mod inline;
 mod receive;
+pub mod regions;
 pub mod requests;
 mod send;
 #[cfg(test)]
@@ -165,6 +167,8 @@ pub struct Core {
     incoming: IncomingQueue,
     /// Pending requests.
     pub requests: Arc<RequestTable>,
+    /// Exposed memory regions.
+    regions: regions::RegionTable,
     /// Counters.
     pub stats: Stats,
     /// This node's identity key and the node map's public keys, if
@@ -256,6 +260,7 @@ impl Core {
                 config.limits.incoming_max_bytes,
             ),
             requests: RequestTable::new(),
+            regions: regions::RegionTable::default(),
             stats: Stats::default(),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
@@ -269,6 +274,7 @@ impl Core {
             started: Instant::now(),
             config,
         });
+        core.install_region_handlers();
         {
             let mut threads = core.threads.lock();
             for i in 0..core.config.handler_threads {

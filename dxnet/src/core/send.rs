@@ -115,6 +115,34 @@ impl Core {
         Ok(pending)
     }
 
+    /// Sends a request of (`t`, `s`) whose payload of `len` bytes `fill`
+    /// writes (dxnet's own requests, e.g. one-sided operations).
+    pub(super) fn send_request_frame(
+        &self,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        len: usize,
+        timeout: Duration,
+        fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<PendingResponse> {
+        let now = Instant::now();
+        let (id, pending) = self.requests.insert_at(dest, now, timeout)?;
+        let deadline = pending.deadline();
+        self.send_frame(
+            dest,
+            t,
+            s,
+            MessageKind::Request,
+            id,
+            len,
+            Some(deadline),
+            Some(now),
+            fill,
+        )?;
+        Ok(pending)
+    }
+
     /// Blocks until `p`'s outcome is known: busy-waits first (a response
     /// that arrives meanwhile is taken without waking this thread; on an
     /// engine that supports it this thread even receives it itself, see

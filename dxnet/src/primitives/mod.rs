@@ -12,6 +12,8 @@
 //! - [`write_interest`]: the queue of connections with data for the send
 //!   thread, each at most once, round-robin.
 //! - [`pool`]: pooled, reusable receive buffers.
+//! - [`region_mem`]: address-stable memory of exposed regions, CPU
+//!   accesses under a lock.
 //! - [`park`]: load-adaptive idling (spin, yield, park) and wake-up signals.
 //! - [`stats`]: striped counters for hot paths.
 //! - [`wait_queue`]: threads blocked on ring space or flow-control window,
@@ -28,6 +30,7 @@ pub mod deadline;
 pub mod orb;
 pub mod park;
 pub mod pool;
+pub mod region_mem;
 pub mod stats;
 pub mod sync;
 pub mod wait_queue;

@@ -1,0 +1,285 @@
+//! One-sided operations carried as messages: the wire format of a write to
+//! or a read from a remote node's exposed memory region, and of the
+//! owner's answer.
+//!
+//! Engines without remote memory access (TCP, loopback) emulate one-sided
+//! operations with these frames: the writer or reader sends a request of
+//! message type 0 (reserved for dxnet) with subtype [`SUBTYPE_WRITE`] or
+//! [`SUBTYPE_READ`]; the owner's runtime applies it to the region without
+//! running application code and answers with a status byte (and, for a
+//! read, the bytes read).
+//!
+//! ```text
+//! write request:  region u32 | key u64 | offset u64 | flags u8 | imm u32 | start u64 | data ...
+//! read request:   region u32 | key u64 | offset u64 | len u32
+//! answer:         status u8 [| data ... (read, status ok)]
+//! ```
+//! All integers little-endian. A write of several parts is several
+//! requests; `start` is the offset of the whole write's first byte (the
+//! notification reports the whole write, sent with its last part). `key` is the region's random 64-bit key
+//! from its descriptor: a descriptor of a revoked region, of another
+//! instance of the node or a guessed one names no region.
+
+/// Message type of the emulated operations (0: dxnet's own).
+pub const MSG_TYPE: u8 = 0;
+/// Subtype of a write request.
+pub const SUBTYPE_WRITE: u8 = 1;
+/// Subtype of a read request.
+pub const SUBTYPE_READ: u8 = 2;
+
+/// Bytes of a write request before its data.
+pub const WRITE_HEAD_LEN: usize = 4 + 8 + 8 + 1 + 4 + 8;
+/// Bytes of a read request.
+pub const READ_LEN: usize = 4 + 8 + 8 + 4;
+
+/// `flags` bit: the owner reports the write to its application once the
+/// data is in place (a write with notification).
+pub const FLAG_NOTIFY: u8 = 1;
+
+/// Names a region at its owner: its id and its random key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionRef {
+    /// The region's id at its node.
+    pub id: u32,
+    /// The region's random key (see the module docs).
+    pub key: u64,
+}
+
+/// A write request's fields before its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteHead {
+    /// The region written.
+    pub region: RegionRef,
+    /// Where in the region the data goes.
+    pub offset: u64,
+    /// A write with notification: with the part that ends the write.
+    pub notify: Option<Notify>,
+}
+
+/// The notification a write asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notify {
+    /// The writer's value.
+    pub imm: u32,
+    /// Offset of the whole write's first byte (at most the part's offset).
+    pub start: u64,
+}
+
+impl WriteHead {
+    /// The encoded head; the data follows it in the request.
+    pub fn encode(&self) -> [u8; WRITE_HEAD_LEN] {
+        let mut b = [0u8; WRITE_HEAD_LEN];
+        b[0..4].copy_from_slice(&self.region.id.to_le_bytes());
+        b[4..12].copy_from_slice(&self.region.key.to_le_bytes());
+        b[12..20].copy_from_slice(&self.offset.to_le_bytes());
+        if let Some(n) = self.notify {
+            b[20] = FLAG_NOTIFY;
+            b[21..25].copy_from_slice(&n.imm.to_le_bytes());
+            b[25..33].copy_from_slice(&n.start.to_le_bytes());
+        }
+        b
+    }
+
+    /// Splits a write request's payload into its head and its data.
+    pub fn decode(payload: &[u8]) -> Result<(WriteHead, &[u8]), FrameError> {
+        let (h, data) = payload
+            .split_first_chunk::<WRITE_HEAD_LEN>()
+            .ok_or(FrameError::Short)?;
+        let flags = h[20];
+        if flags & !FLAG_NOTIFY != 0 {
+            return Err(FrameError::UnknownFlags(flags));
+        }
+        let offset = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
+        let notify = Notify {
+            imm: u32::from_le_bytes(h[21..25].try_into().expect("4 bytes")),
+            start: u64::from_le_bytes(h[25..33].try_into().expect("8 bytes")),
+        };
+        if flags & FLAG_NOTIFY == 0 {
+            if notify.imm != 0 || notify.start != 0 {
+                return Err(FrameError::StrayNotify);
+            }
+        } else if notify.start > offset {
+            return Err(FrameError::StrayNotify);
+        }
+        let head = WriteHead {
+            region: region_ref(h),
+            offset,
+            notify: (flags & FLAG_NOTIFY != 0).then_some(notify),
+        };
+        Ok((head, data))
+    }
+}
+
+/// A read request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// The region read.
+    pub region: RegionRef,
+    /// Where in the region the read starts.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: u32,
+}
+
+impl ReadRequest {
+    /// The encoded request.
+    pub fn encode(&self) -> [u8; READ_LEN] {
+        let mut b = [0u8; READ_LEN];
+        b[0..4].copy_from_slice(&self.region.id.to_le_bytes());
+        b[4..12].copy_from_slice(&self.region.key.to_le_bytes());
+        b[12..20].copy_from_slice(&self.offset.to_le_bytes());
+        b[20..24].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses a read request's payload (exactly [`READ_LEN`] bytes).
+    pub fn decode(payload: &[u8]) -> Result<ReadRequest, FrameError> {
+        let b: &[u8; READ_LEN] = payload.try_into().map_err(|_| {
+            if payload.len() < READ_LEN {
+                FrameError::Short
+            } else {
+                FrameError::Trailing
+            }
+        })?;
+        Ok(ReadRequest {
+            region: region_ref(b),
+            offset: u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
+            len: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+        })
+    }
+}
+
+fn region_ref(b: &[u8]) -> RegionRef {
+    RegionRef {
+        id: u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")),
+        key: u64::from_le_bytes(b[4..12].try_into().expect("8 bytes")),
+    }
+}
+
+/// The owner's answer to a write or read: the first byte of its response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Done (a read's data follows).
+    Ok = 0,
+    /// No region of this id and key (revoked, never existed, or the node
+    /// restarted since the descriptor was made).
+    Unknown = 1,
+    /// The range is not inside the region.
+    OutOfBounds = 2,
+    /// The region does not permit this access.
+    NotPermitted = 3,
+}
+
+impl Status {
+    /// Splits an answer into its status and the data after it.
+    pub fn decode(answer: &[u8]) -> Result<(Status, &[u8]), FrameError> {
+        let (&s, rest) = answer.split_first().ok_or(FrameError::Short)?;
+        let status = match s {
+            0 => Status::Ok,
+            1 => Status::Unknown,
+            2 => Status::OutOfBounds,
+            3 => Status::NotPermitted,
+            other => return Err(FrameError::UnknownStatus(other)),
+        };
+        if status != Status::Ok && !rest.is_empty() {
+            return Err(FrameError::Trailing);
+        }
+        Ok((status, rest))
+    }
+}
+
+/// Why a one-sided frame could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Fewer bytes than the frame's fixed part.
+    #[error("one-sided frame too short")]
+    Short,
+    /// Bytes after a frame that has none.
+    #[error("bytes after the end of a one-sided frame")]
+    Trailing,
+    /// A flag bit this version does not know.
+    #[error("unknown one-sided write flags {0:#x}")]
+    UnknownFlags(u8),
+    /// Notification fields without the flag, or a write's start after
+    /// the part's offset.
+    #[error("inconsistent notification fields in a one-sided write")]
+    StrayNotify,
+    /// A status this version does not know.
+    #[error("unknown one-sided answer status {0}")]
+    UnknownStatus(u8),
+}
+
+/// Whether `[offset, offset + len)` lies inside a region of `region_len`
+/// bytes (without overflow).
+pub fn in_bounds(offset: u64, len: u64, region_len: u64) -> bool {
+    offset.checked_add(len).is_some_and(|end| end <= region_len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_head_round_trip_with_and_without_notify() {
+        let n = |imm, start| Some(Notify { imm, start });
+        for notify in [None, n(0, 0), n(u32::MAX, u64::MAX - 3), n(5, 17)] {
+            let h = WriteHead {
+                region: RegionRef {
+                    id: 7,
+                    key: 0x0123_4567_89ab_cdef,
+                },
+                offset: u64::MAX - 3,
+                notify,
+            };
+            let mut frame = h.encode().to_vec();
+            frame.extend_from_slice(b"data");
+            let (back, data) = WriteHead::decode(&frame).unwrap();
+            assert_eq!(back, h);
+            assert_eq!(data, b"data");
+        }
+    }
+
+    #[test]
+    fn malformed_frames_are_errors() {
+        assert_eq!(
+            WriteHead::decode(&[0; WRITE_HEAD_LEN - 1]),
+            Err(FrameError::Short)
+        );
+        let mut f = [0u8; WRITE_HEAD_LEN];
+        f[20] = 0x82;
+        assert_eq!(WriteHead::decode(&f), Err(FrameError::UnknownFlags(0x82)));
+        let mut f = [0u8; WRITE_HEAD_LEN];
+        f[21] = 1;
+        assert_eq!(WriteHead::decode(&f), Err(FrameError::StrayNotify));
+        let mut f = [0u8; WRITE_HEAD_LEN];
+        f[20] = FLAG_NOTIFY;
+        f[25] = 1;
+        assert_eq!(WriteHead::decode(&f), Err(FrameError::StrayNotify));
+        assert_eq!(ReadRequest::decode(&[0; 23]), Err(FrameError::Short));
+        assert_eq!(ReadRequest::decode(&[0; 25]), Err(FrameError::Trailing));
+        assert_eq!(Status::decode(&[]), Err(FrameError::Short));
+        assert_eq!(Status::decode(&[9]), Err(FrameError::UnknownStatus(9)));
+        assert_eq!(Status::decode(&[2, 0]), Err(FrameError::Trailing));
+        assert_eq!(Status::decode(&[0, 5]), Ok((Status::Ok, &[5u8][..])));
+    }
+
+    #[test]
+    fn read_request_round_trip() {
+        let r = ReadRequest {
+            region: RegionRef { id: 1, key: 2 },
+            offset: 3,
+            len: u32::MAX,
+        };
+        assert_eq!(ReadRequest::decode(&r.encode()), Ok(r));
+    }
+
+    #[test]
+    fn bounds_never_overflow() {
+        assert!(in_bounds(0, 10, 10));
+        assert!(in_bounds(10, 0, 10));
+        assert!(!in_bounds(10, 1, 10));
+        assert!(!in_bounds(u64::MAX, 2, u64::MAX));
+        assert!(!in_bounds(11, 0, 10));
+    }
+}

@@ -1,0 +1,614 @@
+//! Exposed memory regions and one-sided operations on them.
+//!
+//! The owner side keeps the table of exposed regions and applies the
+//! write and read requests that arrive as messages of type 0 (see
+//! [`crate::proto::region`]) on the handler thread of their connection,
+//! without running application code: so a write is applied in the
+//! connection's order, before any message the writing thread sends after
+//! it. The caller side splits an access into parts of at most
+//! [`PART_MAX`] bytes, sends them all as requests before waiting for the
+//! first answer (a large access streams), and turns the answers into
+//! typed errors.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use parking_lot::RwLock;
+use rustc_hash::FxHashMap;
+
+use super::requests::PendingResponse;
+use super::{Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
+use crate::message::{type_key, MessageKind};
+use crate::primitives::region_mem::{MemBlock, MemError};
+use crate::proto::region::{
+    self as wire, in_bounds, Notify, ReadRequest, RegionRef, Status, WriteHead, READ_LEN,
+    WRITE_HEAD_LEN,
+};
+use crate::region::{Access, RegionWrite, RemoteRegion};
+use crate::{Error, NodeId, RegionError, Result};
+
+/// Largest part of a one-sided access sent as one request: parts of a
+/// large access overlap on the wire and at the owner, and one part never
+/// holds the owner's handler thread (or a region's lock) for long.
+pub const PART_MAX: usize = 256 << 10;
+
+/// An exposed region at its owner.
+#[derive(Debug)]
+pub struct ExposedRegion {
+    id: u32,
+    key: u64,
+    access: Access,
+    /// Closed when revoked: accesses that found the region before fail
+    /// once they get its lock.
+    mem: MemBlock,
+}
+
+impl ExposedRegion {
+    /// The region's id at its node.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The region's random key.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// What others may do.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The region's memory.
+    pub fn mem(&self) -> &MemBlock {
+        &self.mem
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.mem.len() as u64
+    }
+
+    fn check(&self, offset: u64, len: u64, write: bool) -> Status {
+        if write && !self.access.can_write() || !write && !self.access.can_read() {
+            Status::NotPermitted
+        } else if !in_bounds(offset, len, self.len()) {
+            Status::OutOfBounds
+        } else {
+            Status::Ok
+        }
+    }
+
+    /// Applies a write (owner side); the status says why not.
+    fn apply_write(&self, offset: u64, data: &[u8]) -> Status {
+        match self.check(offset, data.len() as u64, true) {
+            Status::Ok => mem_status(self.mem.write(offset as usize, data)),
+            other => other,
+        }
+    }
+
+    /// Runs `f` on the bytes of a read (owner side); the status says why
+    /// not.
+    fn apply_read(&self, offset: u64, len: usize, f: impl FnOnce(&[u8])) -> Status {
+        match self.check(offset, len as u64, false) {
+            Status::Ok => mem_status(self.mem.with_bytes(offset as usize, len, f)),
+            other => other,
+        }
+    }
+}
+
+fn mem_status(r: std::result::Result<(), MemError>) -> Status {
+    match r {
+        Ok(()) => Status::Ok,
+        Err(MemError::OutOfRange) => Status::OutOfBounds,
+        Err(MemError::Closed) => Status::Unknown,
+    }
+}
+
+type WriteFn = Box<dyn Fn(RegionWrite) + Send + Sync>;
+
+/// The regions a node exposes.
+#[derive(Default)]
+pub struct RegionTable {
+    map: RwLock<FxHashMap<u32, Arc<ExposedRegion>>>,
+    next_id: AtomicU32,
+    on_write: OnceLock<WriteFn>,
+}
+
+impl std::fmt::Debug for RegionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionTable")
+            .field("regions", &self.map.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegionTable {
+    fn find(&self, r: RegionRef) -> Option<Arc<ExposedRegion>> {
+        self.map
+            .read()
+            .get(&r.id)
+            .filter(|e| e.key == r.key)
+            .cloned()
+    }
+}
+
+impl Core {
+    /// Installs the owner side of the one-sided operations (type 0).
+    pub(super) fn install_region_handlers(&self) {
+        let write: super::RequestFn =
+            Box::new(|core, src, id, payload| core.serve_region_write(src, id, payload));
+        let read: super::RequestFn =
+            Box::new(|core, src, id, payload| core.serve_region_read(src, id, payload));
+        for (sub, f) in [(wire::SUBTYPE_WRITE, write), (wire::SUBTYPE_READ, read)] {
+            let entry = HandlerEntry {
+                kind: HandlerKind::Request(f),
+                exclusive: false,
+            };
+            if self.handlers[type_key(wire::MSG_TYPE, sub) as usize]
+                .set(entry)
+                .is_err()
+            {
+                unreachable!("type 0 handlers are installed once, at start");
+            }
+        }
+    }
+
+    /// Exposes a new zeroed region of `len` bytes.
+    pub fn expose(&self, len: usize, access: Access) -> Result<Arc<ExposedRegion>> {
+        if self.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        let mem = MemBlock::new(len).ok_or(Error::Region(RegionError::Allocation(len)))?;
+        let mut map = self.regions.map.write();
+        let id = loop {
+            let id = self.regions.next_id.fetch_add(1, Ordering::Relaxed);
+            if !map.contains_key(&id) {
+                break id;
+            }
+        };
+        let region = Arc::new(ExposedRegion {
+            id,
+            key: rand::random(),
+            access,
+            mem,
+        });
+        map.insert(id, region.clone());
+        Ok(region)
+    }
+
+    /// Revokes a region: later accesses fail with
+    /// [`RegionError::Revoked`]; returns once no access to it runs.
+    pub fn revoke(&self, region: &ExposedRegion) {
+        self.regions.map.write().remove(&region.id);
+        region.mem.close();
+    }
+
+    /// Sets the receiver of write notifications (once).
+    pub fn on_region_write(&self, f: WriteFn) -> Result<()> {
+        self.regions
+            .on_write
+            .set(f)
+            .map_err(|_| Error::AlreadyRegistered(wire::MSG_TYPE, wire::SUBTYPE_WRITE))
+    }
+
+    fn notify_write(&self, w: RegionWrite) {
+        match self.regions.on_write.get() {
+            Some(f) => {
+                if std::panic::catch_unwind(AssertUnwindSafe(|| f(w))).is_err() {
+                    tracing::error!("{}: region write receiver panicked", self.own);
+                }
+            }
+            None => tracing::debug!(
+                "{}: write notification from {} dropped: no receiver registered",
+                self.own,
+                w.from
+            ),
+        }
+    }
+
+    /// Applies a write to an own region (owner side of both paths).
+    fn write_own(&self, head: &WriteHead, data: &[u8]) -> Status {
+        let Some(r) = self.regions.find(head.region) else {
+            return Status::Unknown;
+        };
+        r.apply_write(head.offset, data)
+    }
+
+    fn serve_region_write(&self, src: NodeId, id: u32, payload: &[u8]) {
+        let (head, data) = match WriteHead::decode(payload) {
+            Ok(v) => v,
+            Err(e) => return self.refuse_region_frame(src, id, wire::SUBTYPE_WRITE, e),
+        };
+        let status = self.write_own(&head, data);
+        self.answer(src, id, wire::SUBTYPE_WRITE, status, &[]);
+        if let (Status::Ok, Some(n)) = (status, head.notify) {
+            self.notify_write(RegionWrite {
+                from: src,
+                region: head.region.id,
+                offset: n.start,
+                // start <= offset (checked by the decoder) and the part is
+                // inside the region (just applied): no overflow.
+                len: head.offset - n.start + data.len() as u64,
+                imm: n.imm,
+            });
+        }
+    }
+
+    fn serve_region_read(&self, src: NodeId, id: u32, payload: &[u8]) {
+        let req = match ReadRequest::decode(payload) {
+            Ok(v) => v,
+            Err(e) => return self.refuse_region_frame(src, id, wire::SUBTYPE_READ, e),
+        };
+        let status = match self.regions.find(req.region) {
+            Some(r) => r.apply_read(req.offset, req.len as usize, |bytes| {
+                self.answer(src, id, wire::SUBTYPE_READ, Status::Ok, bytes)
+            }),
+            None => Status::Unknown,
+        };
+        if status != Status::Ok {
+            self.answer(src, id, wire::SUBTYPE_READ, status, &[]);
+        }
+    }
+
+    fn refuse_region_frame(&self, src: NodeId, id: u32, sub: u8, e: wire::FrameError) {
+        tracing::debug!("{}: malformed one-sided request from {src}: {e}", self.own);
+        self.send_error_response(src, id, REMOTE_DECODE, wire::MSG_TYPE, sub);
+    }
+
+    fn answer(&self, dest: NodeId, id: u32, sub: u8, status: Status, data: &[u8]) {
+        let res = self.send_frame(
+            dest,
+            wire::MSG_TYPE,
+            sub,
+            MessageKind::Response,
+            id,
+            1 + data.len(),
+            None,
+            Some(Instant::now()),
+            |w| {
+                w.write_all(&[status as u8])?;
+                w.write_all(data)
+            },
+        );
+        if let Err(e) = res {
+            tracing::debug!("{}: one-sided answer to {dest} not sent: {e}", self.own);
+        }
+    }
+
+    // ----- caller side ---------------------------------------------------
+
+    /// Starts a write of `data` at `offset` of `remote` (with a
+    /// notification carrying `notify`, if given, once all of it is in
+    /// place). Every part is sent before this returns.
+    pub fn region_write(
+        self: &Arc<Self>,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+        notify: Option<u32>,
+    ) -> Result<RegionOp> {
+        check_remote(remote, offset, data.len() as u64, true)?;
+        let target = RegionRef {
+            id: remote.id(),
+            key: remote.key(),
+        };
+        if remote.node() == self.own {
+            let head = WriteHead {
+                region: target,
+                offset,
+                notify: notify.map(|imm| Notify { imm, start: offset }),
+            };
+            let res = status_result(
+                self.write_own(&head, data),
+                true,
+                remote,
+                offset,
+                data.len(),
+            );
+            if let (Ok(()), Some(imm)) = (&res, notify) {
+                self.notify_write(RegionWrite {
+                    from: self.own,
+                    region: target.id,
+                    offset,
+                    len: data.len() as u64,
+                    imm,
+                });
+            }
+            return Ok(RegionOp::done(self, remote, offset, res));
+        }
+        let timeout = self.config.request_timeout();
+        let mut parts = Vec::with_capacity(data.len().div_ceil(PART_MAX).max(1));
+        let mut chunks: Vec<&[u8]> = data.chunks(PART_MAX).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        let last = chunks.len() - 1;
+        let mut at = 0usize;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let head = WriteHead {
+                region: target,
+                offset: offset + at as u64,
+                // One notification, with the last part: the parts are
+                // applied in order, so all data is in place by then.
+                notify: notify
+                    .filter(|_| i == last)
+                    .map(|imm| Notify { imm, start: offset }),
+            }
+            .encode();
+            let pending = self.send_request_frame(
+                remote.node(),
+                wire::MSG_TYPE,
+                wire::SUBTYPE_WRITE,
+                WRITE_HEAD_LEN + chunk.len(),
+                timeout,
+                |w| {
+                    w.write_all(&head)?;
+                    w.write_all(chunk)
+                },
+            )?;
+            parts.push(Part {
+                pending: Some(pending),
+                at,
+                len: chunk.len(),
+            });
+            at += chunk.len();
+        }
+        Ok(RegionOp {
+            core: self.clone(),
+            remote: *remote,
+            base: offset,
+            parts,
+            next: 0,
+            done: None,
+            read_len: None,
+            read: Vec::new(),
+        })
+    }
+
+    /// Starts a read of `len` bytes at `offset` of `remote`.
+    pub fn region_read(
+        self: &Arc<Self>,
+        remote: &RemoteRegion,
+        offset: u64,
+        len: usize,
+    ) -> Result<RegionOp> {
+        check_remote(remote, offset, len as u64, false)?;
+        let target = RegionRef {
+            id: remote.id(),
+            key: remote.key(),
+        };
+        if remote.node() == self.own {
+            let mut out = vec![0u8; len];
+            let status = match self.regions.find(target) {
+                Some(r) => r.apply_read(offset, len, |b| out.copy_from_slice(b)),
+                None => Status::Unknown,
+            };
+            let res = status_result(status, false, remote, offset, len);
+            let mut op = RegionOp::done(self, remote, offset, res);
+            op.read_len = Some(len);
+            op.read = out;
+            return Ok(op);
+        }
+        let timeout = self.config.request_timeout();
+        let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
+        let mut at = 0usize;
+        while at < len || parts.is_empty() {
+            let n = (len - at).min(PART_MAX);
+            let req = ReadRequest {
+                region: target,
+                offset: offset + at as u64,
+                len: n as u32,
+            }
+            .encode();
+            let pending = self.send_request_frame(
+                remote.node(),
+                wire::MSG_TYPE,
+                wire::SUBTYPE_READ,
+                READ_LEN,
+                timeout,
+                |w| w.write_all(&req),
+            )?;
+            parts.push(Part {
+                pending: Some(pending),
+                at,
+                len: n,
+            });
+            at += n;
+        }
+        Ok(RegionOp {
+            core: self.clone(),
+            remote: *remote,
+            base: offset,
+            parts,
+            next: 0,
+            done: None,
+            read_len: Some(len),
+            read: Vec::new(),
+        })
+    }
+}
+
+/// Checks an access against the descriptor before anything is sent (the
+/// owner checks again against the region itself).
+fn check_remote(remote: &RemoteRegion, offset: u64, len: u64, write: bool) -> Result<()> {
+    if write && !remote.access().can_write() {
+        return Err(Error::Region(RegionError::WriteNotPermitted));
+    }
+    if !write && !remote.access().can_read() {
+        return Err(Error::Region(RegionError::ReadNotPermitted));
+    }
+    if !in_bounds(offset, len, remote.len()) {
+        return Err(Error::Region(RegionError::OutOfBounds {
+            offset,
+            len,
+            region_len: remote.len(),
+        }));
+    }
+    Ok(())
+}
+
+fn status_result(
+    s: Status,
+    write: bool,
+    remote: &RemoteRegion,
+    offset: u64,
+    len: usize,
+) -> Result<()> {
+    match s {
+        Status::Ok => Ok(()),
+        Status::Unknown => Err(Error::Region(RegionError::Revoked)),
+        Status::OutOfBounds => Err(Error::Region(RegionError::OutOfBounds {
+            offset,
+            len: len as u64,
+            region_len: remote.len(),
+        })),
+        // Only a descriptor that claims more rights than the region has.
+        Status::NotPermitted => Err(Error::Region(if write {
+            RegionError::WriteNotPermitted
+        } else {
+            RegionError::ReadNotPermitted
+        })),
+    }
+}
+
+/// One request of a one-sided access.
+#[derive(Debug)]
+struct Part {
+    /// Taken once answered.
+    pending: Option<PendingResponse>,
+    /// Where the part starts, relative to the access's start.
+    at: usize,
+    len: usize,
+}
+
+/// A one-sided access in flight: its parts' answers, checked in order.
+#[derive(Debug)]
+pub struct RegionOp {
+    core: Arc<Core>,
+    remote: RemoteRegion,
+    /// The access's offset in the region.
+    base: u64,
+    parts: Vec<Part>,
+    /// Parts checked so far.
+    next: usize,
+    /// The outcome once known (set at once for accesses to the own node).
+    done: Option<Result<()>>,
+    /// A read's length (`None`: a write).
+    read_len: Option<usize>,
+    /// A read's bytes: those of a read of the own node, or those collected
+    /// by [`RegionOp::poll_wait`].
+    read: Vec<u8>,
+}
+
+impl RegionOp {
+    fn done(core: &Arc<Core>, remote: &RemoteRegion, base: u64, res: Result<()>) -> RegionOp {
+        RegionOp {
+            core: core.clone(),
+            remote: *remote,
+            base,
+            parts: Vec::new(),
+            next: 0,
+            done: Some(res),
+            read_len: None,
+            read: Vec::new(),
+        }
+    }
+
+    /// Checks the next part's answer; copies a read part's bytes into
+    /// `dest` (the whole read's buffer).
+    fn settle(&mut self, outcome: super::requests::Outcome, dest: &mut [u8]) -> Result<()> {
+        let part = &self.parts[self.next];
+        self.next += 1;
+        let answer = outcome?;
+        let (status, data) = Status::decode(&answer).map_err(|e| {
+            Error::Decode(format!(
+                "malformed one-sided answer from {}: {e}",
+                self.remote.node()
+            ))
+        })?;
+        if status != Status::Ok {
+            return status_result(
+                status,
+                self.read_len.is_none(),
+                &self.remote,
+                self.base + part.at as u64,
+                part.len,
+            );
+        }
+        let expect = if self.read_len.is_some() { part.len } else { 0 };
+        if data.len() != expect {
+            return Err(Error::Decode(format!(
+                "one-sided answer from {} has {} bytes, {expect} expected",
+                self.remote.node(),
+                data.len(),
+            )));
+        }
+        if expect > 0 {
+            dest[part.at..part.at + part.len].copy_from_slice(data);
+        }
+        crate::core::requests::recycle_payload(answer);
+        Ok(())
+    }
+
+    /// Blocks until every part is answered (a write: applied at the
+    /// owner); a read's bytes go to `dest` (its length). The first failure
+    /// ends the wait; parts sent after the failing one may have been
+    /// applied or not.
+    pub fn wait_into(mut self, dest: &mut [u8]) -> Result<()> {
+        if let Some(res) = self.done.take() {
+            if res.is_ok() && self.read_len.is_some() {
+                dest.copy_from_slice(&self.read);
+            }
+            return res;
+        }
+        while self.next < self.parts.len() {
+            let pending = self.parts[self.next]
+                .pending
+                .take()
+                .expect("unanswered parts keep their request");
+            let outcome = self.core.wait_response(pending);
+            self.settle(outcome, dest)?;
+        }
+        Ok(())
+    }
+
+    /// [`RegionOp::wait_into`] into a new buffer (empty for a write).
+    pub fn wait(self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.read_len.unwrap_or(0)];
+        self.wait_into(&mut buf).map(|()| buf)
+    }
+
+    /// `Future` support: [`RegionOp::wait`] without blocking.
+    pub fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        if let Some(res) = self.done.take() {
+            return Poll::Ready(res.map(|()| std::mem::take(&mut self.read)));
+        }
+        if self.read.len() != self.read_len.unwrap_or(0) {
+            self.read = vec![0u8; self.read_len.unwrap_or(0)];
+        }
+        while self.next < self.parts.len() {
+            let pending = self.parts[self.next]
+                .pending
+                .as_mut()
+                .expect("unanswered parts keep their request");
+            match pending.poll_take(cx) {
+                Poll::Ready(outcome) => {
+                    self.parts[self.next].pending = None;
+                    let mut dest = std::mem::take(&mut self.read);
+                    let res = self.settle(outcome, &mut dest);
+                    self.read = dest;
+                    if let Err(e) = res {
+                        self.next = self.parts.len();
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(std::mem::take(&mut self.read)))
+    }
+}

@@ -1,0 +1,192 @@
+//! Address-stable, page-aligned memory that other nodes may write and read
+//! (an exposed region's bytes).
+//!
+//! The bytes are never reachable through a Rust reference that outlives a
+//! lock: every CPU access (the owner's local reads and writes, and
+//! one-sided operations an engine emulates) copies under the block's
+//! read-write lock, so CPU accesses never race. An RDMA device writes and
+//! reads the memory by DMA, outside the lock and outside the Rust memory
+//! model; a CPU read overlapping such a write may see any mix of old and
+//! new bytes (every bit pattern is a valid `u8`), which is the documented
+//! behaviour of one-sided writes everywhere.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+use parking_lot::RwLock;
+
+/// Alignment of a block: a page, as RDMA registration prefers.
+const ALIGN: usize = 4096;
+
+/// A zeroed, page-aligned block of `len` bytes at a fixed address.
+pub struct MemBlock {
+    ptr: NonNull<u8>,
+    len: usize,
+    layout: Layout,
+    /// Serializes CPU accesses (see the module docs); true once closed.
+    lock: RwLock<bool>,
+}
+
+/// Why an access to a [`MemBlock`] did nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemError {
+    /// The range is not inside the block.
+    OutOfRange,
+    /// The block was closed.
+    Closed,
+}
+
+// SAFETY: the block owns its allocation; every access to the bytes goes
+// through `&self` methods that hold `lock` (shared for reads, exclusive for
+// writes), so sharing and sending the block between threads is sound.
+unsafe impl Send for MemBlock {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for MemBlock {}
+
+impl std::fmt::Debug for MemBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemBlock")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl MemBlock {
+    /// Allocates `len` zeroed bytes; `None` if `len` is 0 or the memory
+    /// cannot be had.
+    pub fn new(len: usize) -> Option<MemBlock> {
+        if len == 0 {
+            return None;
+        }
+        let layout = Layout::from_size_align(len, ALIGN).ok()?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(MemBlock {
+            ptr,
+            len,
+            layout,
+            lock: RwLock::new(false),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies `buf.len()` bytes starting at `offset` into `buf`.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        self.with_bytes(offset, buf.len(), |src| buf.copy_from_slice(src))
+    }
+
+    /// Copies `data` into the block at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        if !self.contains(offset, data.len()) {
+            return Err(MemError::OutOfRange);
+        }
+        let closed = self.lock.write();
+        if *closed {
+            return Err(MemError::Closed);
+        }
+        // SAFETY: the range is inside the allocation (checked above), the
+        // exclusive lock keeps every other CPU access out, and `data` is a
+        // caller's slice, which cannot overlap the block: the block's bytes
+        // are never lent out past a lock (see `with_bytes`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// Runs `f` on the `len` bytes at `offset` under the shared lock (no CPU
+    /// write meanwhile).
+    pub fn with_bytes<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, MemError> {
+        if !self.contains(offset, len) {
+            return Err(MemError::OutOfRange);
+        }
+        let closed = self.lock.read();
+        if *closed {
+            return Err(MemError::Closed);
+        }
+        // SAFETY: the range is inside the allocation; CPU writers need the
+        // exclusive lock, so nothing the Rust model knows of writes these
+        // bytes while `f` borrows them, and the borrow ends with the lock.
+        // (An RDMA device may write them meanwhile: see the module docs.)
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
+        Ok(f(bytes))
+    }
+
+    /// Closes the block: later accesses fail with [`MemError::Closed`].
+    /// Returns once no access runs any more.
+    pub fn close(&self) {
+        *self.lock.write() = true;
+    }
+
+    fn contains(&self, offset: usize, len: usize) -> bool {
+        offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+}
+
+impl Drop for MemBlock {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeroed_aligned_and_bounds_checked() {
+        assert!(MemBlock::new(0).is_none());
+        let m = MemBlock::new(10_000).unwrap();
+        assert_eq!(m.ptr.as_ptr() as usize % ALIGN, 0);
+        let mut all = vec![1u8; 10_000];
+        m.read(0, &mut all).unwrap();
+        assert!(all.iter().all(|&b| b == 0));
+        m.write(9_990, &[7; 10]).unwrap();
+        assert_eq!(m.write(9_991, &[7; 10]), Err(MemError::OutOfRange));
+        assert_eq!(m.write(usize::MAX, &[7; 2]), Err(MemError::OutOfRange));
+        let mut b = [0u8; 11];
+        assert_eq!(m.read(9_990, &mut b), Err(MemError::OutOfRange));
+        m.read(9_989, &mut b).unwrap();
+        assert_eq!(b, [0, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]);
+        assert_eq!(m.with_bytes(9_999, 1, |s| s[0]), Ok(7));
+        assert_eq!(m.with_bytes(10_000, 0, |s| s.len()), Ok(0));
+        assert_eq!(
+            m.with_bytes(10_000, 1, |s| s.len()),
+            Err(MemError::OutOfRange)
+        );
+        m.close();
+        assert_eq!(m.write(0, &[1]), Err(MemError::Closed));
+        assert_eq!(m.read(0, &mut b), Err(MemError::Closed));
+    }
+
+    #[test]
+    fn concurrent_writers_and_readers_see_whole_writes() {
+        let m = std::sync::Arc::new(MemBlock::new(4096).unwrap());
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        m.write(0, &[t; 4096]).unwrap();
+                        m.with_bytes(0, 4096, |s| assert!(s.iter().all(|&b| b == s[0])))
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+}

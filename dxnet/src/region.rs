@@ -1,0 +1,361 @@
+//! One-sided operations: memory a node exposes, which other nodes write
+//! and read without running code of the owner's application.
+//!
+//! ```no_run
+//! # fn demo(a: &dxnet::Node, b: &dxnet::Node) -> dxnet::Result<()> {
+//! use dxnet::region::Access;
+//! // Node A exposes 1 MiB that others may write and read ...
+//! let region = a.expose(1 << 20, Access::ReadWrite)?;
+//! let remote = region.descriptor(); // serde: send it in any message
+//! // ... node B writes into it and reads it back.
+//! b.write(&remote, 4096, b"hello")?;
+//! let mut buf = [0u8; 5];
+//! b.read(&remote, 4096, &mut buf)?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Semantics.**
+//! - A blocking [`Node::write`] returns once the data is in place at the
+//!   owner; a blocking [`Node::read`] once the bytes are in the caller's
+//!   buffer. The `_async` variants return a handle that is also a
+//!   `Future`. An access not finished within `limits.request_timeout_ms`
+//!   fails with [`Error::Timeout`]; one whose connection breaks fails with
+//!   [`Error::Unreachable`].
+//! - Bounds and rights are checked against the descriptor before anything
+//!   is sent, and again by the owner: an access outside the region or not
+//!   permitted by the [`Access`] chosen at expose time fails with
+//!   [`RegionError`] and touches no memory.
+//! - Order: accesses and messages from one thread to one node are applied
+//!   in the order they were issued (as messages are delivered), so a
+//!   message sent after a write is handled after the write's data is in
+//!   place. Accesses from different threads, or to different nodes, are not
+//!   ordered with each other. Concurrent writes to overlapping bytes leave
+//!   the bytes of one of them per part (an access is applied in parts of up
+//!   to 256 KiB); a read concurrent with a write may see either.
+//! - A write of several parts that fails may have been applied in part.
+//! - Revoking ([`Region::revoke`], or dropping the [`Region`]) waits for
+//!   the accesses being applied to it; later ones fail with
+//!   [`RegionError::Revoked`], as do accesses with a descriptor from
+//!   before the owner restarted.
+//! - [`Node::write_with_notify`]: once all of the write's data is in
+//!   place, the owner's receiver set with [`Node::on_region_write`] gets a
+//!   [`RegionWrite`] carrying the caller's 32-bit value, on a handler
+//!   thread.
+//!
+//! **How.** On TCP and loopback the engine emulates the accesses with
+//! messages of dxnet's own type 0 (`proto::region`), applied at the owner
+//! by the runtime on the connection's handler thread. Accesses to the own
+//! node are applied at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::regions::{ExposedRegion, RegionOp};
+use crate::core::Core;
+use crate::{Error, Node, NodeId, RegionError, Result};
+
+/// What other nodes may do with an exposed region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Access {
+    /// Others may only read.
+    ReadOnly,
+    /// Others may only write.
+    WriteOnly,
+    /// Others may read and write.
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether others may read.
+    pub fn can_read(self) -> bool {
+        matches!(self, Access::ReadOnly | Access::ReadWrite)
+    }
+
+    /// Whether others may write.
+    pub fn can_write(self) -> bool {
+        matches!(self, Access::WriteOnly | Access::ReadWrite)
+    }
+}
+
+/// Names an exposed region to other nodes: send it in any message; the
+/// receiver uses it with [`Node::write`] and [`Node::read`].
+///
+/// The key is random per region: a descriptor of a revoked region, or of
+/// a node that restarted since, names nothing there (accesses fail with
+/// [`RegionError::Revoked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteRegion {
+    node: NodeId,
+    id: u32,
+    key: u64,
+    len: u64,
+    access: Access,
+}
+
+impl RemoteRegion {
+    /// The owner.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The region's id at its owner.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The region's random key.
+    pub(crate) fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the region is empty (never: regions have at least a byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What others may do.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+}
+
+/// A write with notification that arrived at one of this node's regions
+/// (see [`Node::on_region_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegionWrite {
+    /// The writer.
+    pub from: NodeId,
+    /// The region's id ([`Region::id`]).
+    pub region: u32,
+    /// Where the data starts.
+    pub offset: u64,
+    /// How many bytes were written.
+    pub len: u64,
+    /// The writer's value.
+    pub imm: u32,
+}
+
+/// A memory region this node exposes. The memory stays at its address
+/// while the handle lives; dropping the handle (or [`Region::revoke`])
+/// revokes it.
+///
+/// The owner reads and writes it with [`Region::read`] and
+/// [`Region::write`], which copy: the bytes are never lent out as a Rust
+/// reference, since other nodes may change them at any time.
+#[derive(Debug)]
+pub struct Region {
+    inner: Arc<ExposedRegion>,
+    core: Weak<Core>,
+    node: NodeId,
+}
+
+impl Region {
+    /// The region's id at this node.
+    pub fn id(&self) -> u32 {
+        self.inner.id()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.mem().len()
+    }
+
+    /// Whether the region is empty (never: regions have at least a byte).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What others may do.
+    pub fn access(&self) -> Access {
+        self.inner.access()
+    }
+
+    /// The descriptor to hand to other nodes.
+    pub fn descriptor(&self) -> RemoteRegion {
+        RemoteRegion {
+            node: self.node,
+            id: self.inner.id(),
+            key: self.inner.key(),
+            len: self.inner.len(),
+            access: self.inner.access(),
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        self.inner
+            .mem()
+            .read(offset, buf)
+            .map_err(|_| self.out_of_bounds(offset, buf.len()))
+    }
+
+    /// The whole region's bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.read(0, &mut v).expect("the whole region is in bounds");
+        v
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner
+            .mem()
+            .write(offset, data)
+            .map_err(|_| self.out_of_bounds(offset, data.len()))
+    }
+
+    fn out_of_bounds(&self, offset: usize, len: usize) -> Error {
+        Error::Region(RegionError::OutOfBounds {
+            offset: offset as u64,
+            len: len as u64,
+            region_len: self.len() as u64,
+        })
+    }
+
+    /// Revokes the region: returns once no access to it runs; later
+    /// accesses by others fail with [`RegionError::Revoked`].
+    pub fn revoke(self) {
+        drop(self)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        match self.core.upgrade() {
+            Some(core) => core.revoke(&self.inner),
+            None => self.inner.mem().close(),
+        }
+    }
+}
+
+/// A one-sided write in flight ([`Node::write_async`]): wait for it with
+/// [`WriteHandle::wait`] or `.await` it.
+#[derive(Debug)]
+pub struct WriteHandle(RegionOp);
+
+impl WriteHandle {
+    /// Blocks until the data is in place at the owner.
+    pub fn wait(self) -> Result<()> {
+        self.0.wait_into(&mut [])
+    }
+}
+
+impl Future for WriteHandle {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.get_mut().0.poll_wait(cx).map(|r| r.map(drop))
+    }
+}
+
+/// A one-sided read in flight ([`Node::read_async`]): wait for its bytes
+/// with [`ReadHandle::wait`] or `.await` them.
+#[derive(Debug)]
+pub struct ReadHandle(RegionOp);
+
+impl ReadHandle {
+    /// Blocks until the bytes are here.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        self.0.wait()
+    }
+}
+
+impl Future for ReadHandle {
+    type Output = Result<Vec<u8>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        self.get_mut().0.poll_wait(cx)
+    }
+}
+
+impl Node {
+    /// Exposes a new zeroed region of `len` bytes that other nodes may
+    /// access as `access` says (see the [module docs](crate::region)).
+    pub fn expose(&self, len: usize, access: Access) -> Result<Region> {
+        let core = self.core();
+        Ok(Region {
+            inner: core.expose(len, access)?,
+            core: Arc::downgrade(core),
+            node: self.id(),
+        })
+    }
+
+    /// Writes `data` at `offset` of `remote`; returns once it is in place.
+    pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_async(remote, offset, data)?.wait()
+    }
+
+    /// Writes `data` at `offset` of `remote` and has the owner's
+    /// [`Node::on_region_write`] receiver called with `imm` once all of it
+    /// is in place; returns once it is.
+    pub fn write_with_notify(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+        imm: u32,
+    ) -> Result<()> {
+        self.write_with_notify_async(remote, offset, data, imm)?
+            .wait()
+    }
+
+    /// Starts [`Node::write`]: `data` is copied before this returns; the
+    /// handle says when it is in place.
+    pub fn write_async(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WriteHandle> {
+        Ok(WriteHandle(
+            self.core().region_write(remote, offset, data, None)?,
+        ))
+    }
+
+    /// Starts [`Node::write_with_notify`] (see [`Node::write_async`]).
+    pub fn write_with_notify_async(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        data: &[u8],
+        imm: u32,
+    ) -> Result<WriteHandle> {
+        Ok(WriteHandle(self.core().region_write(
+            remote,
+            offset,
+            data,
+            Some(imm),
+        )?))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of `remote` into `buf`.
+    pub fn read(&self, remote: &RemoteRegion, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.core()
+            .region_read(remote, offset, buf.len())?
+            .wait_into(buf)
+    }
+
+    /// Starts a read of `len` bytes at `offset` of `remote`.
+    pub fn read_async(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<ReadHandle> {
+        Ok(ReadHandle(self.core().region_read(remote, offset, len)?))
+    }
+
+    /// Sets the receiver of writes with notification to this node's
+    /// regions (once; a second call fails with
+    /// [`Error::AlreadyRegistered`]). It runs on a handler thread after the
+    /// write's data is in place; without one, notifications are dropped.
+    pub fn on_region_write<F>(&self, f: F) -> Result<()>
+    where
+        F: Fn(RegionWrite) + Send + Sync + 'static,
+    {
+        self.core().on_region_write(Box::new(f))
+    }
+}
