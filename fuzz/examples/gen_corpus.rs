@@ -3,12 +3,13 @@
 
 use std::path::Path;
 
+use dxnet_fuzz::{make_split_input, sample, Item};
 use dxnet_proto::codec::encode_into;
+use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
+use dxnet_proto::region::{Notify, ReadRequest, RegionRef, WriteHead};
 use dxnet_proto::wire::{
     encode_chunk_header, CloseNotice, DatagramHeader, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
-use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
-use dxnet_fuzz::{make_split_input, sample, Item};
 
 fn header(t: u8, flags: u8, id: u32, len: u32) -> [u8; HEADER_LEN] {
     let mut b = [0u8; HEADER_LEN];
@@ -216,6 +217,46 @@ fn main() {
     );
     v.extend_from_slice(&HandshakeMsg::Hello(hello).encode());
     write(&dir, "ib_datagram", "hello_datagram", &v);
+
+    // region_frames: [selector][frame].
+    let target = RegionRef {
+        id: 7,
+        key: 0x0123_4567_89ab_cdef,
+    };
+    for (name, notify) in [
+        ("write", None),
+        (
+            "write_notify",
+            Some(Notify {
+                imm: 42,
+                start: 100,
+            }),
+        ),
+    ] {
+        let mut v = vec![0u8];
+        v.extend_from_slice(
+            &WriteHead {
+                region: target,
+                offset: 4096,
+                notify,
+            }
+            .encode(),
+        );
+        v.extend_from_slice(b"data");
+        write(&dir, "region_frames", name, &v);
+    }
+    let mut v = vec![1u8];
+    v.extend_from_slice(
+        &ReadRequest {
+            region: target,
+            offset: 4096,
+            len: 65536,
+        }
+        .encode(),
+    );
+    write(&dir, "region_frames", "read", &v);
+    write(&dir, "region_frames", "answer_ok", b"\x02\x00abc");
+    write(&dir, "region_frames", "answer_refused", b"\x02\x02");
 
     println!("corpus written to {}", dir.display());
 }

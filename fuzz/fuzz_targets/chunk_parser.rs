@@ -7,8 +7,8 @@
 //! Input: [n: u8][n × u16 cut offsets][stream].
 #![no_main]
 
-use dxnet_proto::wire::{ChunkParser, CHUNK_HEADER_LEN};
 use dxnet_fuzz::{pieces, split_input};
+use dxnet_proto::wire::{ChunkParser, CHUNK_HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 /// Reference: (message bytes, flow-control units of each chunk, header

@@ -6,9 +6,9 @@
 //! Input: [max payload: u24 LE][n: u8][n × u16 cut offsets][stream].
 #![no_main]
 
+use dxnet_fuzz::{pieces, split_input};
 use dxnet_proto::decoder::Decoder;
 use dxnet_proto::header::MessageHeader;
-use dxnet_fuzz::{pieces, split_input};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

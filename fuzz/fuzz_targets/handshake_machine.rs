@@ -226,7 +226,10 @@ fuzz_target!(|data: &[u8]| {
     let mut a = Handshake::acceptor(ca, Hello { nonce, ..ah });
     let a_events = feed(&mut a, bytes, chunk);
     if authenticated {
-        assert!(events.is_empty(), "dialer verified or established by forged bytes");
+        assert!(
+            events.is_empty(),
+            "dialer verified or established by forged bytes"
+        );
         assert!(
             !a_events
                 .iter()

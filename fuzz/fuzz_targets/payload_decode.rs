@@ -4,8 +4,8 @@
 //! to exactly the payload (the size computation agrees).
 #![no_main]
 
-use dxnet_proto::codec::{decode, encode_into, encoded_len};
 use dxnet_fuzz::{Item, Nested};
+use dxnet_proto::codec::{decode, encode_into, encoded_len};
 use libfuzzer_sys::fuzz_target;
 use serde::{de::DeserializeOwned, Serialize};
 
