@@ -97,8 +97,9 @@ pub struct RunArgs {
     /// ib_send_lat).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,
-    /// Operations (throughput, latency, pingpong, all_to_all); replaces the
-    /// config's list, keeping its entries for operations named here.
+    /// Operations (throughput, latency, pingpong, all_to_all, rdma_write,
+    /// rdma_read, rdma_write_lat, rdma_read_lat); replaces the config's
+    /// list, keeping its entries for operations named here.
     #[arg(long, value_delimiter = ',')]
     operations: Vec<String>,
     /// Modes (uni, bi) for throughput.
@@ -154,6 +155,10 @@ pub struct RunArgs {
     /// How long latency waiters spin before parking, in microseconds.
     #[arg(long)]
     spin_us: Option<u64>,
+    /// One-sided accesses in flight per sender thread (`rdma_write`,
+    /// `rdma_read`); default 16.
+    #[arg(long)]
+    rdma_window: Option<usize>,
     /// Interface whose tx_bytes count the wire bytes (default: the one that
     /// carries the node's address).
     #[arg(long)]
@@ -201,7 +206,11 @@ pub struct RunArgs {
 fn default_count(op: Operation) -> u64 {
     match op {
         Operation::Throughput | Operation::AllToAll => 100_000,
-        Operation::Latency | Operation::Pingpong => 10_000,
+        Operation::RdmaWrite | Operation::RdmaRead => 100_000,
+        Operation::Latency
+        | Operation::Pingpong
+        | Operation::RdmaWriteLat
+        | Operation::RdmaReadLat => 10_000,
     }
 }
 
@@ -317,6 +326,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if let Some(v) = &a.raw_tcp_recv_buffer {
         p.raw_tcp_recv_buffer = parse_size(v)?;
+    }
+    if let Some(v) = a.rdma_window {
+        p.rdma_window = v;
     }
     if let Some(v) = a.spin_us {
         p.spin_us = v;

@@ -25,20 +25,60 @@ pub enum Operation {
     Pingpong,
     /// Every node sends to every other node round-robin and receives from all.
     AllToAll,
+    /// One-sided writes into the partner's exposed region, up to
+    /// `params.rdma_window` in flight per thread (`uni` or `bi`);
+    /// Observatory's `RdmaWriteThroughput`.
+    RdmaWrite,
+    /// One-sided reads from the partner's exposed region, windowed like
+    /// `rdma_write`; Observatory's `RdmaReadThroughput`.
+    RdmaRead,
+    /// One write at a time: time until it is in place at the partner;
+    /// Observatory's `RdmaWriteLatency`.
+    RdmaWriteLat,
+    /// One read at a time: time until its bytes are here; Observatory's
+    /// `RdmaReadLatency`.
+    RdmaReadLat,
 }
 
 impl Operation {
     /// All operations, in report order.
-    pub const ALL: [Operation; 4] = [
+    pub const ALL: [Operation; 8] = [
         Operation::Throughput,
         Operation::Latency,
         Operation::Pingpong,
         Operation::AllToAll,
+        Operation::RdmaWrite,
+        Operation::RdmaRead,
+        Operation::RdmaWriteLat,
+        Operation::RdmaReadLat,
     ];
 
     /// Whether the operation reports a latency histogram.
     pub fn is_latency(self) -> bool {
-        matches!(self, Operation::Latency | Operation::Pingpong)
+        matches!(
+            self,
+            Operation::Latency
+                | Operation::Pingpong
+                | Operation::RdmaWriteLat
+                | Operation::RdmaReadLat
+        )
+    }
+
+    /// Whether the operation accesses the partner's memory one-sidedly
+    /// (nothing arrives at the partner's sink).
+    pub fn is_one_sided(self) -> bool {
+        matches!(
+            self,
+            Operation::RdmaWrite
+                | Operation::RdmaRead
+                | Operation::RdmaWriteLat
+                | Operation::RdmaReadLat
+        )
+    }
+
+    /// Whether the one-sided operation reads (else it writes).
+    pub fn reads(self) -> bool {
+        matches!(self, Operation::RdmaRead | Operation::RdmaReadLat)
     }
 
     /// The name used in results and file names.
@@ -48,6 +88,10 @@ impl Operation {
             Operation::Latency => "latency",
             Operation::Pingpong => "pingpong",
             Operation::AllToAll => "all_to_all",
+            Operation::RdmaWrite => "rdma_write",
+            Operation::RdmaRead => "rdma_read",
+            Operation::RdmaWriteLat => "rdma_write_lat",
+            Operation::RdmaReadLat => "rdma_read_lat",
         }
     }
 
@@ -58,8 +102,15 @@ impl Operation {
             "latency" => Operation::Latency,
             "pingpong" | "ping_pong" => Operation::Pingpong,
             "all_to_all" | "alltoall" => Operation::AllToAll,
+            "rdma_write" => Operation::RdmaWrite,
+            "rdma_read" => Operation::RdmaRead,
+            "rdma_write_lat" => Operation::RdmaWriteLat,
+            "rdma_read_lat" => Operation::RdmaReadLat,
             other => {
-                bail!("unknown operation {other:?} (throughput, latency, pingpong, all_to_all)")
+                bail!(
+                    "unknown operation {other:?} (throughput, latency, pingpong, all_to_all, \
+                     rdma_write, rdma_read, rdma_write_lat, rdma_read_lat)"
+                )
             }
         })
     }
@@ -251,6 +302,9 @@ pub struct Params {
     pub rdma: RdmaParams,
     /// The `raw-verbs` baseline's queue sizes.
     pub raw_verbs: RawVerbsParams,
+    /// One-sided accesses in flight per sender thread in `rdma_write` and
+    /// `rdma_read` (the queue depth of a verbs benchmark).
+    pub rdma_window: usize,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -357,6 +411,7 @@ impl Default for Params {
             spin_us: 20,
             rdma: RdmaParams::default(),
             raw_verbs: RawVerbsParams::default(),
+            rdma_window: 16,
         }
     }
 }
@@ -457,6 +512,12 @@ impl BenchConfig {
             if sizes.iter().any(|&s| s == 0 || s > 1 << 30) {
                 bail!("{op}: sizes must be within 1 B ..= 1 GiB");
             }
+            if op.is_one_sided() && sizes.iter().any(|&s| s > crate::binding::ONE_SIDED_MAX) {
+                bail!(
+                    "{op}: sizes must be at most {} bytes",
+                    crate::binding::ONE_SIDED_MAX
+                );
+            }
             if e.threads.is_empty() || e.threads.iter().any(|&t| t == 0 || t > 255) {
                 bail!("{op}: threads must be within 1..=255");
             }
@@ -474,6 +535,9 @@ impl BenchConfig {
                     bail!("{op}: pairwise operations need an even node count, got {n}");
                 }
             }
+        }
+        if !(1..=4096).contains(&self.params.rdma_window) {
+            bail!("params.rdma_window must be within 1..=4096");
         }
         if self.params.min_count == 0 {
             bail!("params.min_count must be > 0");
@@ -510,6 +574,7 @@ impl BenchConfig {
                 // Latency and pingpong are one initiator per pair; all-to-all is
                 // inherently bidirectional.
                 let modes: Vec<Mode> = if e.operation.is_latency() {
+                    // (one-sided latency too: one initiator per pair)
                     vec![Mode::Uni]
                 } else if e.operation == Operation::AllToAll {
                     vec![Mode::Bi]

@@ -316,7 +316,12 @@ pub fn aggregate(key: &GroupKey, run: &RunSpec, repetition: u32, procs: &[ProcRe
             }
         }
         let rt: u64 = nodes.iter().map(|n| n.round_trips).sum();
-        (rt, 2 * rt * run.size as u64, LatencyStats::from_hist(&h))
+        let ways = if run.operation.is_one_sided() { 1 } else { 2 };
+        (rt, ways * rt * run.size as u64, LatencyStats::from_hist(&h))
+    } else if run.operation.is_one_sided() {
+        // Nothing arrives at a sink: the initiators count their accesses.
+        let m: u64 = nodes.iter().map(|n| n.sent).sum();
+        (m, m * run.size as u64, None)
     } else {
         let m: u64 = nodes.iter().map(|n| n.received).sum();
         let b: u64 = nodes.iter().map(|n| n.recv_bytes).sum();

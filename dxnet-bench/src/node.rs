@@ -63,6 +63,7 @@ impl Worker {
             payloads: &p.payloads,
             timeout: Duration::from_secs(s.params.timeout_s),
             spin: Duration::from_micros(s.params.spin_us),
+            window: s.params.rdma_window,
         })
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
-use crate::binding::{wait_slot, Binding, Sink, SinkMode};
+use crate::binding::{one_sided_offset, wait_slot, Binding, Sink, SinkMode};
 use crate::config::{Mode, Operation, RunSpec};
 use crate::metrics::{new_histogram, record_ns, HistData, NodeResult};
 
@@ -42,7 +42,7 @@ pub fn role(op: Operation, mode: Mode, id: u16, n: usize) -> Role {
     let partner = id ^ 1;
     let even = id & 1 == 0;
     match op {
-        Operation::Throughput => Role {
+        Operation::Throughput | Operation::RdmaWrite | Operation::RdmaRead => Role {
             dests: if mode == Mode::Bi || even {
                 vec![partner]
             } else {
@@ -56,7 +56,10 @@ pub fn role(op: Operation, mode: Mode, id: u16, n: usize) -> Role {
             initiator: false,
             sink: SinkMode::Count,
         },
-        Operation::Latency | Operation::Pingpong => Role {
+        Operation::Latency
+        | Operation::Pingpong
+        | Operation::RdmaWriteLat
+        | Operation::RdmaReadLat => Role {
             dests: if even { vec![partner] } else { vec![] },
             initiator: even,
             sink: match (op, even) {
@@ -84,6 +87,9 @@ pub fn sent_to(
     count: u64,
     threads: usize,
 ) -> u64 {
+    if op.is_one_sided() {
+        return 0; // nothing arrives at the partner's sink
+    }
     let dests = role(op, mode, src, n).dests;
     let Some(k) = dests.iter().position(|&d| d == dest) else {
         return 0;
@@ -132,6 +138,8 @@ pub struct PhaseCtx<'a> {
     pub timeout: Duration,
     /// How long latency waiters spin before parking.
     pub spin: Duration,
+    /// One-sided accesses in flight per thread.
+    pub window: usize,
 }
 
 /// Payloads of `size` bytes for `threads` threads: a fixed pattern with the
@@ -202,7 +210,31 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                         hist: None,
                     };
                     let b = &ln.binding;
-                    if ro.initiator {
+                    let size = payload.len();
+                    let window = ctx.window;
+                    if op.is_one_sided() && ro.initiator {
+                        // One access at a time: its completion time.
+                        let dest = ro.dests[0];
+                        let mut h = new_histogram();
+                        for i in 0..c {
+                            let off = one_sided_offset(j, 1, i, size);
+                            let t = Instant::now();
+                            b.one_sided(j, dest, op.reads(), off, payload, 1)?;
+                            record_ns(&mut h, t.elapsed().as_nanos() as u64);
+                            out.sent += 1;
+                            out.round_trips += 1;
+                        }
+                        out.hist = Some(HistData::from_hist(&h));
+                    } else if op.is_one_sided() {
+                        let d = ro.dests.len();
+                        for i in 0..c {
+                            let off = one_sided_offset(j, window, i, size);
+                            let dest = ro.dests[(i as usize + j) % d];
+                            b.one_sided(j, dest, op.reads(), off, payload, window)?;
+                            out.sent += 1;
+                        }
+                        b.one_sided_drain(j)?;
+                    } else if ro.initiator {
                         let dest = ro.dests[0];
                         let mut h = new_histogram();
                         for i in 0..c {

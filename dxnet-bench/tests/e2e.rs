@@ -227,6 +227,47 @@ fn raw_tcp_batched_counts_every_message() {
     }
 }
 
+/// The one-sided operations (Observatory's RDMA benchmarks) on the dxnet
+/// bindings: every access counted (windowed with 1 and 3 threads, sizes
+/// around and above the 256 KiB part size, one at a time for latency);
+/// bindings without one-sided operations are left out of those runs.
+#[test]
+fn one_sided_operations_end_to_end() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": ["dxnet-tcp", "dxnet-loopback", "raw-tcp"],
+        "benchmarks": [
+            {"operation": "rdma_write", "modes": ["uni", "bi"], "sizes": [1, 300000], "count": 200, "warmup": 20, "repetitions": 1, "threads": [1, 3]},
+            {"operation": "rdma_read", "sizes": [100, 600000], "count": 100, "warmup": 10, "repetitions": 1},
+            {"operation": "rdma_write_lat", "sizes": [64], "count": 50, "warmup": 5, "repetitions": 1},
+            {"operation": "rdma_read_lat", "sizes": [64], "count": 50, "warmup": 5, "repetitions": 1}
+        ],
+        "params": {"base_port": 15400, "timeout_s": 60, "halve_count_from": 0, "rdma_window": 4}
+    });
+    let (stdout, recs) = run_config(&dir.path().join("one_sided"), &cfg);
+    // Per dxnet binding: write 2 modes x 2 sizes x 2 thread counts, read 2
+    // sizes, 2 latency runs; raw-tcp none.
+    assert_eq!(recs.len(), 2 * (8 + 2 + 2), "{stdout}");
+    for r in &recs {
+        assert_ne!(r["binding"], "raw-tcp");
+        assert!(r["msgs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        match r["operation"].as_str().unwrap() {
+            "rdma_write" => {
+                let senders = if r["mode"] == "uni" { 1 } else { 2 };
+                assert_eq!(r["messages"], 200 * senders, "{r}");
+                assert!(r["lat_us"].is_null());
+            }
+            "rdma_read" => assert_eq!(r["messages"], 100, "{r}"),
+            "rdma_write_lat" | "rdma_read_lat" => {
+                assert_eq!(r["messages"], 50, "{r}");
+                assert!(r["lat_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+            }
+            other => panic!("unexpected operation {other}"),
+        }
+    }
+}
+
 #[test]
 fn bad_config_is_reported() {
     let dir = tempfile::tempdir().unwrap();

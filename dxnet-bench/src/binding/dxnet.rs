@@ -12,15 +12,17 @@
 //! addresses, and device, port and GID index come from `params.rdma` or the
 //! environment (`RDMA_DEV`, `RDMA_PORT`, `RDMA_GID_INDEX`).
 
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use dxnet::config::NodeEntry;
-use dxnet::{Config, Node, NodeId, TlsConfig, TransportKind};
+use dxnet::region::{Access, ReadHandle, WriteHandle};
+use dxnet::{Config, Node, NodeId, Region, RemoteRegion, TlsConfig, TransportKind};
 use serde::{Deserialize, Serialize};
 
-use super::{Binding, BindingKind, BindingSetup, Sink};
+use super::{Binding, BindingKind, BindingSetup, Sink, ONE_SIDED_REGION};
 use crate::config::RdmaTarget;
 
 /// Message type of all benchmark traffic (type 0 is dxnet's own).
@@ -42,12 +44,49 @@ struct Pong(u16);
 dxnet::message!(Pong, BENCH_TYPE, 5);
 dxnet::request!(Ping, BENCH_TYPE, 4 => Pong);
 
+/// Asks a node for the descriptor of its benchmark region (one-sided
+/// operations), which it exposes on the first ask.
+#[derive(Serialize, Deserialize)]
+struct RegionAsk;
+#[derive(Serialize, Deserialize)]
+struct RegionIs(RemoteRegion);
+dxnet::message!(RegionIs, BENCH_TYPE, 7);
+dxnet::request!(RegionAsk, BENCH_TYPE, 6 => RegionIs);
+
+/// A one-sided access in flight.
+enum InFlight {
+    Write(WriteHandle),
+    Read(ReadHandle),
+}
+
+impl InFlight {
+    fn wait(self) -> dxnet::Result<()> {
+        match self {
+            InFlight::Write(h) => h.wait(),
+            InFlight::Read(h) => h.wait().map(drop),
+        }
+    }
+}
+
+/// Per sender thread state of the one-sided operations.
+#[derive(Default)]
+struct OneSidedThread {
+    inflight: VecDeque<InFlight>,
+    /// A blocking read's buffer.
+    scratch: Vec<u8>,
+}
+
 /// A dxnet node driven through the lean interface.
 pub struct DxnetBinding {
-    node: Node,
+    node: Arc<Node>,
     /// Per sender thread: the request last sent, reused while the size stays
     /// the same so that the measured loop does not allocate.
     reqs: Vec<Mutex<Option<BenchReq>>>,
+    /// The peers' benchmark regions, asked for on first use.
+    remotes: RwLock<HashMap<u16, RemoteRegion>>,
+    one_sided: Vec<Mutex<OneSidedThread>>,
+    /// This node's benchmark region, exposed when a peer first asks.
+    _region: Arc<OnceLock<Region>>,
     timeout: Duration,
 }
 
@@ -141,13 +180,40 @@ impl DxnetBinding {
         .map_err(|e| anyhow!("{e}"))?;
         node.register_request::<Ping, _>(move |_src, p: Ping| Pong(p.0))
             .map_err(|e| anyhow!("{e}"))?;
+        let node = Arc::new(node);
+        let region: Arc<OnceLock<Region>> = Arc::default();
+        let (r, weak): (_, Weak<Node>) = (region.clone(), Arc::downgrade(&node));
+        node.register_request::<RegionAsk, _>(move |_src, _| {
+            let node = weak.upgrade().expect("the node runs its own handlers");
+            let region = r.get_or_init(|| {
+                node.expose(ONE_SIDED_REGION, Access::ReadWrite)
+                    .expect("benchmark region")
+            });
+            RegionIs(region.descriptor())
+        })
+        .map_err(|e| anyhow!("{e}"))?;
+        let threads = setup.threads.max(1);
         Ok(DxnetBinding {
             node,
-            reqs: (0..setup.threads.max(1))
-                .map(|_| Mutex::new(None))
-                .collect(),
+            reqs: (0..threads).map(|_| Mutex::new(None)).collect(),
+            remotes: RwLock::default(),
+            one_sided: (0..threads).map(|_| Mutex::default()).collect(),
+            _region: region,
             timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
         })
+    }
+
+    /// `dest`'s benchmark region (asked for once).
+    fn remote(&self, dest: u16) -> Result<RemoteRegion> {
+        if let Some(r) = self.remotes.read().unwrap().get(&dest) {
+            return Ok(*r);
+        }
+        let RegionIs(r) = self
+            .node
+            .request(NodeId(dest), &RegionAsk, self.timeout)
+            .map_err(|e| anyhow!("asking node {dest} for its region: {e}"))?;
+        self.remotes.write().unwrap().insert(dest, r);
+        Ok(r)
     }
 }
 
@@ -195,6 +261,61 @@ impl Binding for DxnetBinding {
                 resp.0.len(),
                 payload.len()
             );
+        }
+        Ok(())
+    }
+
+    fn one_sided(
+        &self,
+        thread: usize,
+        dest: u16,
+        read: bool,
+        offset: u64,
+        data: &[u8],
+        window: usize,
+    ) -> Result<()> {
+        let remote = self.remote(dest)?;
+        let mut st = self.one_sided[thread % self.one_sided.len()]
+            .lock()
+            .unwrap();
+        let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
+        if window <= 1 {
+            return if read {
+                st.scratch.resize(data.len(), 0);
+                self.node
+                    .read(&remote, offset, &mut st.scratch)
+                    .map_err(fail)
+            } else {
+                self.node.write(&remote, offset, data).map_err(fail)
+            };
+        }
+        while st.inflight.len() >= window {
+            st.inflight
+                .pop_front()
+                .expect("non-empty")
+                .wait()
+                .map_err(fail)?;
+        }
+        let op = if read {
+            InFlight::Read(
+                self.node
+                    .read_async(&remote, offset, data.len())
+                    .map_err(fail)?,
+            )
+        } else {
+            InFlight::Write(self.node.write_async(&remote, offset, data).map_err(fail)?)
+        };
+        st.inflight.push_back(op);
+        Ok(())
+    }
+
+    fn one_sided_drain(&self, thread: usize) -> Result<()> {
+        let mut st = self.one_sided[thread % self.one_sided.len()]
+            .lock()
+            .unwrap();
+        while let Some(op) = st.inflight.pop_front() {
+            op.wait()
+                .map_err(|e| anyhow!("one-sided access in flight: {e}"))?;
         }
         Ok(())
     }

@@ -180,7 +180,11 @@ impl BindingKind {
             BindingKind::IbSendBw => {
                 op == Operation::Throughput && mode == Mode::Uni && threads == 1 && nodes == 2
             }
-            BindingKind::IbSendLat => op.is_latency() && threads == 1 && nodes == 2,
+            BindingKind::IbSendLat => {
+                op.is_latency() && !op.is_one_sided() && threads == 1 && nodes == 2
+            }
+            // One-sided operations: dxnet's API.
+            _ if op.is_one_sided() => self.has_handlers(),
             _ => true,
         }
     }
@@ -252,6 +256,21 @@ impl BindingSetup {
     }
 }
 
+/// Bytes of the region a node exposes for the one-sided operations; the
+/// accesses of a phase go to rotating offsets inside it.
+pub const ONE_SIDED_REGION: usize = 64 << 20;
+/// Largest one-sided access the benchmark makes.
+pub const ONE_SIDED_MAX: usize = 16 << 20;
+
+/// The offset of access `i` of sender thread `thread` with `window` in
+/// flight: each thread's accesses in flight touch bytes of their own, as
+/// far as the region allows.
+pub fn one_sided_offset(thread: usize, window: usize, i: u64, size: usize) -> u64 {
+    let slots = (ONE_SIDED_REGION / size.max(1)).max(1);
+    let slot = (thread * window + (i % window as u64) as usize) % slots;
+    (slot * size) as u64
+}
+
 /// The lean interface. All methods may be called from many threads at once;
 /// `thread` is the caller's sender-thread index (0..threads), which a binding
 /// may use to pick a per-thread connection or scratch buffer.
@@ -273,6 +292,26 @@ pub trait Binding: Send + Sync {
     /// Sends a request of `payload` and blocks until the destination's
     /// same-size response has arrived.
     fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()>;
+    /// One-sided access (`rdma_*` operations): writes `data` (or, with
+    /// `read`, reads `data.len()` bytes) at `offset` of the region `dest`
+    /// exposes for the benchmark ([`ONE_SIDED_REGION`] bytes). Keeps up to
+    /// `window` accesses of this thread in flight: returns once fewer are
+    /// (`window` 1: once this one is done).
+    fn one_sided(
+        &self,
+        _thread: usize,
+        _dest: u16,
+        _read: bool,
+        _offset: u64,
+        _data: &[u8],
+        _window: usize,
+    ) -> Result<()> {
+        bail!("this binding has no one-sided operations")
+    }
+    /// Waits until every one-sided access of `thread` is done.
+    fn one_sided_drain(&self, _thread: usize) -> Result<()> {
+        Ok(())
+    }
     /// Cleanup phase: closes connections and stops threads.
     fn shutdown(&self);
 }
@@ -553,6 +592,30 @@ mod tests {
         )
         .unwrap();
         h.join().unwrap();
+    }
+
+    #[test]
+    fn one_sided_offsets_stay_inside_and_apart() {
+        for (size, window, threads) in [
+            (64usize, 16usize, 4usize),
+            (1 << 20, 16, 8),
+            (16 << 20, 4, 2),
+        ] {
+            let mut seen = std::collections::HashSet::new();
+            for t in 0..threads {
+                for i in 0..window as u64 {
+                    let off = one_sided_offset(t, window, i, size);
+                    assert!(off as usize + size <= ONE_SIDED_REGION);
+                    assert_eq!(off as usize % size, 0);
+                    seen.insert(off);
+                }
+            }
+            let slots = ONE_SIDED_REGION / size;
+            assert_eq!(seen.len(), (threads * window).min(slots), "{size} {window}");
+        }
+        assert!(BindingKind::DxnetTcp.supports(Operation::RdmaWrite, Mode::Bi, 4, 2));
+        assert!(!BindingKind::RawTcp.supports(Operation::RdmaRead, Mode::Uni, 1, 2));
+        assert!(!BindingKind::IbSendLat.supports(Operation::RdmaWriteLat, Mode::Uni, 1, 2));
     }
 
     #[test]

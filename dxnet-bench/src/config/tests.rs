@@ -189,3 +189,34 @@ fn default_suite_is_valid() {
     assert_eq!(tp64.len(), 1);
     assert_eq!(tp64[0].count, 200_000);
 }
+
+#[test]
+fn one_sided_operations_parse_and_plan() {
+    for op in Operation::ALL {
+        assert_eq!(Operation::parse(op.as_str()).unwrap(), op);
+    }
+    assert!(Operation::RdmaRead.is_one_sided() && Operation::RdmaRead.reads());
+    assert!(Operation::RdmaWriteLat.is_latency() && !Operation::RdmaWriteLat.reads());
+    assert!(!Operation::Throughput.is_one_sided());
+    let mut cfg = BenchConfig::default_suite();
+    cfg.bindings = vec!["dxnet-tcp".into(), "raw-tcp".into()];
+    let mut e = BenchEntry::new(Operation::RdmaWriteLat, 100);
+    e.modes = vec![Mode::Uni, Mode::Bi];
+    e.sizes = Sizes::List(vec![64]);
+    cfg.benchmarks = vec![e.clone()];
+    let runs: Vec<_> = cfg
+        .plan()
+        .unwrap()
+        .into_iter()
+        .flat_map(|g| g.runs)
+        .collect();
+    // raw-tcp has no one-sided operations; latency runs one mode.
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].mode, Mode::Uni);
+    e.sizes = Sizes::List(vec![32 << 20]);
+    cfg.benchmarks = vec![e];
+    assert!(cfg.validate().is_err(), "beyond the benchmark region");
+    cfg.benchmarks.clear();
+    cfg.params.rdma_window = 0;
+    assert!(cfg.validate().is_err());
+}
