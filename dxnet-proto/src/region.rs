@@ -13,7 +13,11 @@
 //! write request:  region u32 | key u64 | offset u64 | flags u8 | imm u32 | start u64 | data ...
 //! read request:   region u32 | key u64 | offset u64 | len u32
 //! answer:         status u8 [| data ... (read, status ok)]
+//! notification:   region u32 | key u64 | start u64 | len u64 | imm u32
 //! ```
+//! A write done by an RDMA device (InfiniBand) has no request at the
+//! owner; a write with notification is followed by a notification message
+//! on the same connection, which the owner sees after the write's data.
 //! All integers little-endian. A write of several parts is several
 //! requests; `start` is the offset of the whole write's first byte (the
 //! notification reports the whole write, sent with its last part). `key` is the region's random 64-bit key
@@ -26,6 +30,9 @@ pub const MSG_TYPE: u8 = 0;
 pub const SUBTYPE_WRITE: u8 = 1;
 /// Subtype of a read request.
 pub const SUBTYPE_READ: u8 = 2;
+/// Subtype of a write notification (a plain message sent after a write
+/// done by the device, see [`NotifyFrame`]).
+pub const SUBTYPE_NOTIFY: u8 = 3;
 
 /// Bytes of a write request before its data.
 pub const WRITE_HEAD_LEN: usize = 4 + 8 + 8 + 1 + 4 + 8;
@@ -35,6 +42,52 @@ pub const READ_LEN: usize = 4 + 8 + 8 + 4;
 /// `flags` bit: the owner reports the write to its application once the
 /// data is in place (a write with notification).
 pub const FLAG_NOTIFY: u8 = 1;
+
+/// Bytes of a write notification.
+pub const NOTIFY_LEN: usize = 4 + 8 + 8 + 8 + 4;
+
+/// A write notification sent after a write done by the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifyFrame {
+    /// The region written.
+    pub region: RegionRef,
+    /// Offset of the write's first byte.
+    pub start: u64,
+    /// Bytes written.
+    pub len: u64,
+    /// The writer's value.
+    pub imm: u32,
+}
+
+impl NotifyFrame {
+    /// The encoded notification.
+    pub fn encode(&self) -> [u8; NOTIFY_LEN] {
+        let mut b = [0u8; NOTIFY_LEN];
+        b[0..4].copy_from_slice(&self.region.id.to_le_bytes());
+        b[4..12].copy_from_slice(&self.region.key.to_le_bytes());
+        b[12..20].copy_from_slice(&self.start.to_le_bytes());
+        b[20..28].copy_from_slice(&self.len.to_le_bytes());
+        b[28..32].copy_from_slice(&self.imm.to_le_bytes());
+        b
+    }
+
+    /// Parses a notification (exactly [`NOTIFY_LEN`] bytes).
+    pub fn decode(payload: &[u8]) -> Result<NotifyFrame, FrameError> {
+        let b: &[u8; NOTIFY_LEN] = payload.try_into().map_err(|_| {
+            if payload.len() < NOTIFY_LEN {
+                FrameError::Short
+            } else {
+                FrameError::Trailing
+            }
+        })?;
+        Ok(NotifyFrame {
+            region: region_ref(b),
+            start: u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
+            len: u64::from_le_bytes(b[20..28].try_into().expect("8 bytes")),
+            imm: u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")),
+        })
+    }
+}
 
 /// Names a region at its owner: its id and its random key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -272,6 +325,25 @@ mod tests {
             len: u32::MAX,
         };
         assert_eq!(ReadRequest::decode(&r.encode()), Ok(r));
+    }
+
+    #[test]
+    fn notify_round_trip() {
+        let n = NotifyFrame {
+            region: RegionRef { id: 3, key: 4 },
+            start: 5,
+            len: u64::MAX,
+            imm: 6,
+        };
+        assert_eq!(NotifyFrame::decode(&n.encode()), Ok(n));
+        assert_eq!(
+            NotifyFrame::decode(&[0; NOTIFY_LEN - 1]),
+            Err(FrameError::Short)
+        );
+        assert_eq!(
+            NotifyFrame::decode(&[0; NOTIFY_LEN + 1]),
+            Err(FrameError::Trailing)
+        );
     }
 
     #[test]

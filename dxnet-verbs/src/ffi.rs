@@ -45,6 +45,7 @@ pub const IBV_WC_WITH_IMM: c_uint = 2;
 
 pub const IBV_WC_SUCCESS: c_uint = 0;
 pub const IBV_WC_WR_FLUSH_ERR: c_uint = 5;
+pub const IBV_WC_REM_ACCESS_ERR: c_uint = 10;
 pub const IBV_WC_GENERAL_ERR: c_uint = 21;
 
 pub const IBV_QPT_RC: c_uint = 2;
@@ -1092,6 +1093,7 @@ pub fn layout_report() -> String {
         IBV_WC_WITH_IMM,
         IBV_WC_SUCCESS,
         IBV_WC_WR_FLUSH_ERR,
+        IBV_WC_REM_ACCESS_ERR,
         IBV_WC_GENERAL_ERR,
         IBV_QPT_RC,
         IBV_QPS_RESET,

@@ -411,6 +411,11 @@ impl WorkCompletion {
     pub fn is_flush(&self) -> bool {
         self.0.status == ffi::IBV_WC_WR_FLUSH_ERR
     }
+    /// True when the peer refused a remote access (RDMA WRITE/READ outside
+    /// a region, without its rights, or with a stale key).
+    pub fn is_remote_access_error(&self) -> bool {
+        self.0.status == ffi::IBV_WC_REM_ACCESS_ERR
+    }
     /// `Ok(())` on success, else an [`Error::Completion`].
     pub fn check(&self) -> Result<()> {
         if self.is_success() {

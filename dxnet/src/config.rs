@@ -177,6 +177,10 @@ pub struct IbConfig {
     /// for its latency tests). 0 turns it off; a device that supports less
     /// gets queue pairs without it (logged). Default 128.
     pub max_inline_data: u32,
+    /// Registered 64 KiB slots for the bytes of one-sided accesses in
+    /// flight (`Node::write`/`read` copy through them; a part waits for a
+    /// free slot). Default 256 (16 MiB per node).
+    pub staging_slots: u32,
 }
 
 impl Default for IbConfig {
@@ -191,6 +195,7 @@ impl Default for IbConfig {
             recv_cq_size: 400,
             sges_per_recv: 1,
             max_inline_data: 128,
+            staging_slots: 256,
         }
     }
 }
@@ -585,8 +590,14 @@ impl Config {
                 return bad("tls: cert, key and ca must all name PEM files".into());
             }
         }
-        if self.ib.sges_per_recv == 0 || self.ib.sq_size == 0 || self.ib.srq_size == 0 {
-            return bad("ib: sges_per_recv, sq_size and srq_size must be > 0".into());
+        if self.ib.sges_per_recv == 0
+            || self.ib.sq_size == 0
+            || self.ib.srq_size == 0
+            || self.ib.staging_slots == 0
+        {
+            return bad(
+                "ib: sges_per_recv, sq_size, srq_size and staging_slots must be > 0".into(),
+            );
         }
         Ok(())
     }

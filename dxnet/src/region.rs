@@ -40,12 +40,24 @@
 //! - [`Node::write_with_notify`]: once all of the write's data is in
 //!   place, the owner's receiver set with [`Node::on_region_write`] gets a
 //!   [`RegionWrite`] carrying the caller's 32-bit value, on a handler
-//!   thread.
+//!   thread. The data is in place when the receiver runs; a later write
+//!   to the same bytes may be too (with RDMA the device places it without
+//!   waiting for the receiver), so a protocol that reuses memory waits for
+//!   the owner's word first, as a circular buffer with a tail does.
 //!
-//! **How.** On TCP and loopback the engine emulates the accesses with
-//! messages of dxnet's own type 0 (`proto::region`), applied at the owner
-//! by the runtime on the connection's handler thread. Accesses to the own
-//! node are applied at once.
+//! **How.** On InfiniBand a region is registered with the device when
+//! exposed and its descriptor carries the address and remote key: an
+//! access is a series of RDMA WRITE or READ work requests (parts of up to
+//! 64 KiB, through registered staging memory of `ib.staging_slots`) on the
+//! connection's queue pair, posted after the data of the connection's
+//! ring; the owner's CPU takes no part (a write with notification is
+//! followed by a small message). An access the owner's device refuses
+//! (revoked region, descriptor claiming more than the region allows)
+//! fails with [`RegionError::Revoked`] and closes the connection, which
+//! the next access opens again. On TCP and loopback the engine emulates
+//! the accesses with messages of dxnet's own type 0 (`proto::region`),
+//! applied at the owner by the runtime on the connection's handler
+//! thread. Accesses to the own node are applied at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -94,6 +106,16 @@ pub struct RemoteRegion {
     key: u64,
     len: u64,
     access: Access,
+    /// Address and remote key for the device path (InfiniBand).
+    rdma: Option<RdmaKey>,
+}
+
+/// Where a region lies for an RDMA device: the owner's address of its
+/// first byte and its remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct RdmaKey {
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
 }
 
 impl RemoteRegion {
@@ -125,6 +147,11 @@ impl RemoteRegion {
     /// What others may do.
     pub fn access(&self) -> Access {
         self.access
+    }
+
+    /// Address and remote key for the device path.
+    pub(crate) fn rdma(&self) -> Option<RdmaKey> {
+        self.rdma
     }
 }
 
@@ -188,6 +215,7 @@ impl Region {
             key: self.inner.key(),
             len: self.inner.len(),
             access: self.inner.access(),
+            rdma: self.inner.rdma(),
         }
     }
 

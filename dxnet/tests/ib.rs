@@ -548,3 +548,242 @@ fn ib_forged_handshake_datagrams_do_not_disturb_connections() {
     b.command("exit");
     wait_child(b, 30);
 }
+
+/// The owner of two regions for `ib_one_sided_*`: 16 MiB read-write and
+/// 64 KiB read-only; checks every write notification against the pattern
+/// the writer used; answers `sum`, `notes`, `revoke` and `quit`.
+#[test]
+fn child_ib_region_owner() {
+    if !is_child() {
+        return;
+    }
+    let base: u16 = env_parse("BASE");
+    let node = Node::start(ib_config(0, 2, base)).unwrap();
+    let rw = Arc::new(node.expose(16 << 20, dxnet::Access::ReadWrite).unwrap());
+    let ro = node.expose(64 << 10, dxnet::Access::ReadOnly).unwrap();
+    ro.write(0, &one_sided_pattern(7, 0, 64 << 10)).unwrap();
+    let notes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let bad = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let (rw, notes, bad) = (rw.clone(), notes.clone(), bad.clone());
+        node.on_region_write(move |w| {
+            let mut got = vec![0u8; w.len as usize];
+            rw.read(w.offset as usize, &mut got).unwrap();
+            if got != one_sided_pattern(9, w.imm as u64, w.len as usize) {
+                bad.fetch_add(1, Ordering::Relaxed);
+            }
+            notes.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+    }
+    println!("RW {}", serde_json::to_string(&rw.descriptor()).unwrap());
+    println!("RO {}", serde_json::to_string(&ro.descriptor()).unwrap());
+    let mut ro = Some(ro);
+    loop {
+        match next_command().as_str() {
+            "sum" => println!("SUM {}", fnv(&rw.to_vec())),
+            "notes" => println!(
+                "NOTES {} {}",
+                notes.load(Ordering::Relaxed),
+                bad.load(Ordering::Relaxed)
+            ),
+            "revoke" => {
+                ro.take();
+                println!("REVOKED");
+            }
+            _ => return,
+        }
+    }
+}
+
+fn one_sided_pattern(seed: u64, i: u64, len: usize) -> Vec<u8> {
+    pattern(seed as u16, 0, i, len)
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// One-sided operations on real RDMA WRITE/READ: the descriptors carry
+/// remote keys; 8 threads write and read random ranges (1 B to 1 MiB,
+/// blocking and async) and the owner's bytes match; writes with
+/// notification arrive after their data; rights and bounds are refused
+/// before anything is posted; a read from a revoked region and one with a
+/// forged descriptor fail with `Revoked` and the connection comes back; a
+/// killed owner ends every access in flight with a typed error.
+#[test]
+fn ib_one_sided_write_read_notify_revoke_kill() {
+    use dxnet::{RegionError, RemoteRegion};
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(2);
+    let mut owner = spawn_ib_child("child_ib_region_owner", &[("BASE", base.to_string())]);
+    let rw_line = owner.wait_line("RW ", 60);
+    let ro_line = owner.wait_line("RO ", 60);
+    let rw: RemoteRegion = serde_json::from_str(&rw_line[3..]).unwrap();
+    let ro: RemoteRegion = serde_json::from_str(&ro_line[3..]).unwrap();
+    let json = serde_json::to_value(rw).unwrap();
+    assert!(!json["rdma"].is_null(), "no remote key: {json}");
+    let mut cfg = ib_config(1, 2, base);
+    cfg.limits.request_timeout_ms = 15_000;
+    let node = Arc::new(Node::start(cfg).unwrap());
+    until_reachable("owner", || node.read(&rw, 0, &mut [0u8; 1]));
+
+    // Random ranges, every byte read back; the owner's view at the end.
+    const SLICE: usize = 2 << 20;
+    let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8u64)
+            .map(|t| {
+                let node = node.clone();
+                s.spawn(move || {
+                    let base = t as usize * SLICE;
+                    let mut shadow = vec![0u8; SLICE];
+                    let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    let mut next = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    for i in 0..30u64 {
+                        let len = match next() % 6 {
+                            0 => 1,
+                            1 => 1 + (next() % (1 << 20)) as usize,
+                            _ => 1 + (next() % 9000) as usize,
+                        };
+                        let off = (next() % (SLICE - len + 1) as u64) as usize;
+                        let data = pattern(t as u16, 1, i, len);
+                        if i % 3 == 0 {
+                            node.write_async(&rw, (base + off) as u64, &data)
+                                .unwrap()
+                                .wait()
+                                .unwrap();
+                        } else {
+                            node.write(&rw, (base + off) as u64, &data).unwrap();
+                        }
+                        shadow[off..off + len].copy_from_slice(&data);
+                        let back = if i % 2 == 0 {
+                            node.read_async(&rw, (base + off) as u64, len)
+                                .unwrap()
+                                .wait()
+                                .unwrap()
+                        } else {
+                            let mut b = vec![0u8; len];
+                            node.read(&rw, (base + off) as u64, &mut b).unwrap();
+                            b
+                        };
+                        assert!(back == data, "thread {t} op {i}: {len} B at {off}");
+                    }
+                    shadow
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mark = owner.mark();
+    owner.command("sum");
+    assert_eq!(
+        owner.wait_line_since(mark, "SUM ", 60),
+        format!("SUM {}", fnv(&shadows.concat()))
+    );
+
+    // Writes with notification: the owner checks each one's data.
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let node = node.clone();
+            s.spawn(move || {
+                for i in 0..25u64 {
+                    let imm = t * 1000 + i;
+                    let len = 1 + (imm as usize * 7919) % 160_000;
+                    let d = one_sided_pattern(9, imm, len);
+                    // Each to bytes of its own: a later write may land
+                    // before the owner's receiver of an earlier one runs.
+                    let at = t * (4 << 20) + i * 160_000;
+                    node.write_with_notify(&rw, at, &d, imm as u32).unwrap();
+                }
+            });
+        }
+    });
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mark = owner.mark();
+        owner.command("notes");
+        let notes = owner.wait_line_since(mark, "NOTES ", 60);
+        if notes == "NOTES 100 0" {
+            break;
+        }
+        assert!(Instant::now() < end && notes.ends_with(" 0"), "{notes}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Refused before posting.
+    let region_err = |r: dxnet::Result<()>| match r {
+        Err(Error::Region(e)) => e,
+        other => panic!("expected a region error, got {other:?}"),
+    };
+    assert_eq!(
+        region_err(node.write(&ro, 0, b"x")),
+        RegionError::WriteNotPermitted
+    );
+    assert!(matches!(
+        region_err(node.read(&ro, 60 << 10, &mut [0; 8 << 10])),
+        RegionError::OutOfBounds { .. }
+    ));
+    let mut got = vec![0u8; 4096];
+    node.read(&ro, 100, &mut got).unwrap();
+    assert_eq!(got, one_sided_pattern(7, 0, 64 << 10)[100..4196]);
+    // Refused by the device: a descriptor claiming write access.
+    let mut forged = serde_json::to_value(ro).unwrap();
+    forged["access"] = "ReadWrite".into();
+    let forged: RemoteRegion = serde_json::from_value(forged).unwrap();
+    assert_eq!(
+        region_err(node.write(&forged, 0, &[1; 300])),
+        RegionError::Revoked
+    );
+    // The connection comes back for the next access.
+    until_reachable("owner after a refused access", || {
+        node.read(&ro, 0, &mut got)
+    });
+    owner.command("revoke");
+    owner.wait_line("REVOKED", 60);
+    assert_eq!(
+        region_err(node.read(&ro, 0, &mut got)),
+        RegionError::Revoked
+    );
+    until_reachable("owner after a revoked region", || {
+        node.write(&rw, 0, b"still here")
+    });
+
+    // The owner dies during accesses: each ends with a typed error.
+    let failures = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let node = node.clone();
+            let failures = &failures;
+            s.spawn(move || {
+                let mut buf = vec![3u8; 1 << 20];
+                loop {
+                    let r = if t % 2 == 0 {
+                        node.write(&rw, t << 20, &buf)
+                    } else {
+                        node.read(&rw, t << 20, &mut buf)
+                    };
+                    if let Err(e) = r {
+                        assert!(
+                            matches!(e, Error::Unreachable(..) | Error::Timeout(_)),
+                            "thread {t}: {e:?}"
+                        );
+                        failures.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        owner.kill9();
+    });
+    assert_eq!(failures.load(Ordering::Relaxed), 4);
+}

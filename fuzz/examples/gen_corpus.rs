@@ -6,7 +6,7 @@ use std::path::Path;
 use dxnet_fuzz::{make_split_input, sample, Item};
 use dxnet_proto::codec::encode_into;
 use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
-use dxnet_proto::region::{Notify, ReadRequest, RegionRef, WriteHead};
+use dxnet_proto::region::{Notify, NotifyFrame, ReadRequest, RegionRef, WriteHead};
 use dxnet_proto::wire::{
     encode_chunk_header, CloseNotice, DatagramHeader, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
@@ -257,6 +257,17 @@ fn main() {
     write(&dir, "region_frames", "read", &v);
     write(&dir, "region_frames", "answer_ok", b"\x02\x00abc");
     write(&dir, "region_frames", "answer_refused", b"\x02\x02");
+    let mut v = vec![3u8];
+    v.extend_from_slice(
+        &NotifyFrame {
+            region: target,
+            start: 0,
+            len: 4096,
+            imm: 9,
+        }
+        .encode(),
+    );
+    write(&dir, "region_frames", "notify", &v);
 
     println!("corpus written to {}", dir.display());
 }

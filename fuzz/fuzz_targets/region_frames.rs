@@ -1,5 +1,6 @@
 //! The one-sided operation frames (`proto::region`): a write request's
-//! head, a read request and an answer, parsed from arbitrary bytes. Never
+//! head, a read request, an answer and a write notification, parsed from
+//! arbitrary bytes. Never
 //! panics; whatever parses encodes back to the same bytes (so the parser
 //! accepts exactly one form per value), and a parsed write's notification
 //! never starts after its part.
@@ -7,14 +8,14 @@
 //! Input: [selector: u8][frame].
 #![no_main]
 
-use dxnet_proto::region::{ReadRequest, Status, WriteHead, WRITE_HEAD_LEN};
+use dxnet_proto::region::{NotifyFrame, ReadRequest, Status, WriteHead, WRITE_HEAD_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, frame)) = data.split_first() else {
         return;
     };
-    match sel % 3 {
+    match sel % 4 {
         0 => {
             if let Ok((head, rest)) = WriteHead::decode(frame) {
                 assert_eq!(&head.encode()[..], &frame[..WRITE_HEAD_LEN]);
@@ -27,6 +28,11 @@ fuzz_target!(|data: &[u8]| {
         1 => {
             if let Ok(r) = ReadRequest::decode(frame) {
                 assert_eq!(&r.encode()[..], frame);
+            }
+        }
+        3 => {
+            if let Ok(n) = NotifyFrame::decode(frame) {
+                assert_eq!(&n.encode()[..], frame);
             }
         }
         _ => {

@@ -208,6 +208,19 @@ impl Core {
                 }
             }
             HandlerKind::Message(f) => run_receiver(self.own, f, src, h.type_key(), payload),
+            HandlerKind::Own(f) => {
+                if kind == MessageKind::Plain {
+                    f(self, src, payload)
+                } else if kind == MessageKind::Request {
+                    self.send_error_response(
+                        src,
+                        h.request_id,
+                        REMOTE_UNKNOWN_TYPE,
+                        h.msg_type,
+                        h.subtype,
+                    );
+                }
+            }
         }
     }
 

@@ -84,6 +84,8 @@ enum HandlerKind {
     Message(MessageFn),
     /// Request: decodes, calls the handler, sends the response.
     Request(RequestFn),
+    /// One of dxnet's own plain messages (type 0), handled by the runtime.
+    Own(fn(&Core, NodeId, &[u8])),
 }
 
 struct HandlerEntry {

@@ -9,6 +9,13 @@
 //! [`PART_MAX`] bytes, sends them all as requests before waiting for the
 //! first answer (a large access streams), and turns the answers into
 //! typed errors.
+//!
+//! On an engine with remote memory access (InfiniBand) a region is also
+//! registered with the device when exposed, its descriptor carries the
+//! address and remote key, and the caller's engine posts the parts as RDMA
+//! WRITE/READ work requests ([`crate::transport::RemoteMemory`]) whose
+//! completions complete the same kind of requests; a write with
+//! notification is followed by a notification message.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -24,10 +31,11 @@ use super::{Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
 use crate::message::{type_key, MessageKind};
 use crate::primitives::region_mem::{MemBlock, MemError};
 use crate::proto::region::{
-    self as wire, in_bounds, Notify, ReadRequest, RegionRef, Status, WriteHead, READ_LEN,
-    WRITE_HEAD_LEN,
+    self as wire, in_bounds, Notify, NotifyFrame, ReadRequest, RegionRef, Status, WriteHead,
+    NOTIFY_LEN, READ_LEN, WRITE_HEAD_LEN,
 };
-use crate::region::{Access, RegionWrite, RemoteRegion};
+use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
+use crate::transport::{RdmaPart, RemoteMemory};
 use crate::{Error, NodeId, RegionError, Result};
 
 /// Largest part of a one-sided access sent as one request: parts of a
@@ -35,15 +43,33 @@ use crate::{Error, NodeId, RegionError, Result};
 /// holds the owner's handler thread (or a region's lock) for long.
 pub const PART_MAX: usize = 256 << 10;
 
+/// A registration with the device (dropping it deregisters).
+type Registration = Box<dyn std::any::Any + Send + Sync>;
+
 /// An exposed region at its owner.
-#[derive(Debug)]
 pub struct ExposedRegion {
     id: u32,
     key: u64,
     access: Access,
+    /// Address and remote key, when registered with the device.
+    rdma: Option<RdmaKey>,
+    /// The device registration; dropped at revocation (and, being declared
+    /// before `mem`, always before the memory is freed).
+    registration: parking_lot::Mutex<Option<Registration>>,
     /// Closed when revoked: accesses that found the region before fail
     /// once they get its lock.
     mem: MemBlock,
+}
+
+impl std::fmt::Debug for ExposedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExposedRegion")
+            .field("id", &self.id)
+            .field("access", &self.access)
+            .field("rdma", &self.rdma)
+            .field("mem", &self.mem)
+            .finish()
+    }
 }
 
 impl ExposedRegion {
@@ -60,6 +86,11 @@ impl ExposedRegion {
     /// What others may do.
     pub fn access(&self) -> Access {
         self.access
+    }
+
+    /// Address and remote key, when registered with the device.
+    pub fn rdma(&self) -> Option<RdmaKey> {
+        self.rdma
     }
 
     /// The region's memory.
@@ -155,6 +186,41 @@ impl Core {
                 unreachable!("type 0 handlers are installed once, at start");
             }
         }
+        let notify = HandlerEntry {
+            kind: HandlerKind::Own(|core, src, payload| core.serve_region_notify(src, payload)),
+            exclusive: false,
+        };
+        if self.handlers[type_key(wire::MSG_TYPE, wire::SUBTYPE_NOTIFY) as usize]
+            .set(notify)
+            .is_err()
+        {
+            unreachable!("type 0 handlers are installed once, at start");
+        }
+    }
+
+    /// A write notification that followed a write done by the device: the
+    /// receiver runs if it names a live region and a range inside it.
+    pub(super) fn serve_region_notify(&self, src: NodeId, payload: &[u8]) {
+        let n = match NotifyFrame::decode(payload) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("{}: malformed write notification from {src}: {e}", self.own);
+                return;
+            }
+        };
+        match self.regions.find(n.region) {
+            Some(r) if in_bounds(n.start, n.len, r.len()) => self.notify_write(RegionWrite {
+                from: src,
+                region: n.region.id,
+                offset: n.start,
+                len: n.len,
+                imm: n.imm,
+            }),
+            _ => tracing::debug!(
+                "{}: write notification from {src} names no live region range",
+                self.own
+            ),
+        }
     }
 
     /// Exposes a new zeroed region of `len` bytes.
@@ -163,6 +229,23 @@ impl Core {
             return Err(Error::Shutdown);
         }
         let mem = MemBlock::new(len).ok_or(Error::Region(RegionError::Allocation(len)))?;
+        let (rdma, registration) = match self.transport().and_then(|t| t.remote_memory()) {
+            Some(rm) => {
+                // SAFETY: the registration is kept next to `mem` in the
+                // region and dropped before it (revocation, or field
+                // order); the block's bytes are only ever reached through
+                // raw copies, which tolerates device accesses.
+                let (rkey, reg) = unsafe {
+                    rm.register(mem.as_ptr(), len, access.can_read(), access.can_write())
+                }?;
+                let key = RdmaKey {
+                    addr: mem.as_ptr() as u64,
+                    rkey,
+                };
+                (Some(key), Some(reg))
+            }
+            None => (None, None),
+        };
         let mut map = self.regions.map.write();
         let id = loop {
             let id = self.regions.next_id.fetch_add(1, Ordering::Relaxed);
@@ -174,6 +257,8 @@ impl Core {
             id,
             key: rand::random(),
             access,
+            rdma,
+            registration: parking_lot::Mutex::new(registration),
             mem,
         });
         map.insert(id, region.clone());
@@ -185,6 +270,8 @@ impl Core {
     pub fn revoke(&self, region: &ExposedRegion) {
         self.regions.map.write().remove(&region.id);
         region.mem.close();
+        // Deregistered: the device refuses later remote accesses.
+        drop(region.registration.lock().take());
     }
 
     /// Sets the receiver of write notifications (once).
@@ -320,6 +407,33 @@ impl Core {
             }
             return Ok(RegionOp::done(self, remote, offset, res));
         }
+        if let Some((rm, key)) = self.device_path(remote) {
+            let mut op = self.post_parts(rm, remote, key, offset, data.len(), Some(data))?;
+            if let Some(imm) = notify {
+                // Behind the write's work requests on the same queue pair:
+                // the owner sees it after the data.
+                let frame = NotifyFrame {
+                    region: target,
+                    start: offset,
+                    len: data.len() as u64,
+                    imm,
+                }
+                .encode();
+                self.send_frame(
+                    remote.node(),
+                    wire::MSG_TYPE,
+                    wire::SUBTYPE_NOTIFY,
+                    MessageKind::Plain,
+                    0,
+                    NOTIFY_LEN,
+                    None,
+                    None,
+                    |w| w.write_all(&frame),
+                )?;
+            }
+            op.base = offset;
+            return Ok(op);
+        }
         let timeout = self.config.request_timeout();
         let mut parts = Vec::with_capacity(data.len().div_ceil(PART_MAX).max(1));
         let mut chunks: Vec<&[u8]> = data.chunks(PART_MAX).collect();
@@ -366,6 +480,7 @@ impl Core {
             done: None,
             read_len: None,
             read: Vec::new(),
+            device: false,
         })
     }
 
@@ -392,6 +507,9 @@ impl Core {
             op.read_len = Some(len);
             op.read = out;
             return Ok(op);
+        }
+        if let Some((rm, key)) = self.device_path(remote) {
+            return self.post_parts(rm, remote, key, offset, len, None);
         }
         let timeout = self.config.request_timeout();
         let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
@@ -428,6 +546,72 @@ impl Core {
             done: None,
             read_len: Some(len),
             read: Vec::new(),
+            device: false,
+        })
+    }
+}
+
+impl Core {
+    /// The engine's device path, if the access can take it: the engine
+    /// does remote memory access and the descriptor has a remote key.
+    fn device_path(&self, remote: &RemoteRegion) -> Option<(&dyn RemoteMemory, RdmaKey)> {
+        let key = remote.rdma()?;
+        Some((self.transport()?.remote_memory()?, key))
+    }
+
+    /// Posts an access as device work requests of at most `part_max` bytes
+    /// each (`data`: a write's bytes; `None`: a read of `len`).
+    fn post_parts(
+        self: &Arc<Self>,
+        rm: &dyn RemoteMemory,
+        remote: &RemoteRegion,
+        key: RdmaKey,
+        offset: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<RegionOp> {
+        let timeout = self.config.request_timeout();
+        let now = Instant::now();
+        let deadline = now + timeout;
+        let conn = self.connection(remote.node(), deadline)?;
+        let step = rm.part_max();
+        let mut parts = Vec::with_capacity(len.div_ceil(step).max(1));
+        let mut at = 0usize;
+        while at < len || parts.is_empty() {
+            let n = (len - at).min(step);
+            // Bounds were checked against the descriptor: no overflow.
+            let addr = key.addr + offset + at as u64;
+            let part = match data {
+                Some(d) => RdmaPart::Write {
+                    data: &d[at..at + n],
+                    addr,
+                    rkey: key.rkey,
+                },
+                None => RdmaPart::Read {
+                    len: n,
+                    addr,
+                    rkey: key.rkey,
+                },
+            };
+            let (id, pending) = self.requests.insert_at(remote.node(), now, timeout)?;
+            rm.post(self, &conn, id, part, deadline)?;
+            parts.push(Part {
+                pending: Some(pending),
+                at,
+                len: n,
+            });
+            at += n;
+        }
+        Ok(RegionOp {
+            core: self.clone(),
+            remote: *remote,
+            base: offset,
+            parts,
+            next: 0,
+            done: None,
+            read_len: data.is_none().then_some(len),
+            read: Vec::new(),
+            device: true,
         })
     }
 }
@@ -502,6 +686,9 @@ pub struct RegionOp {
     /// A read's bytes: those of a read of the own node, or those collected
     /// by [`RegionOp::poll_wait`].
     read: Vec<u8>,
+    /// The parts are device work requests: a blocking wait retires
+    /// completions itself.
+    device: bool,
 }
 
 impl RegionOp {
@@ -515,6 +702,7 @@ impl RegionOp {
             done: Some(res),
             read_len: None,
             read: Vec::new(),
+            device: false,
         }
     }
 
@@ -570,10 +758,37 @@ impl RegionOp {
                 .pending
                 .take()
                 .expect("unanswered parts keep their request");
+            if self.device {
+                self.retire_until_done(&pending);
+            }
             let outcome = self.core.wait_response(pending);
             self.settle(outcome, dest)?;
         }
         Ok(())
+    }
+
+    /// Retires device completions until `pending` is answered, for at
+    /// most `park.request_spin_max_us` (the send thread retires them too,
+    /// within ~200 µs, while parts are in flight).
+    fn retire_until_done(&self, pending: &PendingResponse) {
+        let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
+            return;
+        };
+        let until = Instant::now()
+            + std::time::Duration::from_micros(self.core.config.park.request_spin_max_us);
+        let mut n = 0u32;
+        while !pending.is_done() {
+            if !rm.progress(&self.core) {
+                std::hint::spin_loop();
+            }
+            n = n.wrapping_add(1);
+            if n % 64 == 0 {
+                if Instant::now() >= until {
+                    return;
+                }
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// [`RegionOp::wait_into`] into a new buffer (empty for a write).

@@ -75,6 +75,12 @@ impl MemBlock {
         self.len
     }
 
+    /// The first byte's address (for RDMA registration).
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Copies `buf.len()` bytes starting at `offset` into `buf`.
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
         self.with_bytes(offset, buf.len(), |src| buf.copy_from_slice(src))

@@ -112,8 +112,73 @@ pub trait Transport: Send + Sync + 'static {
     /// Receive buffers or incoming-queue room came free: a receiver that
     /// stopped for lack of them may go on.
     fn wake_receiver(&self);
+    /// One-sided operations done by the device (InfiniBand RDMA);
+    /// `None`: the runtime emulates them with messages.
+    fn remote_memory(&self) -> Option<&dyn RemoteMemory> {
+        None
+    }
     /// Stops the engine's threads and closes its sockets/queue pairs.
     fn shutdown(&self);
+}
+
+/// Where a part of a one-sided access goes in the peer's registered
+/// memory.
+#[derive(Debug, Clone, Copy)]
+pub enum RdmaPart<'a> {
+    /// Write `data` there.
+    Write {
+        /// The bytes.
+        data: &'a [u8],
+        /// The peer's address of the first byte.
+        addr: u64,
+        /// The region's remote key.
+        rkey: u32,
+    },
+    /// Read `len` bytes from there.
+    Read {
+        /// How many.
+        len: usize,
+        /// The peer's address of the first byte.
+        addr: u64,
+        /// The region's remote key.
+        rkey: u32,
+    },
+}
+
+/// An engine's one-sided operations in hardware (see
+/// [`Transport::remote_memory`]).
+pub trait RemoteMemory: Send + Sync {
+    /// Registers `len` bytes at `addr` for remote reads and/or writes;
+    /// returns the remote key and a handle that deregisters when dropped.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until the handle is dropped; the
+    /// device reads and writes it at any time meanwhile.
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        read: bool,
+        write: bool,
+    ) -> Result<(u32, Box<dyn std::any::Any + Send + Sync>)>;
+    /// Largest part one work request carries.
+    fn part_max(&self) -> usize;
+    /// Retires completions of posted parts (a waiting caller polls);
+    /// true if there were any.
+    fn progress(&self, core: &Core) -> bool;
+    /// Posts `part` on the open connection `conn` after the data its ring
+    /// holds; its completion completes request `id` of the request table
+    /// with a one-sided answer (`proto::region::Status`, then a read's
+    /// bytes). Waits for room (send queue, staging memory) until
+    /// `deadline`.
+    fn post(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        id: u32,
+        part: RdmaPart<'_>,
+        deadline: Instant,
+    ) -> Result<()>;
 }
 
 /// The error of a connection set-up that failed (see

@@ -169,7 +169,9 @@ impl IbEngine {
                 }
             }
             while lingering.front().is_some_and(|(t, _)| *t <= Instant::now()) {
-                lingering.pop_front();
+                if let Some((_, ic)) = lingering.pop_front() {
+                    self.release_quarantine(&ic);
+                }
             }
             if last_retry.elapsed() >= REQUEST_RETRY {
                 last_retry = Instant::now();

@@ -68,6 +68,7 @@ use crate::transport::{resolve, EngineThreads, Transport, STANDALONE_FRAME_MAX};
 use crate::{Error, NodeId, Result};
 
 mod handshake;
+mod one_sided;
 mod recv;
 mod send;
 mod setup;
@@ -119,9 +120,25 @@ struct SendState {
     consumer: Consumer,
     /// Work requests posted and not yet known complete.
     outstanding: u32,
-    /// Per signalled chain, in post order: (bytes, work requests, posted at).
-    chains: VecDeque<(usize, u32, Instant)>,
+    /// Per signalled chain, in post order.
+    chains: VecDeque<Chain>,
     chain: ibv::SendChain,
+    /// Staging slots of one-sided parts whose queue pair closed before
+    /// they completed: the device may still use them until the queue pair
+    /// is destroyed (`CLOSE_LINGER`), then they are free again.
+    quarantined: Vec<u32>,
+}
+
+/// A chain of work requests whose last one is signalled, not yet known
+/// complete (send completions come in post order per queue pair).
+struct Chain {
+    /// Ring-buffer bytes it carries.
+    bytes: usize,
+    /// Work requests it stands for.
+    wrs: u32,
+    posted: Instant,
+    /// A one-sided part: what its completion completes.
+    one_sided: Option<one_sided::PartWr>,
 }
 
 enum Job {
@@ -202,6 +219,11 @@ pub struct IbEngine {
     /// The receive role of the two receive threads.
     receiver: ReceiveRole<IbReceiver>,
     outstanding_total: AtomicU64,
+    /// One-sided parts posted and not yet completed (the send thread
+    /// looks for their completions often while there are some).
+    one_sided_inflight: AtomicU64,
+    /// Registered memory of one-sided parts in flight.
+    staging: one_sided::Staging,
     stop: AtomicBool,
     threads: EngineThreads,
 }
@@ -223,7 +245,14 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         (port.link_layer == ibv::LinkLayer::Ethernet || ib.gid_index != 0).then_some(ib.gid_index);
     let mut attr = ibv::ConnectAttr::for_port(&ctx, ib.port, gid_index).map_err(verbs_err)?;
     attr.local_psn = rand::random::<u32>() & 0xff_ffff;
+    // Queue pairs admit RDMA WRITE/READ; each exposed region's
+    // registration says which of them it allows.
+    attr.access = ibv::AccessFlags::REMOTE_WRITE | ibv::AccessFlags::REMOTE_READ;
+    let dev_attr = ctx.query_device().map_err(verbs_err)?;
+    attr.max_rd_atomic = dev_attr.max_qp_init_rd_atom.clamp(1, 16) as u8;
+    attr.max_dest_rd_atomic = dev_attr.max_qp_rd_atom.clamp(1, 16) as u8;
     let pd = ctx.alloc_pd().map_err(verbs_err)?;
+    let staging = one_sided::Staging::new(&pd, ib.staging_slots as usize)?;
     let send_cq = ctx.create_cq(ib.send_cq_size, None).map_err(verbs_err)?;
     let recv_channel = ctx.create_comp_channel().map_err(verbs_err)?;
     let recv_cq = ctx
@@ -296,6 +325,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             taken: Vec::with_capacity(ib.sges_per_recv as usize),
         }),
         outstanding_total: AtomicU64::new(0),
+        one_sided_inflight: AtomicU64::new(0),
+        staging,
         stop: AtomicBool::new(false),
         threads: EngineThreads::default(),
     });
@@ -378,7 +409,19 @@ impl Transport for IbEngine {
             let _ = ic.qp.to_error();
             {
                 let mut st = ic.send.lock();
-                let wrs: u32 = st.chains.drain(..).map(|(_, w, _)| w).sum();
+                let mut wrs = 0;
+                let drained: Vec<Chain> = st.chains.drain(..).collect();
+                for c in drained {
+                    wrs += c.wrs;
+                    // Their requests fail with the connection; their
+                    // staging slots wait for the queue pair's end.
+                    if let Some(p) = c.one_sided {
+                        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
+                        if let Some(slot) = p.slot {
+                            st.quarantined.push(slot);
+                        }
+                    }
+                }
                 st.outstanding = 0;
                 self.outstanding_total
                     .fetch_sub(wrs as u64, Ordering::AcqRel);
@@ -448,7 +491,12 @@ impl Transport for IbEngine {
         {
             Ok(()) => {
                 st.outstanding += 1;
-                st.chains.push_back((0, 1, now));
+                st.chains.push_back(Chain {
+                    bytes: 0,
+                    wrs: 1,
+                    posted: now,
+                    one_sided: None,
+                });
                 self.outstanding_total.fetch_add(1, Ordering::AcqRel);
                 true
             }
@@ -488,6 +536,10 @@ impl Transport for IbEngine {
             },
         );
         true
+    }
+
+    fn remote_memory(&self) -> Option<&dyn crate::transport::RemoteMemory> {
+        Some(self)
     }
 
     fn shutdown(&self) {

@@ -57,6 +57,7 @@ impl SendSide for IbSender {
         e.send_woken.store(false, Ordering::SeqCst);
         let pressure = e.outstanding_total.load(Ordering::Acquire) > 0
             && (e.sq_refused.swap(false, Ordering::AcqRel)
+                || e.one_sided_inflight.load(Ordering::Acquire) > 0
                 || e.by_qpn.lock().values().any(|ic| ic.conn.orb.has_waiters()));
         let max = if pressure {
             Duration::from_micros(200)
@@ -93,7 +94,7 @@ impl IbEngine {
                 .lock()
                 .chains
                 .front()
-                .is_some_and(|c| c.2.elapsed() > limit);
+                .is_some_and(|c| c.posted.elapsed() > limit);
             if stale {
                 core.close_connection(
                     &ic.conn,
@@ -136,6 +137,20 @@ impl IbEngine {
             );
             let Some(ic) = ic else { continue };
             if !wc.is_success() {
+                if wc.is_remote_access_error() {
+                    // A one-sided part the peer refused (a revoked region,
+                    // a forged descriptor): its caller learns why; the
+                    // queue pair is in error, the connection closes.
+                    let part = ic
+                        .send
+                        .lock()
+                        .chains
+                        .front_mut()
+                        .and_then(|c| c.one_sided.take());
+                    if let Some(p) = part {
+                        self.fail_part(core, &ic, p);
+                    }
+                }
                 if !wc.is_flush() {
                     core.close_connection(
                         &ic.conn,
@@ -145,16 +160,23 @@ impl IbEngine {
                 }
                 continue;
             }
-            let more = {
+            let (more, part) = {
                 let mut st = ic.send.lock();
-                if let Some((bytes, wrs, _)) = st.chains.pop_front() {
-                    ic.conn.orb.mark_completed(&mut st.consumer, bytes);
-                    st.outstanding -= wrs;
+                let mut part = None;
+                if let Some(c) = st.chains.pop_front() {
+                    ic.conn.orb.mark_completed(&mut st.consumer, c.bytes);
+                    st.outstanding -= c.wrs;
                     self.outstanding_total
-                        .fetch_sub(wrs as u64, Ordering::AcqRel);
+                        .fetch_sub(c.wrs as u64, Ordering::AcqRel);
+                    part = c.one_sided;
                 }
-                ic.conn.orb.unposted_len(&mut st.consumer) > 0 || ic.conn.flow.pending_units() > 0
+                let more = ic.conn.orb.unposted_len(&mut st.consumer) > 0
+                    || ic.conn.flow.pending_units() > 0;
+                (more, part)
             };
+            if let Some(p) = part {
+                self.complete_part(core, &ic, p);
+            }
             if more && posting != Some(ic.conn.peer) {
                 core.on_write_interest(ic.conn.peer);
             }
@@ -170,13 +192,26 @@ impl IbEngine {
             return;
         }
         let mut guard = ic.send.lock();
-        let st = &mut *guard;
+        if let Err(e) = self.post_locked(ic, &mut guard) {
+            drop(guard);
+            core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+        }
+    }
+
+    /// [`IbEngine::post`] under the connection's send lock; the error
+    /// closes the connection.
+    pub(super) fn post_locked(
+        &self,
+        ic: &IbConn,
+        st: &mut SendState,
+    ) -> std::result::Result<(), String> {
+        let conn = &ic.conn;
         let free = self.sq_size.saturating_sub(st.outstanding);
         if free == 0 {
             // A completion will re-register interest; the send thread
             // must poll for it.
             self.sq_refused.store(true, Ordering::Release);
-            return;
+            return Ok(());
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;
         // The slices are handed to the device (as addresses in the
@@ -187,7 +222,7 @@ impl IbEngine {
             .unposted(&mut st.consumer, free as usize * self.max_recv_size);
         let total = a.len() + b.len();
         if total == 0 && units == 0 {
-            return;
+            return Ok(());
         }
         tracing::trace!(
             "{}: posting {total} bytes, {units} units to {} (free {free})",
@@ -246,24 +281,23 @@ impl IbEngine {
         })();
         let posted = result.and_then(|_| ic.qp.post_send(&mut st_chain).map_err(|e| e.to_string()));
         st.chain = st_chain;
-        match posted {
-            Ok(()) => {
-                tracing::trace!(
-                    "{}: posted {wrs} work requests, {total} bytes, to {}",
-                    self.own,
-                    conn.peer
-                );
-                conn.orb.mark_posted(&mut st.consumer, total);
-                st.outstanding += wrs;
-                st.chains.push_back((total, wrs, Instant::now()));
-                self.outstanding_total
-                    .fetch_add(wrs as u64, Ordering::AcqRel);
-            }
-            Err(e) => {
-                drop(guard);
-                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
-            }
-        }
+        posted?;
+        tracing::trace!(
+            "{}: posted {wrs} work requests, {total} bytes, to {}",
+            self.own,
+            conn.peer
+        );
+        conn.orb.mark_posted(&mut st.consumer, total);
+        st.outstanding += wrs;
+        st.chains.push_back(Chain {
+            bytes: total,
+            wrs,
+            posted: Instant::now(),
+            one_sided: None,
+        });
+        self.outstanding_total
+            .fetch_add(wrs as u64, Ordering::AcqRel);
+        Ok(())
     }
 
     /// The connection to `peer` for a post on the calling thread (see

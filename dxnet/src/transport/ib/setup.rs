@@ -92,6 +92,7 @@ impl IbEngine {
                 consumer,
                 outstanding: 0,
                 chains: VecDeque::new(),
+                quarantined: Vec::new(),
                 chain: ibv::SendChain::with_capacity(
                     self.sq_size as usize,
                     2 * self.sq_size as usize,

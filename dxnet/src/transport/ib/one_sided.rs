@@ -1,0 +1,317 @@
+//! One-sided operations in hardware: RDMA WRITE and READ work requests on
+//! a connection's queue pair, for `Node::write`/`read` on regions whose
+//! descriptor carries a remote key.
+//!
+//! - A part is posted under the connection's send lock right after the
+//!   data its ring holds, so a thread's earlier messages reach the peer
+//!   before its write (RC queue pairs keep order), and a message posted
+//!   after the write is seen after the write's data.
+//! - Its bytes go through a registered staging slot (the caller's memory
+//!   is not registered): a write is copied in before the post (or sent
+//!   inline when small), a read lands there and is copied into the
+//!   request's answer when it completes. Waiting for a free slot or room
+//!   in the send queue retires send completions meanwhile.
+//! - The part's completion completes its request in the request table
+//!   with a one-sided answer, so waiting, futures, timeouts and failing on
+//!   a lost connection work as for the emulated accesses. A part the peer
+//!   refuses (remote access error: revoked region, forged descriptor) is
+//!   answered "unknown region"; the queue pair is in error then and the
+//!   connection closes (the next use reconnects).
+
+use crossbeam::queue::ArrayQueue;
+
+use super::*;
+use crate::error::Waited;
+use crate::proto::region::Status;
+use crate::transport::{RdmaPart, RemoteMemory};
+
+/// Bytes of one staging slot: the largest part of a one-sided access.
+pub(super) const SLOT_LEN: usize = 64 << 10;
+
+/// A posted one-sided part (see [`Chain::one_sided`]).
+#[derive(Debug)]
+pub(super) struct PartWr {
+    /// Its request in the request table.
+    id: u32,
+    /// Its staging slot, if it has one.
+    pub(super) slot: Option<u32>,
+    /// A read's length (`None`: a write).
+    read_len: Option<usize>,
+}
+
+/// Registered memory for the bytes of one-sided parts in flight.
+pub(super) struct Staging {
+    mr: ibv::MemoryRegion,
+    free: ArrayQueue<u32>,
+}
+
+impl Staging {
+    /// `slots` slots of [`SLOT_LEN`] bytes in one registration.
+    pub(super) fn new(pd: &ibv::ProtectionDomain, slots: usize) -> Result<Staging> {
+        let slots = slots.max(1);
+        let mr = pd
+            .alloc_buffer(slots * SLOT_LEN, ibv::AccessFlags::LOCAL_WRITE)
+            .map_err(verbs_err)?;
+        let free = ArrayQueue::new(slots);
+        for i in 0..slots as u32 {
+            let _ = free.push(i);
+        }
+        Ok(Staging { mr, free })
+    }
+
+    fn release(&self, slot: u32) {
+        let _ = self.free.push(slot);
+    }
+
+    /// The slot's bytes once the device is done with them.
+    ///
+    /// # Safety
+    /// No work request that names the slot may be in flight.
+    unsafe fn bytes(&self, slot: u32, len: usize) -> &[u8] {
+        debug_assert!(len <= SLOT_LEN);
+        // SAFETY: the slot lies inside the registered buffer the region
+        // owns; the caller guarantees the device does not write it now,
+        // and the slot is not handed out again before `release`.
+        unsafe { std::slice::from_raw_parts(self.mr.addr().add(slot as usize * SLOT_LEN), len) }
+    }
+
+    /// Copies `data` into the slot.
+    fn fill(&self, slot: u32, data: &[u8]) {
+        assert!(data.len() <= SLOT_LEN);
+        // SAFETY: inside the buffer; the slot was just taken from the free
+        // list, so no work request names it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.mr.addr().add(slot as usize * SLOT_LEN),
+                data.len(),
+            )
+        };
+    }
+}
+
+impl IbEngine {
+    /// Completes the request of a part whose work request completed.
+    pub(super) fn complete_part(&self, core: &Core, ic: &IbConn, p: PartWr) {
+        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
+        let peer = ic.conn.peer;
+        match (p.read_len, p.slot) {
+            (Some(len), Some(slot)) => {
+                // SAFETY: the read completed: the device is done with the
+                // slot, which is released only after this copy.
+                let bytes = unsafe { self.staging.bytes(slot, len) };
+                core.requests
+                    .complete_parts(p.id, peer, &[&[Status::Ok as u8], bytes]);
+            }
+            _ => {
+                core.requests
+                    .complete_parts(p.id, peer, &[&[Status::Ok as u8]]);
+            }
+        }
+        if let Some(slot) = p.slot {
+            self.staging.release(slot);
+        }
+    }
+
+    /// Answers the request of a part the peer refused.
+    pub(super) fn fail_part(&self, core: &Core, ic: &IbConn, p: PartWr) {
+        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
+        core.requests
+            .complete_parts(p.id, ic.conn.peer, &[&[Status::Unknown as u8]]);
+        if let Some(slot) = p.slot {
+            self.staging.release(slot);
+        }
+    }
+
+    /// Frees the staging slots of a destroyed queue pair.
+    pub(super) fn release_quarantine(&self, ic: &IbConn) {
+        for slot in std::mem::take(&mut ic.send.lock().quarantined) {
+            self.staging.release(slot);
+        }
+    }
+
+    /// Retires send completions while a one-sided post waits for room.
+    fn wait_for_room(&self, core: &Core, deadline: Instant) -> Result<()> {
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout(Waited::RingBuffer));
+        }
+        let mut wcs: [ibv::WorkCompletion; 8] =
+            std::array::from_fn(|_| ibv::WorkCompletion::default());
+        if !self.poll_send(core, &mut wcs, None) {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+impl RemoteMemory for IbEngine {
+    unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        read: bool,
+        write: bool,
+    ) -> Result<(u32, Box<dyn std::any::Any + Send + Sync>)> {
+        let mut access = ibv::AccessFlags::LOCAL_WRITE;
+        if read {
+            access = access | ibv::AccessFlags::REMOTE_READ;
+        }
+        if write {
+            access = access | ibv::AccessFlags::REMOTE_WRITE;
+        }
+        // SAFETY: the caller keeps the memory allocated until the returned
+        // handle (the registration) is dropped, and accepts device access
+        // meanwhile.
+        let mr = unsafe { self.pd.register_raw(addr, len, access) }.map_err(verbs_err)?;
+        Ok((mr.rkey(), Box::new(mr)))
+    }
+
+    fn part_max(&self) -> usize {
+        SLOT_LEN
+    }
+
+    fn progress(&self, core: &Core) -> bool {
+        let mut wcs: [ibv::WorkCompletion; 8] =
+            std::array::from_fn(|_| ibv::WorkCompletion::default());
+        self.poll_send(core, &mut wcs, None)
+    }
+
+    fn post(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        id: u32,
+        part: RdmaPart<'_>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let lost = || {
+            Error::Unreachable(
+                conn.peer,
+                crate::error::Unreachable::ConnectionLost(conn.close_reason()),
+            )
+        };
+        let ic = conn.engine::<IbConn>().ok_or_else(lost)?;
+        let (len, inline) = match part {
+            RdmaPart::Write { data, .. } => (data.len(), data.len() <= ic.max_inline),
+            RdmaPart::Read { len, .. } => (len, false),
+        };
+        assert!(len <= SLOT_LEN, "parts are at most part_max() bytes");
+        // A staging slot (not for inline writes: copied at post time).
+        let slot = if inline {
+            None
+        } else {
+            loop {
+                if let Some(s) = self.staging.free.pop() {
+                    break Some(s);
+                }
+                self.wait_for_room(core, deadline)?;
+            }
+        };
+        let give_back = |e: Error| {
+            if let Some(s) = slot {
+                self.staging.release(s);
+            }
+            e
+        };
+        if let (Some(s), RdmaPart::Write { data, .. }) = (slot, part) {
+            self.staging.fill(s, data);
+        }
+        loop {
+            if conn.state() != ConnState::Open {
+                return Err(give_back(lost()));
+            }
+            let mut guard = ic.send.lock();
+            let st = &mut *guard;
+            // The ring's data first: this thread's earlier messages.
+            if let Err(e) = self.post_locked(&ic, st) {
+                drop(guard);
+                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+                return Err(give_back(lost()));
+            }
+            if st.outstanding >= self.sq_size {
+                drop(guard);
+                self.sq_refused.store(true, Ordering::Release);
+                if let Err(e) = self.wait_for_room(core, deadline) {
+                    return Err(give_back(e));
+                }
+                continue;
+            }
+            let wr_id = send_wr_id(conn);
+            let sge = match slot {
+                Some(s) => Some(
+                    self.staging
+                        .mr
+                        .sge(s as usize * SLOT_LEN, len as u32)
+                        .map_err(|e| give_back(verbs_err(e)))?,
+                ),
+                None => None,
+            };
+            let posted = match (part, sge) {
+                (RdmaPart::Write { data, addr, rkey }, None) => ic.qp.post_send_inline(
+                    wr_id,
+                    ibv::SendOp::RdmaWrite {
+                        remote_addr: addr,
+                        rkey,
+                    },
+                    data,
+                    true,
+                ),
+                (RdmaPart::Write { addr, rkey, .. }, Some(sge)) => {
+                    let mut chain = std::mem::take(&mut st.chain);
+                    chain.clear();
+                    chain.push(
+                        wr_id,
+                        ibv::SendOp::RdmaWrite {
+                            remote_addr: addr,
+                            rkey,
+                        },
+                        &[sge],
+                        ibv::SendFlags::SIGNALED,
+                    );
+                    let r = ic.qp.post_send(&mut chain);
+                    st.chain = chain;
+                    r
+                }
+                (RdmaPart::Read { addr, rkey, .. }, Some(sge)) => {
+                    let mut chain = std::mem::take(&mut st.chain);
+                    chain.clear();
+                    chain.push(
+                        wr_id,
+                        ibv::SendOp::RdmaRead {
+                            remote_addr: addr,
+                            rkey,
+                        },
+                        &[sge],
+                        ibv::SendFlags::SIGNALED,
+                    );
+                    let r = ic.qp.post_send(&mut chain);
+                    st.chain = chain;
+                    r
+                }
+                (RdmaPart::Read { .. }, None) => unreachable!("reads always stage"),
+            };
+            if let Err(e) = posted {
+                drop(guard);
+                core.close_connection(conn, &format!("posting a one-sided part failed: {e}"), true);
+                return Err(give_back(lost()));
+            }
+            st.outstanding += 1;
+            st.chains.push_back(Chain {
+                bytes: 0,
+                wrs: 1,
+                posted: Instant::now(),
+                one_sided: Some(PartWr {
+                    id,
+                    slot,
+                    read_len: matches!(part, RdmaPart::Read { .. }).then_some(len),
+                }),
+            });
+            self.outstanding_total.fetch_add(1, Ordering::AcqRel);
+            self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
+            drop(guard);
+            // Its completion is looked for soon (see `IbSender::idle`).
+            self.wake_sender();
+            return Ok(());
+        }
+    }
+}
