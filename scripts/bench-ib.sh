@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # scripts/bench-ib.sh - InfiniBand/RoCE benchmarks: dxnet-bench's IB suite
 # (dxnet-bench/configs/ib.json) for the bindings dxnet-ib (dxnet over verbs),
-# raw-verbs (one SEND WR per message, pre-posted receive queue, no library)
-# and perftest's ib_send_bw / ib_send_lat, in one run of the Soft-RoCE VM.
+# raw-verbs (one SEND WR per message, pre-posted receive queue, no library;
+# one RDMA WRITE/READ per access) and perftest's ib_send_bw / ib_send_lat /
+# ib_write_bw / ib_write_lat / ib_read_bw / ib_read_lat, in one run of the
+# Soft-RoCE VM.
 #
 # Usage:
 #   scripts/bench-ib.sh [--quick] [--repeat N] [--debug] [--no-plots]
@@ -25,12 +27,15 @@
 #   --operations L, --sizes L, --count N
 #               only these operations / sizes, and this many messages (round
 #               trips) per run instead of the suite's
+#   --rdma-window N  one-sided accesses in flight per thread (dxnet-bench's
+#               params.rdma_window, default 16)
 #
 # The suite: throughput uni at 64 B (20 000 messages) and 64 KiB (1 250),
-# pingpong at 64 B (2 000 round trips), 1 sender thread, 2 nodes, warm-up
-# 10 %; dxnet-ib and raw-verbs through dxnet-bench's operations, ib_send_bw
-# -s 64 / -s 65536 -n COUNT and ib_send_lat -s 64 -n COUNT -H for
-# comparison.
+# pingpong at 64 B (2 000 round trips), one-sided rdma_write and rdma_read
+# at 64 B, 4 KiB and 64 KiB (10 000 accesses, halved above 4 KiB) and their
+# latency at 64 B (2 000), 1 sender thread, 2 nodes, warm-up 10 %; dxnet-ib
+# and raw-verbs through dxnet-bench's operations, perftest's programs with
+# -s SIZE -n COUNT (-H for the latency ones) for comparison.
 #
 # The VM boots with tsc=reliable (DXNET_VM_KERNEL_ARGS replaces it): otherwise
 # its clocksource is the emulated HPET and every clock read costs
@@ -41,7 +46,7 @@
 # OUTDIR gets results.json (dxnet-bench's record schema: operation, mode,
 # binding, size, threads, handlers, nodes, repetition, msgs_per_sec,
 # bytes_per_sec, lat_us{avg,min,max,p50,p95,p99,p999,p9999}, cpu_s,
-# wire_overhead, ...; bindings dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat;
+# wire_overhead, ...; bindings dxnet-ib, raw-verbs and perftest's;
 # pingpong latencies are full round trips, ib_send_lat's RTT/2 samples
 # doubled), summary.txt (the table printed at the end, with the ratios
 # dxnet-ib / raw-verbs and dxnet-ib / perftest), the CSV files, plots, every
@@ -70,6 +75,7 @@ BINDINGS=
 OPERATIONS=
 SIZES=
 COUNT=
+WINDOW=
 while [ $# -gt 0 ]; do
     case $1 in
         --no-vm) NO_VM=1; shift ;;
@@ -84,12 +90,13 @@ while [ $# -gt 0 ]; do
         --operations) OPERATIONS=$2; shift 2 ;;
         --sizes) SIZES=$2; shift 2 ;;
         --count) COUNT=$2; shift 2 ;;
+        --rdma-window) WINDOW=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -110,6 +117,7 @@ run_suite() {
     [ -n "$OPERATIONS" ] && extra+=(--operations "$OPERATIONS")
     [ -n "$SIZES" ] && extra+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && extra+=(--count "$COUNT")
+    [ -n "$WINDOW" ] && extra+=(--rdma-window "$WINDOW")
     rxe() {
         local c
         for c in sent_pkts completer_retry_err rcvd_rnr_err retry_exceeded_err; do
@@ -191,6 +199,7 @@ else
     [ -n "$OPERATIONS" ] && args+=(--operations "$OPERATIONS")
     [ -n "$SIZES" ] && args+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && args+=(--count "$COUNT")
+    [ -n "$WINDOW" ] && args+=(--rdma-window "$WINDOW")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.
     (

@@ -66,7 +66,7 @@ REBUILD=0
 ENVS=()
 
 # Bump when the cache layout or the image contents change incompatibly.
-IMAGE_VERSION=3
+IMAGE_VERSION=4
 
 # Debian packages unpacked for the guest (the kernel package is added).
 PACKAGES=(busybox-static libibverbs1 ibverbs-providers librdmacm1 libibumad3
@@ -75,7 +75,8 @@ PACKAGES=(busybox-static libibverbs1 ibverbs-providers librdmacm1 libibumad3
 # Programs from those packages that go into the guest.
 PROGRAMS=(usr/bin/ibv_devinfo usr/bin/ibv_devices usr/bin/ibv_rc_pingpong
           usr/bin/ib_send_bw usr/bin/ib_send_lat usr/bin/ib_write_bw
-          usr/bin/ib_write_lat bin/ip sbin/ip usr/bin/rdma bin/bash)
+          usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_read_lat bin/ip
+          sbin/ip usr/bin/rdma bin/bash)
 # Kernel modules loaded at boot (their dependencies are found and added).
 MODULES=(crc32_generic rdma_rxe ib_uverbs dummy virtio_pci 9pnet_virtio 9p)
 # Host libraries always put into the guest (glibc and what Rust needs).
@@ -258,7 +259,8 @@ prepare() {
         rm -f "$R/usr/bin/${prog##*/}"
         cp "$src" "$R/usr/bin/"
     done
-    for prog in ibv_devinfo ib_send_bw ib_send_lat ip rdma bash; do
+    for prog in ibv_devinfo ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw \
+                ib_read_lat ip rdma bash; do
         [ -x "$R/usr/bin/$prog" ] || fail "$prog missing from the packages"
     done
     # every shared library of the packages (symlinks kept), then libibverbs'

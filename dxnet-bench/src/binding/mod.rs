@@ -58,6 +58,14 @@ pub enum BindingKind {
     IbSendBw,
     /// perftest's `ib_send_lat` (latency and pingpong), run as two processes.
     IbSendLat,
+    /// perftest's `ib_write_bw` (`rdma_write` uni only).
+    IbWriteBw,
+    /// perftest's `ib_write_lat` (`rdma_write_lat`).
+    IbWriteLat,
+    /// perftest's `ib_read_bw` (`rdma_read` uni only).
+    IbReadBw,
+    /// perftest's `ib_read_lat` (`rdma_read_lat`).
+    IbReadLat,
 }
 
 /// The raw baseline a binding is compared with (by name, so that results of
@@ -80,16 +88,19 @@ pub fn baselines_of(binding: &str) -> &'static [&'static str] {
 
 /// The perftest binding that measures `op`.
 pub fn perftest_for(op: Operation) -> &'static str {
-    if op.is_latency() {
-        "ib_send_lat"
-    } else {
-        "ib_send_bw"
+    match op {
+        Operation::RdmaWrite => "ib_write_bw",
+        Operation::RdmaWriteLat => "ib_write_lat",
+        Operation::RdmaRead => "ib_read_bw",
+        Operation::RdmaReadLat => "ib_read_lat",
+        op if op.is_latency() => "ib_send_lat",
+        _ => "ib_send_bw",
     }
 }
 
 /// Whether a binding is a baseline (no library): `raw-*` and perftest.
 pub fn is_baseline(binding: &str) -> bool {
-    binding.starts_with("raw-") || binding.starts_with("ib_send_")
+    binding.starts_with("raw-") || binding.starts_with("ib_")
 }
 
 /// Where a node's wire bytes are counted.
@@ -119,10 +130,15 @@ impl BindingKind {
             "raw-verbs" => BindingKind::RawVerbs,
             "ib_send_bw" => BindingKind::IbSendBw,
             "ib_send_lat" => BindingKind::IbSendLat,
+            "ib_write_bw" => BindingKind::IbWriteBw,
+            "ib_write_lat" => BindingKind::IbWriteLat,
+            "ib_read_bw" => BindingKind::IbReadBw,
+            "ib_read_lat" => BindingKind::IbReadLat,
             other => {
                 bail!(
                     "unknown binding {other:?} (raw-tcp, raw-tcp-batched, dxnet-tcp, \
-                     dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat)"
+                     dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat, \
+                     ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat)"
                 )
             }
         };
@@ -141,6 +157,10 @@ impl BindingKind {
             BindingKind::RawVerbs => "raw-verbs",
             BindingKind::IbSendBw => "ib_send_bw",
             BindingKind::IbSendLat => "ib_send_lat",
+            BindingKind::IbWriteBw => "ib_write_bw",
+            BindingKind::IbWriteLat => "ib_write_lat",
+            BindingKind::IbReadBw => "ib_read_bw",
+            BindingKind::IbReadLat => "ib_read_lat",
         }
     }
 
@@ -163,13 +183,25 @@ impl BindingKind {
                 | BindingKind::RawVerbs
                 | BindingKind::IbSendBw
                 | BindingKind::IbSendLat
+                | BindingKind::IbWriteBw
+                | BindingKind::IbWriteLat
+                | BindingKind::IbReadBw
+                | BindingKind::IbReadLat
         )
     }
 
     /// Whether the coordinator runs an external program (perftest) instead
     /// of node processes.
     pub fn is_external(self) -> bool {
-        matches!(self, BindingKind::IbSendBw | BindingKind::IbSendLat)
+        matches!(
+            self,
+            BindingKind::IbSendBw
+                | BindingKind::IbSendLat
+                | BindingKind::IbWriteBw
+                | BindingKind::IbWriteLat
+                | BindingKind::IbReadBw
+                | BindingKind::IbReadLat
+        )
     }
 
     /// Whether the binding can run `op`/`mode` with `threads` sender threads
@@ -183,8 +215,14 @@ impl BindingKind {
             BindingKind::IbSendLat => {
                 op.is_latency() && !op.is_one_sided() && threads == 1 && nodes == 2
             }
-            // One-sided operations: dxnet's API.
-            _ if op.is_one_sided() => self.has_handlers(),
+            BindingKind::IbWriteBw | BindingKind::IbReadBw => {
+                perftest_for(op) == self.name() && mode == Mode::Uni && threads == 1 && nodes == 2
+            }
+            BindingKind::IbWriteLat | BindingKind::IbReadLat => {
+                perftest_for(op) == self.name() && threads == 1 && nodes == 2
+            }
+            // One-sided operations: dxnet's API and raw verbs.
+            _ if op.is_one_sided() => self.has_handlers() || self == BindingKind::RawVerbs,
             _ => true,
         }
     }
@@ -330,7 +368,12 @@ pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn 
         | BindingKind::DxnetLoopback
         | BindingKind::DxnetIb => Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?),
         BindingKind::RawVerbs => Arc::new(raw_verbs::RawVerbs::start(setup, me, sink.clone())?),
-        k @ (BindingKind::IbSendBw | BindingKind::IbSendLat) => {
+        k @ (BindingKind::IbSendBw
+        | BindingKind::IbSendLat
+        | BindingKind::IbWriteBw
+        | BindingKind::IbWriteLat
+        | BindingKind::IbReadBw
+        | BindingKind::IbReadLat) => {
             bail!(
                 "{} is run by the coordinator, not in a node process",
                 k.name()
@@ -616,6 +659,12 @@ mod tests {
         assert!(BindingKind::DxnetTcp.supports(Operation::RdmaWrite, Mode::Bi, 4, 2));
         assert!(!BindingKind::RawTcp.supports(Operation::RdmaRead, Mode::Uni, 1, 2));
         assert!(!BindingKind::IbSendLat.supports(Operation::RdmaWriteLat, Mode::Uni, 1, 2));
+        assert!(BindingKind::IbWriteLat.supports(Operation::RdmaWriteLat, Mode::Uni, 1, 2));
+        assert!(!BindingKind::IbWriteLat.supports(Operation::RdmaReadLat, Mode::Uni, 1, 2));
+        assert!(BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Uni, 1, 2));
+        assert!(!BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Bi, 1, 2));
+        assert!(BindingKind::RawVerbs.supports(Operation::RdmaWrite, Mode::Bi, 4, 2));
+        assert_eq!(perftest_for(Operation::RdmaReadLat), "ib_read_lat");
     }
 
     #[test]
@@ -631,6 +680,10 @@ mod tests {
             BindingKind::RawVerbs,
             BindingKind::IbSendBw,
             BindingKind::IbSendLat,
+            BindingKind::IbWriteBw,
+            BindingKind::IbWriteLat,
+            BindingKind::IbReadBw,
+            BindingKind::IbReadLat,
         ] {
             assert_eq!(BindingKind::parse(k.name()).unwrap(), k);
         }

@@ -1,6 +1,8 @@
-//! `ib_send_bw` / `ib_send_lat`: perftest's RC SEND benchmarks as external
-//! bindings, so that their numbers sit in the same `results.json`, tables
-//! and plots as the bindings measured through [`Binding`](super::Binding).
+//! perftest's RC benchmarks as external bindings (`ib_send_bw`,
+//! `ib_send_lat`, and for the one-sided operations `ib_write_bw`,
+//! `ib_write_lat`, `ib_read_bw`, `ib_read_lat`), so that their numbers sit
+//! in the same `results.json`, tables and plots as the bindings measured
+//! through [`Binding`](super::Binding).
 //!
 //! The coordinator runs, per measured repetition, the perftest server and
 //! then its client against `127.0.0.1` (the endpoint exchange; the data goes
@@ -12,6 +14,11 @@
 //! * `ib_send_lat -s SIZE -n COUNT -H` for `pingpong` and `latency`: `-H`
 //!   prints every sample (RTT/2, µs); they go into the usual histogram, as
 //!   full round trips (×2) for `pingpong` and one-way for `latency`.
+//! * `ib_write_bw` / `ib_read_bw` like `ib_send_bw` for `rdma_write` /
+//!   `rdma_read` `uni`; `ib_write_lat -H` (a ping-pong of writes, RTT/2
+//!   per sample: recorded ×2, the time a write takes to be acknowledged)
+//!   for `rdma_write_lat`, `ib_read_lat -H` (a read's full latency) for
+//!   `rdma_read_lat`.
 //!
 //! Device, port and GID index come from `params.rdma` or `RDMA_DEV`,
 //! `RDMA_PORT`, `RDMA_GID_INDEX`. perftest does its own warm-up; ours is
@@ -35,8 +42,12 @@ const ATTEMPTS: u32 = 2;
 /// The program of a perftest binding.
 pub fn tool(kind: BindingKind) -> Result<&'static str> {
     Ok(match kind {
-        BindingKind::IbSendBw => "ib_send_bw",
-        BindingKind::IbSendLat => "ib_send_lat",
+        BindingKind::IbSendBw
+        | BindingKind::IbSendLat
+        | BindingKind::IbWriteBw
+        | BindingKind::IbWriteLat
+        | BindingKind::IbReadBw
+        | BindingKind::IbReadLat => kind.name(),
         other => bail!("{} is not a perftest binding", other.name()),
     })
 }
@@ -60,10 +71,18 @@ pub fn args(kind: BindingKind, run: &RunSpec, t: &RdmaTarget, tcp_port: u16) -> 
         "-p".to_string(),
         tcp_port.to_string(),
     ]);
-    if kind == BindingKind::IbSendLat {
+    if !is_bw(kind) {
         a.push("-H".to_string());
     }
     a
+}
+
+/// Whether the program measures bandwidth (else latency samples).
+fn is_bw(kind: BindingKind) -> bool {
+    matches!(
+        kind,
+        BindingKind::IbSendBw | BindingKind::IbWriteBw | BindingKind::IbReadBw
+    )
 }
 
 /// Messages/s from `ib_send_bw`'s report line
@@ -281,22 +300,30 @@ fn record(
     cpu_s: f64,
 ) -> Result<Record> {
     let size = run.size;
-    let (messages, elapsed_s, msgs_per_sec, lat_us) = if kind == BindingKind::IbSendBw {
+    let (messages, elapsed_s, msgs_per_sec, lat_us) = if is_bw(kind) {
         let mps = parse_bw(out, size)?;
         (run.count, run.count as f64 / mps, mps, None)
     } else {
         let one_way = parse_lat_samples(out)?;
-        // pingpong records full round trips, latency one-way (RTT/2).
-        let factor = if run.operation == Operation::Pingpong {
-            2.0
-        } else {
-            1.0
+        // pingpong records full round trips, latency one-way (RTT/2); a
+        // write's latency is its round trip (ib_write_lat prints RTT/2),
+        // a read's is what ib_read_lat prints.
+        let factor = match run.operation {
+            Operation::Pingpong | Operation::RdmaWriteLat => 2.0,
+            _ => 1.0,
         };
         let mut h = new_histogram();
         for &us in &one_way {
             record_ns(&mut h, (us * factor * 1000.0).round() as u64);
         }
-        let rtt_s: f64 = one_way.iter().map(|us| 2.0 * us / 1e6).sum();
+        // The time the samples took: ib_read_lat's are whole reads, the
+        // others' halves of round trips.
+        let per = if kind == BindingKind::IbReadLat {
+            1.0
+        } else {
+            2.0
+        };
+        let rtt_s: f64 = one_way.iter().map(|us| per * us / 1e6).sum();
         let n = one_way.len() as u64;
         let mps = if rtt_s > 0.0 { n as f64 / rtt_s } else { 0.0 };
         (n, rtt_s, mps, LatencyStats::from_hist(&h))
@@ -418,6 +445,69 @@ mod tests {
         assert_eq!(bw.msgs_per_sec, 9224.0);
         assert_eq!(bw.bytes_per_sec, 9224.0 * 64.0);
         assert!(bw.lat_us.is_none() && bw.wire_overhead.is_none());
+    }
+
+    #[test]
+    fn one_sided_programs_record_a_write_round_trip_and_a_whole_read() {
+        let key = |b: &str| GroupKey {
+            binding: b.into(),
+            nodes: 2,
+            threads: 1,
+            handlers: 0,
+        };
+        let w = record(
+            BindingKind::IbWriteLat,
+            &key("ib_write_lat"),
+            &run(Operation::RdmaWriteLat, 64),
+            0,
+            LAT,
+            0.1,
+        )
+        .unwrap();
+        assert!((w.lat_us.unwrap().p50 - 22.0).abs() < 0.05);
+        let r = record(
+            BindingKind::IbReadLat,
+            &key("ib_read_lat"),
+            &run(Operation::RdmaReadLat, 64),
+            0,
+            LAT,
+            0.1,
+        )
+        .unwrap();
+        assert!((r.lat_us.unwrap().p50 - 11.0).abs() < 0.05);
+        // Three reads of 10.5 + 11 + 12.25 µs.
+        assert!((r.elapsed_s - 33.75e-6).abs() < 1e-9, "{}", r.elapsed_s);
+        let bw = record(
+            BindingKind::IbReadBw,
+            &key("ib_read_bw"),
+            &run(Operation::RdmaRead, 64),
+            0,
+            BW,
+            0.1,
+        )
+        .unwrap();
+        assert_eq!(bw.msgs_per_sec, 9224.0);
+        let t = RdmaTarget {
+            device: None,
+            port: 1,
+            gid_index: None,
+        };
+        let a = args(
+            BindingKind::IbWriteBw,
+            &run(Operation::RdmaWrite, 64),
+            &t,
+            1,
+        );
+        assert!(!a.contains(&"-H".to_string()));
+        let a = args(
+            BindingKind::IbReadLat,
+            &run(Operation::RdmaReadLat, 64),
+            &t,
+            1,
+        );
+        assert!(a.contains(&"-H".to_string()));
+        assert_eq!(tool(BindingKind::IbReadBw).unwrap(), "ib_read_bw");
+        assert!(tool(BindingKind::RawVerbs).is_err());
     }
 
     #[test]

@@ -19,6 +19,14 @@
 //!   the receive thread answers it on the same queue pair. The requesting
 //!   thread busy-polls the receive CQ of its own queue pair for the
 //!   response, so a ping-pong is one message each way.
+//! * **One-sided** (`rdma_*`): every node registers a region of
+//!   [`ONE_SIDED_REGION`] bytes for remote reads and writes and sends its
+//!   address and remote key with its endpoint; a write is copied into a
+//!   send slot and posted as one RDMA WRITE, a read lands in a send slot
+//!   (one work request per slot-sized piece), with up to `tx_depth` in
+//!   flight and every `signal_every`-th signaled, as `ib_write_bw` and
+//!   `ib_read_bw` do; with a window of 1 each access is signaled and
+//!   awaited.
 //! * Plain one-way messages carry no immediate data. Messages larger than
 //!   `recv_size` are sent as several work requests of at most `recv_size`
 //!   bytes with immediate data, the last one marked; the receiver
@@ -39,7 +47,7 @@ use dxnet_verbs::{
     WorkCompletion,
 };
 
-use super::{Binding, BindingSetup, Sink};
+use super::{Binding, BindingSetup, Sink, ONE_SIDED_REGION};
 use crate::config::{RawVerbsParams, RdmaTarget};
 
 /// Immediate data: message kind in the low byte, `LAST` on the final work
@@ -56,6 +64,8 @@ const OUT_RX_DEPTH: u32 = 16;
 const RESP_TX_DEPTH: u32 = 16;
 /// Hello of a connecting node: node id, sender thread, endpoint.
 const HELLO_LEN: usize = 4 + Endpoint::ENCODED_LEN;
+/// The answer: endpoint, then the region's address and remote key.
+const REPLY_LEN: usize = Endpoint::ENCODED_LEN + 8 + 4;
 
 /// The device side shared by every queue pair of a node.
 struct Dev {
@@ -74,7 +84,13 @@ impl Dev {
             .gid_index
             .map(|g| u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255")))
             .transpose()?;
-        let attr = ConnectAttr::for_port(&ctx, t.port, gid8)?;
+        let mut attr = ConnectAttr::for_port(&ctx, t.port, gid8)?;
+        // RDMA WRITE/READ into the one-sided region, reads in flight as
+        // many as the device allows (perftest's `-o`, up to 16).
+        attr.access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let da = ctx.query_device()?;
+        attr.max_rd_atomic = da.max_qp_init_rd_atom.clamp(1, 16) as u8;
+        attr.max_dest_rd_atomic = da.max_qp_rd_atom.clamp(1, 16) as u8;
         Ok(Dev {
             ctx,
             pd,
@@ -157,6 +173,12 @@ impl SendQ {
         imm: Option<u32>,
         timeout: Duration,
     ) -> Result<()> {
+        let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+        self.post_op(qp, op, data, data.len(), false, timeout)
+    }
+
+    /// Waits until a slot is free (reaping completions).
+    fn wait_room(&mut self, timeout: Duration) -> Result<()> {
         if self.posted - self.completed >= self.depth {
             // The clock only every 1024 empty polls: reading it can be a
             // system call (e.g. the HPET clocksource of an emulated VM).
@@ -175,25 +197,68 @@ impl SendQ {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Posts one work request of `op` over the next slot: `data` copied in
+    /// first (sends, writes), `len` bytes of the slot named (a read's
+    /// destination); `signal` forces a completion.
+    fn post_op(
+        &mut self,
+        qp: &QueuePair,
+        op: SendOp,
+        data: &[u8],
+        len: usize,
+        signal: bool,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.wait_room(timeout)?;
         let off = (self.posted % self.depth) as usize * self.slot;
         self.buf.write(off, data)?;
         let sge: [Sge; 1];
-        let sges: &[Sge] = if data.is_empty() {
+        let sges: &[Sge] = if len == 0 {
             &[]
         } else {
-            sge = [self.buf.sge(off, data.len() as u32)?];
+            sge = [self.buf.sge(off, len as u32)?];
             &sge
         };
-        let flags = if (self.posted + 1) % self.signal_every == 0 {
+        let flags = if signal || (self.posted + 1) % self.signal_every == 0 {
             SendFlags::SIGNALED
         } else {
             SendFlags::NONE
         };
-        let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
         self.chain.clear();
         self.chain.push(self.posted, op, sges, flags);
         qp.post_send(&mut self.chain)?;
         self.posted += 1;
+        Ok(())
+    }
+
+    /// Waits until every posted request completed; posts a signaled empty
+    /// RDMA WRITE first if the last one was unsignaled.
+    fn drain(&mut self, qp: &QueuePair, remote: (u64, u32), timeout: Duration) -> Result<()> {
+        if self.completed >= self.posted {
+            return Ok(());
+        }
+        if self.posted % self.signal_every != 0 {
+            let op = SendOp::RdmaWrite {
+                remote_addr: remote.0,
+                rkey: remote.1,
+            };
+            self.post_op(qp, op, &[], 0, true, timeout)?;
+        }
+        let mut start = None;
+        let mut spins = 0u32;
+        while self.completed < self.posted {
+            if self.reap()? == 0 {
+                spins = spins.wrapping_add(1);
+                if spins % 1024 == 0 && start.get_or_insert_with(Instant::now).elapsed() >= timeout
+                {
+                    bail!("no send completion within {timeout:?}");
+                }
+                std::hint::spin_loop();
+            }
+        }
         Ok(())
     }
 
@@ -274,6 +339,8 @@ impl RecvBufs {
 struct OutConn {
     qp: QueuePair,
     send: SendQ,
+    /// The peer's one-sided region: address and remote key.
+    remote: (u64, u32),
     recv_cq: CompletionQueue,
     rbufs: RecvBufs,
     rchain: RecvChain,
@@ -295,6 +362,8 @@ struct Shared {
     opts: RawVerbsParams,
     /// Receive WRs per incoming queue pair (rx_depth, capped by the device).
     rx_depth: u32,
+    /// The region peers write and read one-sidedly.
+    region: MemoryRegion,
     in_cq: CompletionQueue,
     channel: CompletionChannel,
     incoming: Mutex<Vec<Arc<InConn>>>,
@@ -341,12 +410,17 @@ impl RawVerbs {
         let listener = TcpListener::bind(resolve(addr)?)
             .with_context(|| format!("cannot listen on {addr}"))?;
         listener.set_nonblocking(true)?;
+        let region = dev.pd.alloc_buffer(
+            ONE_SIDED_REGION,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )?;
         let sh = Arc::new(Shared {
             me,
             sink,
             dev,
             opts,
             rx_depth,
+            region,
             in_cq,
             channel,
             incoming: Mutex::new(Vec::new()),
@@ -431,11 +505,16 @@ impl RawVerbs {
         hello[2..4].copy_from_slice(&(t as u16).to_le_bytes());
         hello[4..].copy_from_slice(&mine.to_bytes());
         stream.write_all(&hello)?;
-        let mut theirs = [0u8; Endpoint::ENCODED_LEN];
+        let mut theirs = [0u8; REPLY_LEN];
         stream
             .read_exact(&mut theirs)
             .with_context(|| format!("endpoint of node {p}"))?;
-        let peer = Endpoint::from_bytes(&theirs)?;
+        let e = Endpoint::ENCODED_LEN;
+        let peer = Endpoint::from_bytes(&theirs[..e])?;
+        let remote = (
+            u64::from_le_bytes(theirs[e..e + 8].try_into().expect("8 bytes")),
+            u32::from_le_bytes(theirs[e + 8..].try_into().expect("4 bytes")),
+        );
         qp.to_rtr(&attr, &peer)?;
         qp.to_rts(&attr)?;
         // The peer counts the connection once ours can receive responses.
@@ -443,6 +522,7 @@ impl RawVerbs {
         Ok(OutConn {
             qp,
             send,
+            remote,
             recv_cq,
             rbufs,
             rchain: RecvChain::with_capacity(1, 1),
@@ -508,7 +588,12 @@ fn accept_one(mut stream: TcpStream, sh: &Arc<Shared>) -> Result<()> {
         rbufs,
         resp: Mutex::new(resp),
     }));
-    stream.write_all(&mine.to_bytes())?;
+    let mut reply = [0u8; REPLY_LEN];
+    let e = Endpoint::ENCODED_LEN;
+    reply[..e].copy_from_slice(&mine.to_bytes());
+    reply[e..e + 8].copy_from_slice(&(sh.region.addr() as u64).to_le_bytes());
+    reply[e + 8..].copy_from_slice(&sh.region.rkey().to_le_bytes());
+    stream.write_all(&reply)?;
     let mut ready = [0u8; 1];
     stream.read_exact(&mut ready)?;
     sh.accepted.fetch_add(1, Ordering::AcqRel);
@@ -670,6 +755,69 @@ impl Binding for RawVerbs {
             .with_context(|| format!("send to node {dest}"))
     }
 
+    fn one_sided(
+        &self,
+        thread: usize,
+        dest: u16,
+        read: bool,
+        offset: u64,
+        data: &[u8],
+        window: usize,
+    ) -> Result<()> {
+        let mut c = self.conn(thread, dest)?.lock().unwrap();
+        let OutConn {
+            qp, send, remote, ..
+        } = &mut *c;
+        let slot = send.slot;
+        let pieces = data.len().div_ceil(slot).max(1);
+        for i in 0..pieces {
+            let at = i * slot;
+            let len = (data.len() - at).min(slot);
+            let addr = remote.0 + offset + at as u64;
+            let (op, bytes) = if read {
+                (
+                    SendOp::RdmaRead {
+                        remote_addr: addr,
+                        rkey: remote.1,
+                    },
+                    &[][..],
+                )
+            } else {
+                (
+                    SendOp::RdmaWrite {
+                        remote_addr: addr,
+                        rkey: remote.1,
+                    },
+                    &data[at..at + len],
+                )
+            };
+            let last = i + 1 == pieces;
+            send.post_op(qp, op, bytes, len, window <= 1 && last, self.sh.timeout)
+                .with_context(|| format!("one-sided access to node {dest}"))?;
+        }
+        if window <= 1 {
+            let r = *remote;
+            send.drain(qp, r, self.sh.timeout)?;
+        }
+        Ok(())
+    }
+
+    fn one_sided_drain(&self, thread: usize) -> Result<()> {
+        let Some(out) = self.out.get() else {
+            return Ok(());
+        };
+        for (dest, conns) in out {
+            let mut c = conns[thread % conns.len()].lock().unwrap();
+            let OutConn {
+                qp, send, remote, ..
+            } = &mut *c;
+            let r = *remote;
+            send.drain(qp, r, self.sh.timeout)
+                .with_context(|| format!("one-sided accesses to node {dest}"))?;
+        }
+        Ok(())
+    }
+
     fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()> {
         let mut c = self.conn(thread, dest)?.lock().unwrap();
         let OutConn {
@@ -679,6 +827,7 @@ impl Binding for RawVerbs {
             rbufs,
             rchain,
             wcs,
+            ..
         } = &mut *c;
         send.send_msg(qp, KIND_REQ, payload, self.sh.timeout)
             .with_context(|| format!("request to node {dest}"))?;

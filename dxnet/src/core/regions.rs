@@ -408,7 +408,7 @@ impl Core {
             return Ok(RegionOp::done(self, remote, offset, res));
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            let mut op = self.post_parts(rm, remote, key, offset, data.len(), Some(data))?;
+            let op = self.post_parts(rm, remote, key, offset, data.len(), Some(data))?;
             if let Some(imm) = notify {
                 // Behind the write's work requests on the same queue pair:
                 // the owner sees it after the data.
@@ -431,7 +431,6 @@ impl Core {
                     |w| w.write_all(&frame),
                 )?;
             }
-            op.base = offset;
             return Ok(op);
         }
         let timeout = self.config.request_timeout();
@@ -471,17 +470,9 @@ impl Core {
             });
             at += chunk.len();
         }
-        Ok(RegionOp {
-            core: self.clone(),
-            remote: *remote,
-            base: offset,
-            parts,
-            next: 0,
-            done: None,
-            read_len: None,
-            read: Vec::new(),
-            device: false,
-        })
+        Ok(RegionOp::in_flight(
+            self, remote, offset, parts, None, false,
+        ))
     }
 
     /// Starts a read of `len` bytes at `offset` of `remote`.
@@ -537,17 +528,14 @@ impl Core {
             });
             at += n;
         }
-        Ok(RegionOp {
-            core: self.clone(),
-            remote: *remote,
-            base: offset,
+        Ok(RegionOp::in_flight(
+            self,
+            remote,
+            offset,
             parts,
-            next: 0,
-            done: None,
-            read_len: Some(len),
-            read: Vec::new(),
-            device: false,
-        })
+            Some(len),
+            false,
+        ))
     }
 }
 
@@ -579,8 +567,9 @@ impl Core {
         let mut at = 0usize;
         while at < len || parts.is_empty() {
             let n = (len - at).min(step);
-            // Bounds were checked against the descriptor: no overflow.
-            let addr = key.addr + offset + at as u64;
+            // A forged descriptor may name any address: wrapping, the
+            // device refuses what is not registered.
+            let addr = key.addr.wrapping_add(offset).wrapping_add(at as u64);
             let part = match data {
                 Some(d) => RdmaPart::Write {
                     data: &d[at..at + n],
@@ -602,17 +591,10 @@ impl Core {
             });
             at += n;
         }
-        Ok(RegionOp {
-            core: self.clone(),
-            remote: *remote,
-            base: offset,
-            parts,
-            next: 0,
-            done: None,
-            read_len: data.is_none().then_some(len),
-            read: Vec::new(),
-            device: true,
-        })
+        let read_len = data.is_none().then_some(len);
+        Ok(RegionOp::in_flight(
+            self, remote, offset, parts, read_len, true,
+        ))
     }
 }
 
@@ -692,6 +674,27 @@ pub struct RegionOp {
 }
 
 impl RegionOp {
+    fn in_flight(
+        core: &Arc<Core>,
+        remote: &RemoteRegion,
+        base: u64,
+        parts: Vec<Part>,
+        read_len: Option<usize>,
+        device: bool,
+    ) -> RegionOp {
+        RegionOp {
+            core: core.clone(),
+            remote: *remote,
+            base,
+            parts,
+            next: 0,
+            done: None,
+            read_len,
+            read: Vec::new(),
+            device,
+        }
+    }
+
     fn done(core: &Arc<Core>, remote: &RemoteRegion, base: u64, res: Result<()>) -> RegionOp {
         RegionOp {
             core: core.clone(),

@@ -246,44 +246,24 @@ impl RemoteMemory for IbEngine {
                 ),
                 None => None,
             };
+            let op = match part {
+                RdmaPart::Write { addr, rkey, .. } => ibv::SendOp::RdmaWrite {
+                    remote_addr: addr,
+                    rkey,
+                },
+                RdmaPart::Read { addr, rkey, .. } => ibv::SendOp::RdmaRead {
+                    remote_addr: addr,
+                    rkey,
+                },
+            };
             let posted = match (part, sge) {
-                (RdmaPart::Write { data, addr, rkey }, None) => ic.qp.post_send_inline(
-                    wr_id,
-                    ibv::SendOp::RdmaWrite {
-                        remote_addr: addr,
-                        rkey,
-                    },
-                    data,
-                    true,
-                ),
-                (RdmaPart::Write { addr, rkey, .. }, Some(sge)) => {
-                    let mut chain = std::mem::take(&mut st.chain);
-                    chain.clear();
-                    chain.push(
-                        wr_id,
-                        ibv::SendOp::RdmaWrite {
-                            remote_addr: addr,
-                            rkey,
-                        },
-                        &[sge],
-                        ibv::SendFlags::SIGNALED,
-                    );
-                    let r = ic.qp.post_send(&mut chain);
-                    st.chain = chain;
-                    r
+                (RdmaPart::Write { data, .. }, None) => {
+                    ic.qp.post_send_inline(wr_id, op, data, true)
                 }
-                (RdmaPart::Read { addr, rkey, .. }, Some(sge)) => {
+                (_, Some(sge)) => {
                     let mut chain = std::mem::take(&mut st.chain);
                     chain.clear();
-                    chain.push(
-                        wr_id,
-                        ibv::SendOp::RdmaRead {
-                            remote_addr: addr,
-                            rkey,
-                        },
-                        &[sge],
-                        ibv::SendFlags::SIGNALED,
-                    );
+                    chain.push(wr_id, op, &[sge], ibv::SendFlags::SIGNALED);
                     let r = ic.qp.post_send(&mut chain);
                     st.chain = chain;
                     r
@@ -307,10 +287,14 @@ impl RemoteMemory for IbEngine {
                 }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
-            self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
+            let before = self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
             drop(guard);
-            // Its completion is looked for soon (see `IbSender::idle`).
-            self.wake_sender();
+            // The first part in flight: the send thread, which may be
+            // parked for long, looks for completions often from now on
+            // (see `IbSender::idle`); later parts find it doing so.
+            if before == 0 {
+                self.wake_sender();
+            }
             return Ok(());
         }
     }
