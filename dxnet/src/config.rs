@@ -179,7 +179,8 @@ pub struct IbConfig {
     pub max_inline_data: u32,
     /// Registered 64 KiB slots for the bytes of one-sided accesses in
     /// flight (`Node::write`/`read` copy through them; a part waits for a
-    /// free slot). Default 256 (16 MiB per node).
+    /// free slot), registered at the first access that needs one. Default
+    /// 256 (16 MiB per node).
     pub staging_slots: u32,
 }
 

@@ -222,8 +222,10 @@ pub struct IbEngine {
     /// One-sided parts posted and not yet completed (the send thread
     /// looks for their completions often while there are some).
     one_sided_inflight: AtomicU64,
-    /// Registered memory of one-sided parts in flight.
-    staging: one_sided::Staging,
+    /// Registered memory of one-sided parts in flight, made on first use
+    /// (messaging alone pins none).
+    staging: std::sync::OnceLock<one_sided::Staging>,
+    staging_slots: usize,
     stop: AtomicBool,
     threads: EngineThreads,
 }
@@ -252,7 +254,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     attr.max_rd_atomic = dev_attr.max_qp_init_rd_atom.clamp(1, 16) as u8;
     attr.max_dest_rd_atomic = dev_attr.max_qp_rd_atom.clamp(1, 16) as u8;
     let pd = ctx.alloc_pd().map_err(verbs_err)?;
-    let staging = one_sided::Staging::new(&pd, ib.staging_slots as usize)?;
     let send_cq = ctx.create_cq(ib.send_cq_size, None).map_err(verbs_err)?;
     let recv_channel = ctx.create_comp_channel().map_err(verbs_err)?;
     let recv_cq = ctx
@@ -326,7 +327,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         }),
         outstanding_total: AtomicU64::new(0),
         one_sided_inflight: AtomicU64::new(0),
-        staging,
+        staging: std::sync::OnceLock::new(),
+        staging_slots: ib.staging_slots as usize,
         stop: AtomicBool::new(false),
         threads: EngineThreads::default(),
     });

@@ -99,7 +99,7 @@ impl IbEngine {
             (Some(len), Some(slot)) => {
                 // SAFETY: the read completed: the device is done with the
                 // slot, which is released only after this copy.
-                let bytes = unsafe { self.staging.bytes(slot, len) };
+                let bytes = unsafe { self.staged().bytes(slot, len) };
                 core.requests
                     .complete_parts(p.id, peer, &[&[Status::Ok as u8], bytes]);
             }
@@ -109,8 +109,24 @@ impl IbEngine {
             }
         }
         if let Some(slot) = p.slot {
-            self.staging.release(slot);
+            self.staged().release(slot);
         }
+    }
+
+    /// The staging memory, which a part with a slot implies exists.
+    fn staged(&self) -> &Staging {
+        self.staging.get().expect("slots come from the staging memory")
+    }
+
+    /// The staging memory, registered on first use.
+    fn staging(&self) -> Result<&Staging> {
+        if let Some(s) = self.staging.get() {
+            return Ok(s);
+        }
+        let made = Staging::new(&self.pd, self.staging_slots)?;
+        // A racing first user may have won: its memory is used, ours freed.
+        let _ = self.staging.set(made);
+        Ok(self.staging.get().expect("just set"))
     }
 
     /// Answers the request of a part the peer refused.
@@ -119,14 +135,14 @@ impl IbEngine {
         core.requests
             .complete_parts(p.id, ic.conn.peer, &[&[Status::Unknown as u8]]);
         if let Some(slot) = p.slot {
-            self.staging.release(slot);
+            self.staged().release(slot);
         }
     }
 
     /// Frees the staging slots of a destroyed queue pair.
     pub(super) fn release_quarantine(&self, ic: &IbConn) {
         for slot in std::mem::take(&mut ic.send.lock().quarantined) {
-            self.staging.release(slot);
+            self.staged().release(slot);
         }
     }
 
@@ -197,24 +213,24 @@ impl RemoteMemory for IbEngine {
         };
         assert!(len <= SLOT_LEN, "parts are at most part_max() bytes");
         // A staging slot (not for inline writes: copied at post time).
-        let slot = if inline {
-            None
-        } else {
-            loop {
-                if let Some(s) = self.staging.free.pop() {
+        let staging = if inline { None } else { Some(self.staging()?) };
+        let slot = match staging {
+            None => None,
+            Some(staging) => loop {
+                if let Some(s) = staging.free.pop() {
                     break Some(s);
                 }
                 self.wait_for_room(core, deadline)?;
-            }
+            },
         };
         let give_back = |e: Error| {
             if let Some(s) = slot {
-                self.staging.release(s);
+                self.staged().release(s);
             }
             e
         };
         if let (Some(s), RdmaPart::Write { data, .. }) = (slot, part) {
-            self.staging.fill(s, data);
+            self.staged().fill(s, data);
         }
         loop {
             if conn.state() != ConnState::Open {
@@ -239,7 +255,7 @@ impl RemoteMemory for IbEngine {
             let wr_id = send_wr_id(conn);
             let sge = match slot {
                 Some(s) => Some(
-                    self.staging
+                    self.staged()
                         .mr
                         .sge(s as usize * SLOT_LEN, len as u32)
                         .map_err(|e| give_back(verbs_err(e)))?,
