@@ -115,7 +115,9 @@ impl IbEngine {
 
     /// The staging memory, which a part with a slot implies exists.
     fn staged(&self) -> &Staging {
-        self.staging.get().expect("slots come from the staging memory")
+        self.staging
+            .get()
+            .expect("slots come from the staging memory")
     }
 
     /// The staging memory, registered on first use.
