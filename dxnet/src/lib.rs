@@ -15,7 +15,8 @@
 //! Public API: [`Node`], [`Config`] (with its sections in [`config`]),
 //! [`Message`] and [`Request`] (see [`mod@message`]), [`Error`], [`NodeId`],
 //! [`NodeStats`]; one-sided access to exposed memory ([`Region`],
-//! [`RemoteRegion`], see [`mod@region`]); `pki` with the `pki-gen` feature; [`proto`], the
+//! [`RemoteRegion`], see [`mod@region`]); connection events
+//! ([`events::ConnectionEvent`], see [`mod@events`]); `pki` with the `pki-gen` feature; [`proto`], the
 //! protocol without I/O, for fuzzing and protocol tools.
 //!
 //! Inside (private; `ARCHITECTURE.md` maps them): `core`, the
@@ -37,6 +38,7 @@
 pub mod config;
 pub(crate) mod core;
 pub mod error;
+pub mod events;
 pub mod message;
 mod node;
 #[cfg(feature = "pki-gen")]

@@ -43,6 +43,9 @@ pub struct NodeStats {
     pub incoming_peak_buffers: u64,
     /// Most received bytes queued for the handler threads at once.
     pub incoming_peak_bytes: u64,
+    /// Connection events dropped because slow callbacks let their queue
+    /// fill up (see [`crate::events`]).
+    pub events_dropped: u64,
 }
 
 /// A response that has not arrived yet. Wait for it with
@@ -174,6 +177,22 @@ impl Node {
             core: self.core.clone(),
             _t: std::marker::PhantomData,
         })
+    }
+
+    /// Calls `f` with every connection event from now on (on the node's
+    /// events thread; see [`crate::events`]). Several may be registered.
+    pub fn on_connection_event<F>(&self, f: F) -> Result<()>
+    where
+        F: Fn(crate::events::ConnectionEvent) + Send + Sync + 'static,
+    {
+        self.core.on_connection_event(Box::new(f))
+    }
+
+    /// Subscribes to connection events from now on through a channel of
+    /// `capacity` events (a full one drops events for itself alone; see
+    /// [`crate::events`]).
+    pub fn connection_events(&self, capacity: usize) -> Result<crate::events::ConnectionEvents> {
+        self.core.connection_events(capacity)
     }
 
     pub(crate) fn core(&self) -> &Arc<Core> {

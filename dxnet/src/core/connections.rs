@@ -200,6 +200,7 @@ impl Core {
         let ok = conn.mark_open(peer_instance);
         if ok {
             self.stats.connections_opened.add(1);
+            self.emit_opened(conn.peer, peer_instance);
         }
         ok
     }
@@ -231,6 +232,16 @@ impl Core {
             // Counted as opened: a connection that never opened (a refused
             // connect) is neither.
             self.stats.connections_closed.add(1);
+            self.emit(match err {
+                Error::Unreachable(_, cause) => crate::events::ConnectionEvent::Lost {
+                    node: conn.peer,
+                    cause,
+                },
+                _ => crate::events::ConnectionEvent::Closed {
+                    node: conn.peer,
+                    reason: reason.to_string(),
+                },
+            });
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`connection`]: per-peer state and the connection table.
 //! - [`inline`]: handling on receive threads and the receive role.
 //! - [`regions`]: exposed memory regions and one-sided operations.
+//! - [`events`]: connection events for the application.
 //!
 //! The ring buffer, write-interest queue, buffer pool and parking live in
 //! [`crate::primitives`]; codec, reassembly and wire formats in
@@ -23,6 +24,7 @@
 pub mod connection;
 mod connections;
 mod engine_api;
+pub mod events;
 pub mod flow;
 mod handlers;
 pub mod incoming;
@@ -171,6 +173,8 @@ pub struct Core {
     pub requests: Arc<RequestTable>,
     /// Exposed memory regions.
     regions: regions::RegionTable,
+    /// Connection events for the application.
+    events: events::Events,
     /// Counters.
     pub stats: Stats,
     /// This node's identity key and the node map's public keys, if
@@ -263,6 +267,7 @@ impl Core {
             ),
             requests: RequestTable::new(),
             regions: regions::RegionTable::default(),
+            events: events::Events::default(),
             stats: Stats::default(),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
@@ -435,6 +440,7 @@ impl Core {
             inline_buffers: s.inline_buffers.get(),
             incoming_peak_buffers: peak_buffers as u64,
             incoming_peak_bytes: peak_bytes as u64,
+            events_dropped: self.events.dropped.load(Ordering::Relaxed),
         }
     }
 
@@ -454,6 +460,7 @@ impl Core {
             self.close_connection(&c, "node shut down", false);
         }
         self.exclusive_tx.write().take();
+        self.stop_events();
         self.incoming.handlers.notify_all();
         self.local_room.notify_all();
         let me = std::thread::current().id();
