@@ -29,6 +29,8 @@
 #               trips) per run instead of the suite's
 #   --rdma-window N  one-sided accesses in flight per thread (dxnet-bench's
 #               params.rdma_window, default 16)
+#   --modes L   throughput and one-sided modes, e.g. uni,bi (default: the
+#               suite's, uni)
 #
 # The suite: throughput uni at 64 B (20 000 messages) and 64 KiB (1 250),
 # pingpong at 64 B (2 000 round trips), one-sided rdma_write and rdma_read
@@ -76,6 +78,7 @@ OPERATIONS=
 SIZES=
 COUNT=
 WINDOW=
+MODES=
 while [ $# -gt 0 ]; do
     case $1 in
         --no-vm) NO_VM=1; shift ;;
@@ -91,12 +94,13 @@ while [ $# -gt 0 ]; do
         --sizes) SIZES=$2; shift 2 ;;
         --count) COUNT=$2; shift 2 ;;
         --rdma-window) WINDOW=$2; shift 2 ;;
+        --modes) MODES=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] [--modes L] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -118,6 +122,7 @@ run_suite() {
     [ -n "$SIZES" ] && extra+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && extra+=(--count "$COUNT")
     [ -n "$WINDOW" ] && extra+=(--rdma-window "$WINDOW")
+    [ -n "$MODES" ] && extra+=(--modes "$MODES")
     rxe() {
         local c
         for c in sent_pkts completer_retry_err rcvd_rnr_err retry_exceeded_err; do
@@ -200,6 +205,7 @@ else
     [ -n "$SIZES" ] && args+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && args+=(--count "$COUNT")
     [ -n "$WINDOW" ] && args+=(--rdma-window "$WINDOW")
+    [ -n "$MODES" ] && args+=(--modes "$MODES")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.
     (

@@ -58,11 +58,11 @@ pub enum BindingKind {
     IbSendBw,
     /// perftest's `ib_send_lat` (latency and pingpong), run as two processes.
     IbSendLat,
-    /// perftest's `ib_write_bw` (`rdma_write` uni only).
+    /// perftest's `ib_write_bw` (`rdma_write`; `bi` with `-b`).
     IbWriteBw,
     /// perftest's `ib_write_lat` (`rdma_write_lat`).
     IbWriteLat,
-    /// perftest's `ib_read_bw` (`rdma_read` uni only).
+    /// perftest's `ib_read_bw` (`rdma_read`; `bi` with `-b`).
     IbReadBw,
     /// perftest's `ib_read_lat` (`rdma_read_lat`).
     IbReadLat,
@@ -215,8 +215,9 @@ impl BindingKind {
             BindingKind::IbSendLat => {
                 op.is_latency() && !op.is_one_sided() && threads == 1 && nodes == 2
             }
+            // uni, or bi with perftest's `-b`.
             BindingKind::IbWriteBw | BindingKind::IbReadBw => {
-                perftest_for(op) == self.name() && mode == Mode::Uni && threads == 1 && nodes == 2
+                perftest_for(op) == self.name() && threads == 1 && nodes == 2
             }
             BindingKind::IbWriteLat | BindingKind::IbReadLat => {
                 perftest_for(op) == self.name() && threads == 1 && nodes == 2
@@ -662,7 +663,8 @@ mod tests {
         assert!(BindingKind::IbWriteLat.supports(Operation::RdmaWriteLat, Mode::Uni, 1, 2));
         assert!(!BindingKind::IbWriteLat.supports(Operation::RdmaReadLat, Mode::Uni, 1, 2));
         assert!(BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Uni, 1, 2));
-        assert!(!BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Bi, 1, 2));
+        assert!(BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Bi, 1, 2));
+        assert!(!BindingKind::IbReadBw.supports(Operation::RdmaRead, Mode::Bi, 2, 2));
         assert!(BindingKind::RawVerbs.supports(Operation::RdmaWrite, Mode::Bi, 4, 2));
         assert_eq!(perftest_for(Operation::RdmaReadLat), "ib_read_lat");
     }

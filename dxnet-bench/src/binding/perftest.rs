@@ -15,7 +15,8 @@
 //!   prints every sample (RTT/2, µs); they go into the usual histogram, as
 //!   full round trips (×2) for `pingpong` and one-way for `latency`.
 //! * `ib_write_bw` / `ib_read_bw` like `ib_send_bw` for `rdma_write` /
-//!   `rdma_read` `uni`; `ib_write_lat -H` (a ping-pong of writes, RTT/2
+//!   `rdma_read`, `uni`, or `bi` with `-b` (its report sums both
+//!   directions); `ib_write_lat -H` (a ping-pong of writes, RTT/2
 //!   per sample: recorded ×2, the time a write takes to be acknowledged)
 //!   for `rdma_write_lat`, `ib_read_lat -H` (a read's full latency) for
 //!   `rdma_read_lat`.
@@ -73,6 +74,10 @@ pub fn args(kind: BindingKind, run: &RunSpec, t: &RdmaTarget, tcp_port: u16) -> 
     ]);
     if !is_bw(kind) {
         a.push("-H".to_string());
+    }
+    if run.mode == crate::config::Mode::Bi {
+        // Both sides send at once; the report sums both directions.
+        a.push("-b".to_string());
     }
     a
 }
@@ -302,7 +307,13 @@ fn record(
     let size = run.size;
     let (messages, elapsed_s, msgs_per_sec, lat_us) = if is_bw(kind) {
         let mps = parse_bw(out, size)?;
-        (run.count, run.count as f64 / mps, mps, None)
+        let ways = if run.mode == crate::config::Mode::Bi {
+            2
+        } else {
+            1
+        };
+        let messages = ways * run.count;
+        (messages, messages as f64 / mps, mps, None)
     } else {
         let one_way = parse_lat_samples(out)?;
         // pingpong records full round trips, latency one-way (RTT/2); a
