@@ -34,6 +34,11 @@ pub const SUBTYPE_READ: u8 = 2;
 /// done by the device, see [`NotifyFrame`]).
 pub const SUBTYPE_NOTIFY: u8 = 3;
 
+/// Largest part of an access one request carries: larger accesses are
+/// sent as several requests, and a read request asking for more is
+/// malformed (its answer must fit in one message).
+pub const PART_MAX: usize = 256 << 10;
+
 /// Bytes of a write request before its data.
 pub const WRITE_HEAD_LEN: usize = 4 + 8 + 8 + 1 + 4 + 8;
 /// Bytes of a read request.
@@ -194,10 +199,14 @@ impl ReadRequest {
                 FrameError::Trailing
             }
         })?;
+        let len = u32::from_le_bytes(b[20..24].try_into().expect("4 bytes"));
+        if len as usize > PART_MAX {
+            return Err(FrameError::TooLong(len));
+        }
         Ok(ReadRequest {
             region: region_ref(b),
             offset: u64::from_le_bytes(b[12..20].try_into().expect("8 bytes")),
-            len: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+            len,
         })
     }
 }
@@ -258,6 +267,9 @@ pub enum FrameError {
     /// the part's offset.
     #[error("inconsistent notification fields in a one-sided write")]
     StrayNotify,
+    /// A read of more than [`PART_MAX`] bytes in one request.
+    #[error("one-sided read of {0} bytes in one request, more than one part (PART_MAX)")]
+    TooLong(u32),
     /// A status this version does not know.
     #[error("unknown one-sided answer status {0}")]
     UnknownStatus(u8),
@@ -322,9 +334,17 @@ mod tests {
         let r = ReadRequest {
             region: RegionRef { id: 1, key: 2 },
             offset: 3,
-            len: u32::MAX,
+            len: PART_MAX as u32,
         };
         assert_eq!(ReadRequest::decode(&r.encode()), Ok(r));
+        let too_long = ReadRequest {
+            len: PART_MAX as u32 + 1,
+            ..r
+        };
+        assert_eq!(
+            ReadRequest::decode(&too_long.encode()),
+            Err(FrameError::TooLong(PART_MAX as u32 + 1))
+        );
     }
 
     #[test]

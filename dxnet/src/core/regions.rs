@@ -38,10 +38,11 @@ use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
 use crate::transport::{RdmaPart, RemoteMemory};
 use crate::{Error, NodeId, RegionError, Result};
 
-/// Largest part of a one-sided access sent as one request: parts of a
-/// large access overlap on the wire and at the owner, and one part never
-/// holds the owner's handler thread (or a region's lock) for long.
-pub const PART_MAX: usize = 256 << 10;
+/// Largest part of a one-sided access sent as one request
+/// ([`wire::PART_MAX`]): parts of a large access overlap on the wire and at
+/// the owner, and one part never holds the owner's handler thread (or a
+/// region's lock) for long.
+pub const PART_MAX: usize = wire::PART_MAX;
 
 /// A registration with the device (dropping it deregisters).
 type Registration = Box<dyn std::any::Any + Send + Sync>;
