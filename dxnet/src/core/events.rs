@@ -17,6 +17,9 @@ use crate::{Error, NodeId, Result};
 const QUEUE: usize = 1024;
 
 type EventFn = Box<dyn Fn(ConnectionEvent) + Send + Sync>;
+/// A registered callback (shared: the events thread calls a snapshot of
+/// them without holding the lock, so a callback may subscribe more).
+type SharedFn = Arc<dyn Fn(ConnectionEvent) + Send + Sync>;
 
 /// A channel subscriber and what it missed.
 struct ChannelSub {
@@ -31,7 +34,7 @@ pub struct Events {
     /// Set with the first subscription: before, nothing is made.
     active: AtomicBool,
     tx: RwLock<Option<Sender<ConnectionEvent>>>,
-    callbacks: RwLock<Vec<EventFn>>,
+    callbacks: RwLock<Vec<SharedFn>>,
     channels: Mutex<Vec<ChannelSub>>,
     /// Events dropped because the queue was full.
     pub dropped: AtomicU64,
@@ -73,7 +76,7 @@ impl Core {
 
     /// Adds a callback subscriber.
     pub fn on_connection_event(self: &Arc<Self>, f: EventFn) -> Result<()> {
-        self.events.callbacks.write().push(f);
+        self.events.callbacks.write().push(Arc::from(f));
         self.start_events()
     }
 
@@ -119,7 +122,8 @@ impl Core {
 fn events_loop(core: std::sync::Weak<Core>, rx: Receiver<ConnectionEvent>) {
     while let Ok(ev) = rx.recv() {
         let Some(core) = core.upgrade() else { return };
-        for f in core.events.callbacks.read().iter() {
+        let callbacks: Vec<SharedFn> = core.events.callbacks.read().clone();
+        for f in &callbacks {
             if std::panic::catch_unwind(AssertUnwindSafe(|| f(ev.clone()))).is_err() {
                 tracing::error!("{}: connection event callback panicked", core.own);
             }

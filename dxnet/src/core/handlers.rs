@@ -155,34 +155,7 @@ impl Core {
             return;
         }
         let Some(entry) = self.handlers[h.type_key() as usize].get() else {
-            self.stats.unknown_messages.add(1);
-            let key = h.type_key() as usize;
-            let bit = 1u64 << (key % 64);
-            if self.unknown_logged[key / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-                tracing::warn!(
-                    "{}: message of unknown type ({}, {}) from {src} dropped (further ones of this type are logged at debug level)",
-                    self.own,
-                    h.msg_type,
-                    h.subtype
-                );
-            } else {
-                tracing::debug!(
-                    "{}: message of unknown type ({}, {}) from {src} dropped",
-                    self.own,
-                    h.msg_type,
-                    h.subtype
-                );
-            }
-            if kind == MessageKind::Request {
-                self.send_error_response(
-                    src,
-                    h.request_id,
-                    REMOTE_UNKNOWN_TYPE,
-                    h.msg_type,
-                    h.subtype,
-                );
-            }
-            return;
+            return self.drop_unknown(src, h);
         };
         match &entry.kind {
             HandlerKind::Request(f) => {
@@ -208,19 +181,41 @@ impl Core {
                 }
             }
             HandlerKind::Message(f) => run_receiver(self.own, f, src, h.type_key(), payload),
-            HandlerKind::Own(f) => {
-                if kind == MessageKind::Plain {
-                    f(self, src, payload)
-                } else if kind == MessageKind::Request {
-                    self.send_error_response(
-                        src,
-                        h.request_id,
-                        REMOTE_UNKNOWN_TYPE,
-                        h.msg_type,
-                        h.subtype,
-                    );
-                }
-            }
+            // dxnet's own plain messages; as a request, no such type.
+            HandlerKind::Own(f) if kind == MessageKind::Plain => f(self, src, payload),
+            HandlerKind::Own(_) => self.drop_unknown(src, h),
+        }
+    }
+
+    /// Counts and logs a message no receiver takes; a request gets an
+    /// "unknown type" error response.
+    fn drop_unknown(&self, src: NodeId, h: &MessageHeader) {
+        self.stats.unknown_messages.add(1);
+        let key = h.type_key() as usize;
+        let bit = 1u64 << (key % 64);
+        if self.unknown_logged[key / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            tracing::warn!(
+                "{}: message of unknown type ({}, {}) from {src} dropped (further ones of this type are logged at debug level)",
+                self.own,
+                h.msg_type,
+                h.subtype
+            );
+        } else {
+            tracing::debug!(
+                "{}: message of unknown type ({}, {}) from {src} dropped",
+                self.own,
+                h.msg_type,
+                h.subtype
+            );
+        }
+        if h.kind() == MessageKind::Request {
+            self.send_error_response(
+                src,
+                h.request_id,
+                REMOTE_UNKNOWN_TYPE,
+                h.msg_type,
+                h.subtype,
+            );
         }
     }
 
