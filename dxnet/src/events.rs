@@ -25,13 +25,16 @@
 //! dropped [`ConnectionEvents`] unsubscribes. Per node, events come in the
 //! order they happened; a callback runs on the events thread, so a slow or
 //! blocking callback delays later events (of every subscriber), never the
-//! network.
+//! network. [`ConnectionEvents`] is also an async `Stream`
+//! (`futures_core::Stream`), which ends at shutdown.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crate::primitives::mailbox::Mailbox;
 
 use crate::error::Unreachable;
 use crate::NodeId;
@@ -83,54 +86,53 @@ impl ConnectionEvent {
 }
 
 /// A subscription to a node's connection events as a bounded channel
-/// ([`crate::Node::connection_events`]); dropping it unsubscribes.
+/// ([`crate::Node::connection_events`]), also an async `Stream`; dropping
+/// it unsubscribes.
 #[derive(Debug)]
 pub struct ConnectionEvents {
-    pub(crate) rx: Receiver<ConnectionEvent>,
+    pub(crate) mailbox: Arc<Mailbox<ConnectionEvent>>,
     pub(crate) dropped: Arc<AtomicU64>,
 }
 
-/// Why no event was received.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EventsEnded {
-    /// No event within the time given (or none waiting, for `try_recv`).
-    #[error("no connection event yet")]
-    Empty,
-    /// The node shut down: no event will come.
-    #[error("the node shut down")]
-    Shutdown,
-}
+/// Why no event was received: the error of pull receivers.
+pub type EventsEnded = crate::RecvError;
 
 impl ConnectionEvents {
     /// The next event; blocks until one comes or the node shuts down.
     pub fn recv(&self) -> Result<ConnectionEvent, EventsEnded> {
-        self.rx.recv().map_err(|_| EventsEnded::Shutdown)
+        Ok(self.mailbox.pop_wait(None)?)
     }
 
     /// The next event within `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<ConnectionEvent, EventsEnded> {
-        self.rx.recv_timeout(timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => EventsEnded::Empty,
-            RecvTimeoutError::Disconnected => EventsEnded::Shutdown,
-        })
+        Ok(self.mailbox.pop_wait(Some(Instant::now() + timeout))?)
     }
 
     /// The next event if one is waiting.
     pub fn try_recv(&self) -> Result<ConnectionEvent, EventsEnded> {
-        self.rx.try_recv().map_err(|e| match e {
-            TryRecvError::Empty => EventsEnded::Empty,
-            TryRecvError::Disconnected => EventsEnded::Shutdown,
-        })
+        Ok(self.mailbox.try_pop()?)
     }
 
     /// Events as they come, until the node shuts down.
     pub fn iter(&self) -> impl Iterator<Item = ConnectionEvent> + '_ {
-        self.rx.iter()
+        std::iter::from_fn(move || self.recv().ok())
     }
 
     /// Events this subscription missed because it was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl futures_core::Stream for ConnectionEvents {
+    type Item = ConnectionEvent;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ConnectionEvent>> {
+        self.mailbox.poll_pop(cx)
+    }
+}
+
+impl Drop for ConnectionEvents {
+    fn drop(&mut self) {
+        self.mailbox.close(true);
     }
 }

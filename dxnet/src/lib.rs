@@ -16,7 +16,8 @@
 //! [`Message`] and [`Request`] (see [`mod@message`]), [`Error`], [`NodeId`],
 //! [`NodeStats`]; one-sided access to exposed memory ([`Region`],
 //! [`RemoteRegion`], see [`mod@region`]); connection events
-//! ([`events::ConnectionEvent`], see [`mod@events`]); `pki` with the `pki-gen` feature; [`proto`], the
+//! ([`events::ConnectionEvent`], see [`mod@events`]); pull receivers
+//! ([`PullReceiver`], see [`mod@pull`]); `pki` with the `pki-gen` feature; [`proto`], the
 //! protocol without I/O, for fuzzing and protocol tools.
 //!
 //! Inside (private; `ARCHITECTURE.md` maps them): `core`, the
@@ -44,6 +45,7 @@ mod node;
 #[cfg(feature = "pki-gen")]
 pub mod pki;
 pub(crate) mod primitives;
+pub mod pull;
 pub mod region;
 /// The protocol without I/O (the `dxnet-proto` crate).
 pub use dxnet_proto as proto;
@@ -53,6 +55,7 @@ pub use config::{Config, TlsConfig, TransportKind};
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{MultiSend, Node, NodeStats, ResponseHandle};
+pub use pull::{PullReceiver, RecvError};
 pub use region::{Access, Region, RemoteRegion};
 
 /// A node's 16-bit id.

@@ -113,6 +113,15 @@ impl Node {
         self.core.register_request::<R, F>(f)
     }
 
+    /// A receiver to take messages of type `M` from when the application
+    /// wants them (blocking, with a timeout, as an iterator or an async
+    /// `Stream`), holding up to `capacity` of them; a full receiver slows
+    /// the senders down through flow control. Dropping it unregisters the
+    /// type. See [`crate::pull`].
+    pub fn receiver<M: Message>(&self, capacity: usize) -> Result<crate::PullReceiver<M>> {
+        self.core.register_pull::<M>(capacity)
+    }
+
     /// Sends `msg` to `dest`. Returns once the message is serialized into the
     /// connection's ring buffer; blocks only under back-pressure and then
     /// fails with [`crate::Error::Timeout`] after `send_timeout_ms`.

@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::Core;
 use crate::events::{ConnectionEvent, ConnectionEvents};
+use crate::primitives::mailbox::{Mailbox, PushError};
 use crate::{Error, NodeId, Result};
 
 /// Events waiting for the events thread.
@@ -23,7 +24,7 @@ type SharedFn = Arc<dyn Fn(ConnectionEvent) + Send + Sync>;
 
 /// A channel subscriber and what it missed.
 struct ChannelSub {
-    tx: Sender<ConnectionEvent>,
+    mailbox: Arc<Mailbox<ConnectionEvent>>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -82,14 +83,14 @@ impl Core {
 
     /// Adds a channel subscriber of `capacity` events.
     pub fn connection_events(self: &Arc<Self>, capacity: usize) -> Result<ConnectionEvents> {
-        let (tx, rx) = crossbeam::channel::bounded(capacity.max(1));
+        let mailbox = Arc::new(Mailbox::new(capacity));
         let dropped = Arc::new(AtomicU64::new(0));
         self.events.channels.lock().push(ChannelSub {
-            tx,
+            mailbox: mailbox.clone(),
             dropped: dropped.clone(),
         });
         self.start_events()?;
-        Ok(ConnectionEvents { rx, dropped })
+        Ok(ConnectionEvents { mailbox, dropped })
     }
 
     /// Starts the events thread once.
@@ -131,17 +132,21 @@ fn events_loop(core: std::sync::Weak<Core>, rx: Receiver<ConnectionEvent>) {
         core.events
             .channels
             .lock()
-            .retain(|c| match c.tx.try_send(ev.clone()) {
+            .retain(|c| match c.mailbox.try_push(ev.clone()) {
                 Ok(()) => true,
-                Err(TrySendError::Full(_)) => {
+                Err(PushError::Full(_)) => {
                     c.dropped.fetch_add(1, Ordering::Relaxed);
                     true
                 }
-                Err(TrySendError::Disconnected(_)) => false,
+                // The subscriber dropped its end.
+                Err(PushError::Closed(_)) => false,
             });
     }
-    // The node shut down: channel subscribers see the end.
+    // The node shut down: channel subscribers get what is queued, then the
+    // end.
     if let Some(core) = core.upgrade() {
-        core.events.channels.lock().clear();
+        for c in core.events.channels.lock().drain(..) {
+            c.mailbox.close(false);
+        }
     }
 }

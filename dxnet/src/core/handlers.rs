@@ -184,6 +184,17 @@ impl Core {
             // dxnet's own plain messages; as a request, no such type.
             HandlerKind::Own(f) if kind == MessageKind::Plain => f(self, src, payload),
             HandlerKind::Own(_) => self.drop_unknown(src, h),
+            HandlerKind::Pull(_) if kind != MessageKind::Plain => self.drop_unknown(src, h),
+            HandlerKind::Pull(slot) => match slot.sink().map(|s| s.offer(src, payload)) {
+                Some(pull::Offered::Queued) => {}
+                None | Some(pull::Offered::Gone) => self.drop_unknown(src, h),
+                Some(pull::Offered::Undecodable(e)) => tracing::warn!(
+                    "{}: message ({}, {}) from {src} dropped: {e}",
+                    self.own,
+                    h.msg_type,
+                    h.subtype
+                ),
+            },
         }
     }
 

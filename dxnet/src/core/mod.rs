@@ -29,6 +29,7 @@ pub mod flow;
 mod handlers;
 pub mod incoming;
 pub mod inline;
+pub(crate) mod pull;
 mod receive;
 pub mod regions;
 pub mod requests;
@@ -88,6 +89,8 @@ enum HandlerKind {
     Request(RequestFn),
     /// One of dxnet's own plain messages (type 0), handled by the runtime.
     Own(fn(&Core, NodeId, &[u8])),
+    /// A type taken through a pull receiver (`crate::pull`).
+    Pull(Arc<pull::PullSlot>),
 }
 
 struct HandlerEntry {
@@ -451,6 +454,9 @@ impl Core {
             return;
         }
         self.requests.close();
+        // Before the engine stops: a receive or handler thread waiting for
+        // room in a full pull receiver must return to be joined.
+        self.close_pull_receivers();
         let linger = Duration::from_millis(self.config.limits.shutdown_linger_ms);
         self.linger(*self.linger_until.get_or_init(|| Instant::now() + linger));
         if let Some(t) = self.transport() {

@@ -7,6 +7,8 @@
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
 //!   (flow control).
 //! - [`deadline`]: a timeout that reads the clock only when a wait begins.
+//! - [`mailbox`]: a bounded queue to application threads (blocking, with
+//!   timeout, or async), behind pull receivers and event channels.
 //! - [`orb`]: the outgoing ring buffer (lock-free, many producers, one
 //!   consumer at a time).
 //! - [`write_interest`]: the queue of connections with data for the send
@@ -27,6 +29,7 @@ use std::sync::OnceLock;
 
 pub mod credit;
 pub mod deadline;
+pub mod mailbox;
 pub mod orb;
 pub mod park;
 pub mod pool;
