@@ -124,6 +124,8 @@ pub trait Transport: Send + Sync + 'static {
 /// Where a part of a one-sided access goes in the peer's registered
 /// memory.
 #[derive(Debug, Clone, Copy)]
+// Read only by the InfiniBand engine.
+#[cfg_attr(not(feature = "ib"), allow(dead_code))]
 pub enum RdmaPart<'a> {
     /// Write `data` there.
     Write {
