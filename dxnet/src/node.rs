@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::core::Core;
+use crate::core::{Core, Mode};
 use crate::{Config, Error, Message, NodeId, Request, Result};
 
 /// A running dxnet node. Cheap to share between threads (`&Node` is enough to
@@ -81,7 +81,7 @@ impl Node {
         M: Message,
         F: Fn(NodeId, M) + Send + Sync + 'static,
     {
-        self.core.register_message::<M, F>(f, false)
+        self.core.register_message::<M, F>(f, Mode::Ordered)
     }
 
     /// Registers a receiver for `M` that processes every message of this type,
@@ -91,7 +91,24 @@ impl Node {
         M: Message,
         F: Fn(NodeId, M) + Send + Sync + 'static,
     {
-        self.core.register_message::<M, F>(f, true)
+        self.core.register_message::<M, F>(f, Mode::Exclusive)
+    }
+
+    /// Registers a receiver for `M` whose messages may be handled by
+    /// several handler threads at once, also those of one connection:
+    /// one handler thread decodes the connection's stream and hands each
+    /// message of this type to whichever handler thread is free. So a slow
+    /// receiver uses every handler thread, even with a single sender; in
+    /// exchange messages of `M` have no order (not even those of one
+    /// sender thread), and none with the connection's other messages. A
+    /// message's bytes count as processed for flow control when its
+    /// receiver returns, so a sender cannot run ahead of the handlers.
+    pub fn register_parallel<M, F>(&self, f: F) -> Result<()>
+    where
+        M: Message,
+        F: Fn(NodeId, M) + Send + Sync + 'static,
+    {
+        self.core.register_message::<M, F>(f, Mode::Parallel)
     }
 
     /// Registers a receiver for raw payloads of (`msg_type`, `subtype`): no
@@ -110,7 +127,19 @@ impl Node {
         R: Request,
         F: Fn(NodeId, R) -> R::Response + Send + Sync + 'static,
     {
-        self.core.register_request::<R, F>(f)
+        self.core.register_request::<R, F>(f, Mode::Ordered)
+    }
+
+    /// Registers the handler of request type `R` to run on several handler
+    /// threads at once, also for requests of one connection (see
+    /// [`Node::register_parallel`]): requests of `R` are answered in any
+    /// order, each response still bound to its request.
+    pub fn register_request_parallel<R, F>(&self, f: F) -> Result<()>
+    where
+        R: Request,
+        F: Fn(NodeId, R) -> R::Response + Send + Sync + 'static,
+    {
+        self.core.register_request::<R, F>(f, Mode::Parallel)
     }
 
     /// A receiver to take messages of type `M` from when the application

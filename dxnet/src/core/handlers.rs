@@ -7,6 +7,13 @@ impl Core {
     pub(super) fn handler_loop(self: Arc<Self>) {
         let mut idle = Idle::new(&self.config.park);
         loop {
+            // Parallel messages first: each holds back flow-control window
+            // of its connection until it ran.
+            if let Some(job) = self.parallel.pop() {
+                idle.reset();
+                self.run_parallel(job);
+                continue;
+            }
             if let Some(conn) = self.incoming.pop_ready() {
                 idle.reset();
                 self.process_connection(conn);
@@ -17,9 +24,10 @@ impl Core {
             }
             if idle.step() {
                 let max = idle.max_park;
-                self.incoming
-                    .handlers
-                    .park_unless(|| !self.incoming.is_idle() || self.is_shut_down(), max);
+                self.incoming.handlers.park_unless(
+                    || !self.incoming.is_idle() || !self.parallel.is_empty() || self.is_shut_down(),
+                    max,
+                );
             }
         }
     }
@@ -95,6 +103,10 @@ impl Core {
                         PayloadAt::In(r) => &base[r.clone()],
                         PayloadAt::Owned(v) => v,
                     };
+                    if self.is_parallel(&m.header) {
+                        self.queue_parallel(conn, m.header, payload);
+                        continue;
+                    }
                     processed += (HEADER_LEN + payload.len()) as u64;
                     count += 1;
                     self.dispatch(conn.peer, &m.header, payload);
@@ -136,6 +148,40 @@ impl Core {
         }
     }
 
+    fn is_parallel(&self, h: &MessageHeader) -> bool {
+        self.handlers[h.type_key() as usize]
+            .get()
+            .is_some_and(|e| e.mode == Mode::Parallel)
+    }
+
+    /// Hands a message of a parallel type to any handler thread; its bytes
+    /// count as processed (flow control) once it ran.
+    fn queue_parallel(&self, conn: &Arc<Connection>, header: MessageHeader, payload: &[u8]) {
+        self.parallel.push(ParallelJob {
+            conn: conn.clone(),
+            header,
+            payload: payload.to_vec(),
+        });
+        self.incoming.handlers.notify_one();
+    }
+
+    /// Runs one parallel message and gives its bytes back to its
+    /// connection's flow-control window.
+    fn run_parallel(&self, job: ParallelJob) {
+        let ParallelJob {
+            conn,
+            header,
+            payload,
+        } = job;
+        self.dispatch(conn.peer, &header, &payload);
+        let bytes = (HEADER_LEN + payload.len()) as u64;
+        self.stats.msgs_received.add(1);
+        self.stats.bytes_received.add(bytes);
+        if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
+    }
+
     pub(super) fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
         let kind = h.kind();
         if kind.is_response() {
@@ -170,7 +216,7 @@ impl Core {
                 }
                 f(self, src, h.request_id, payload)
             }
-            HandlerKind::Message(_) if entry.exclusive => {
+            HandlerKind::Message(_) if entry.mode == Mode::Exclusive => {
                 let item = ExclusiveItem {
                     src,
                     key: h.type_key(),

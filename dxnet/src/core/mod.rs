@@ -95,7 +95,29 @@ enum HandlerKind {
 
 struct HandlerEntry {
     kind: HandlerKind,
-    exclusive: bool,
+    mode: Mode,
+}
+
+/// Which threads run a type's handler, and in what order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The handler thread that holds the connection, in the connection's
+    /// order.
+    Ordered,
+    /// The node's exclusive thread, all connections in one order.
+    Exclusive,
+    /// Any handler thread, several of one connection's messages at once
+    /// (see [`ParallelJob`]).
+    Parallel,
+}
+
+/// A message of a [`Mode::Parallel`] type taken out of its connection's
+/// order: any handler thread runs it; its bytes count as processed for
+/// flow control when its handler returns.
+struct ParallelJob {
+    conn: Arc<Connection>,
+    header: MessageHeader,
+    payload: Vec<u8>,
 }
 
 /// A message for the exclusive handler thread.
@@ -172,6 +194,8 @@ pub struct Core {
     pool: BufferPool,
     /// Received buffers waiting for handler threads.
     incoming: IncomingQueue,
+    /// Messages of parallel types waiting for any handler thread.
+    parallel: crossbeam::queue::SegQueue<ParallelJob>,
     /// Pending requests.
     pub requests: Arc<RequestTable>,
     /// Exposed memory regions.
@@ -268,6 +292,7 @@ impl Core {
                 config.limits.incoming_max_buffers,
                 config.limits.incoming_max_bytes,
             ),
+            parallel: crossbeam::queue::SegQueue::new(),
             requests: RequestTable::new(),
             regions: regions::RegionTable::default(),
             events: events::Events::default(),
@@ -357,7 +382,7 @@ impl Core {
     }
 
     /// Registers a typed receiver.
-    pub fn register_message<M, F>(&self, f: F, exclusive: bool) -> Result<()>
+    pub fn register_message<M, F>(&self, f: F, mode: Mode) -> Result<()>
     where
         M: Message,
         F: Fn(NodeId, M) + Send + Sync + 'static,
@@ -367,7 +392,7 @@ impl Core {
             f(src, m);
             Ok(())
         }));
-        self.register(M::TYPE, M::SUBTYPE, HandlerEntry { kind, exclusive })
+        self.register(M::TYPE, M::SUBTYPE, HandlerEntry { kind, mode })
     }
 
     /// Registers a raw receiver.
@@ -384,13 +409,13 @@ impl Core {
             s,
             HandlerEntry {
                 kind,
-                exclusive: false,
+                mode: Mode::Ordered,
             },
         )
     }
 
     /// Registers a request handler; its result is sent back as the response.
-    pub fn register_request<R, F>(&self, f: F) -> Result<()>
+    pub fn register_request<R, F>(&self, f: F, mode: Mode) -> Result<()>
     where
         R: Request,
         F: Fn(NodeId, R) -> R::Response + Send + Sync + 'static,
@@ -416,14 +441,7 @@ impl Core {
                 tracing::debug!("response to {src} not sent: {e}");
             }
         }));
-        self.register(
-            R::TYPE,
-            R::SUBTYPE,
-            HandlerEntry {
-                kind,
-                exclusive: false,
-            },
-        )
+        self.register(R::TYPE, R::SUBTYPE, HandlerEntry { kind, mode })
     }
 
     // ----- lifecycle -----------------------------------------------------------

@@ -84,7 +84,7 @@ impl Core {
         let entry =
             self.handlers[type_key(M::TYPE, M::SUBTYPE) as usize].get_or_init(|| HandlerEntry {
                 kind: HandlerKind::Pull(Arc::new(PullSlot::default())),
-                exclusive: false,
+                mode: Mode::Ordered,
             });
         let HandlerKind::Pull(slot) = &entry.kind else {
             return Err(Error::AlreadyRegistered(M::TYPE, M::SUBTYPE));

@@ -178,7 +178,7 @@ impl Core {
         for (sub, f) in [(wire::SUBTYPE_WRITE, write), (wire::SUBTYPE_READ, read)] {
             let entry = HandlerEntry {
                 kind: HandlerKind::Request(f),
-                exclusive: false,
+                mode: super::Mode::Ordered,
             };
             if self.handlers[type_key(wire::MSG_TYPE, sub) as usize]
                 .set(entry)
@@ -189,7 +189,7 @@ impl Core {
         }
         let notify = HandlerEntry {
             kind: HandlerKind::Own(|core, src, payload| core.serve_region_notify(src, payload)),
-            exclusive: false,
+            mode: super::Mode::Ordered,
         };
         if self.handlers[type_key(wire::MSG_TYPE, wire::SUBTYPE_NOTIFY) as usize]
             .set(notify)
