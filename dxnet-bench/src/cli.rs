@@ -159,6 +159,18 @@ pub struct RunArgs {
     /// `rdma_read`); default 16.
     #[arg(long)]
     rdma_window: Option<usize>,
+    /// Work per received message or request, in nanoseconds of hashing
+    /// (every binding).
+    #[arg(long)]
+    handler_work_ns: Option<u64>,
+    /// Time every received message or request blocks its handler
+    /// (sleeping), in microseconds (every binding).
+    #[arg(long)]
+    handler_block_us: Option<u64>,
+    /// dxnet bindings: receivers run on all handler threads at once, also
+    /// for one connection (`register_parallel`).
+    #[arg(long)]
+    parallel_handlers: bool,
     /// Interface whose tx_bytes count the wire bytes (default: the one that
     /// carries the node's address).
     #[arg(long)]
@@ -329,6 +341,15 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if let Some(v) = a.rdma_window {
         p.rdma_window = v;
+    }
+    if let Some(v) = a.handler_work_ns {
+        p.handler_work_ns = v;
+    }
+    if let Some(v) = a.handler_block_us {
+        p.handler_block_us = v;
+    }
+    if a.parallel_handlers {
+        p.parallel_handlers = true;
     }
     if let Some(v) = a.spin_us {
         p.spin_us = v;

@@ -305,6 +305,19 @@ pub struct Params {
     /// One-sided accesses in flight per sender thread in `rdma_write` and
     /// `rdma_read` (the queue depth of a verbs benchmark).
     pub rdma_window: usize,
+    /// Work every received message and request costs its handler, in
+    /// nanoseconds of hashing (counted in iterations calibrated once per
+    /// process, so a preempted handler still does all of it); 0: none. The
+    /// same for every binding.
+    pub handler_work_ns: u64,
+    /// Time every received message and request blocks its handler
+    /// (sleeping, as a handler waiting for storage or another service
+    /// would), in microseconds; 0: none. The same for every binding.
+    pub handler_block_us: u64,
+    /// dxnet bindings: register the benchmark's receivers as parallel
+    /// (`Node::register_raw_parallel`, `register_request_parallel`), so the
+    /// handler threads share one connection's messages.
+    pub parallel_handlers: bool,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -412,6 +425,9 @@ impl Default for Params {
             rdma: RdmaParams::default(),
             raw_verbs: RawVerbsParams::default(),
             rdma_window: 16,
+            handler_work_ns: 0,
+            handler_block_us: 0,
+            parallel_handlers: false,
         }
     }
 }

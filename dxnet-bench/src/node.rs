@@ -75,6 +75,8 @@ impl Worker {
                 let kind = BindingKind::parse(&setup.binding)?;
                 for &id in &self.ids {
                     let sink = Arc::new(Sink::new());
+                    sink.set_work_ns(setup.params.handler_work_ns);
+                    sink.set_block_us(setup.params.handler_block_us);
                     let b = binding::create(&setup, id, sink.clone())?;
                     self.nodes.push(LocalNode {
                         id,

@@ -117,7 +117,16 @@ impl Node {
     where
         F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
     {
-        self.core.register_raw(msg_type, subtype, f)
+        self.core.register_raw(msg_type, subtype, f, Mode::Ordered)
+    }
+
+    /// [`Node::register_raw`] whose receiver runs on several handler
+    /// threads at once, without order (see [`Node::register_parallel`]).
+    pub fn register_raw_parallel<F>(&self, msg_type: u8, subtype: u8, f: F) -> Result<()>
+    where
+        F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
+    {
+        self.core.register_raw(msg_type, subtype, f, Mode::Parallel)
     }
 
     /// Registers the handler of request type `R`; its return value is sent

@@ -168,15 +168,19 @@ impl DxnetBinding {
         let cfg = node_config(setup, me)?;
         let node = Node::start(cfg).map_err(|e| anyhow!("dxnet node {me}: {e}"))?;
         let s = sink.clone();
-        node.register_raw(BENCH_TYPE, SUB_MSG, move |src: NodeId, payload: &[u8]| {
-            s.deliver(src.0, payload)
-        })
-        .map_err(|e| anyhow!("{e}"))?;
+        let deliver = move |src: NodeId, payload: &[u8]| s.deliver(src.0, payload);
         let s = sink;
-        node.register_request::<BenchReq, _>(move |_src, req: BenchReq| {
+        let answer = move |_src, req: BenchReq| {
             s.note_request(req.0.len());
             BenchResp(req.0)
-        })
+        };
+        if setup.params.parallel_handlers {
+            node.register_raw_parallel(BENCH_TYPE, SUB_MSG, deliver)
+                .and_then(|()| node.register_request_parallel::<BenchReq, _>(answer))
+        } else {
+            node.register_raw(BENCH_TYPE, SUB_MSG, deliver)
+                .and_then(|()| node.register_request::<BenchReq, _>(answer))
+        }
         .map_err(|e| anyhow!("{e}"))?;
         node.register_request::<Ping, _>(move |_src, p: Ping| Pong(p.0))
             .map_err(|e| anyhow!("{e}"))?;

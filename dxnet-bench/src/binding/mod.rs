@@ -440,6 +440,10 @@ pub struct Sink {
     slots: RwLock<Vec<Arc<WaitSlot>>>,
     binding: OnceLock<Weak<dyn Binding>>,
     errors: AtomicU64,
+    /// Hashing iterations every counted message costs (`handler_work_ns`).
+    work_iters: AtomicU64,
+    /// How long every counted message blocks its handler (`handler_block_us`).
+    block_us: AtomicU64,
 }
 
 impl Default for Sink {
@@ -461,6 +465,8 @@ impl Sink {
             slots: RwLock::new(Vec::new()),
             binding: OnceLock::new(),
             errors: AtomicU64::new(0),
+            work_iters: AtomicU64::new(0),
+            block_us: AtomicU64::new(0),
         }
     }
 
@@ -528,7 +534,31 @@ impl Sink {
         self.count(len);
     }
 
+    /// Makes every counted message cost `ns` nanoseconds of hashing.
+    pub fn set_work_ns(&self, ns: u64) {
+        let iters = if ns == 0 {
+            0
+        } else {
+            ns * work_iters_per_us() / 1000
+        };
+        self.work_iters
+            .store(iters.max(u64::from(ns > 0)), Ordering::Relaxed);
+    }
+
+    /// Makes every counted message block its handler for `us` microseconds.
+    pub fn set_block_us(&self, us: u64) {
+        self.block_us.store(us, Ordering::Relaxed);
+    }
+
     fn count(&self, len: usize) {
+        let iters = self.work_iters.load(Ordering::Relaxed);
+        if iters > 0 {
+            std::hint::black_box(hash_work(iters));
+        }
+        let block = self.block_us.load(Ordering::Relaxed);
+        if block > 0 {
+            std::thread::sleep(Duration::from_micros(block));
+        }
         self.bytes.fetch_add(len as u64, Ordering::Relaxed);
         let n = self.received.fetch_add(1, Ordering::AcqRel) + 1;
         if n == self.expected.load(Ordering::Acquire) {
@@ -714,4 +744,36 @@ mod tests {
         assert!(!BindingKind::RawTcpBatched.has_handlers());
         assert!(BindingKind::RawTcpBatched.supports(Operation::Pingpong, Mode::Uni, 16, 2));
     }
+}
+
+/// `iters` rounds of a multiply-xorshift hash (the handler work of
+/// `params.handler_work_ns`).
+fn hash_work(iters: u64) -> u64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..iters {
+        x = (x ^ i).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 29;
+    }
+    x
+}
+
+/// Rounds of [`hash_work`] per microsecond on this machine, measured once
+/// per process (the best of a few 2 ms runs, so preemption during the
+/// calibration does not shrink the work).
+fn work_iters_per_us() -> u64 {
+    static RATE: OnceLock<u64> = OnceLock::new();
+    *RATE.get_or_init(|| {
+        let mut best = 1u64;
+        for _ in 0..5 {
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < std::time::Duration::from_millis(2) {
+                std::hint::black_box(hash_work(1000));
+                n += 1000;
+            }
+            let us = start.elapsed().as_micros().max(1) as u64;
+            best = best.max(n / us);
+        }
+        best
+    })
 }

@@ -3,8 +3,14 @@
 
 use super::*;
 
+thread_local! {
+    /// Set on the node's handler threads (they take parallel jobs).
+    static IS_HANDLER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl Core {
     pub(super) fn handler_loop(self: Arc<Self>) {
+        IS_HANDLER_THREAD.with(|h| h.set(true));
         let mut idle = Idle::new(&self.config.park);
         loop {
             // Parallel messages first: each holds back flow-control window
@@ -99,14 +105,18 @@ impl Core {
             let several = pending.len() > 1;
             let mut run = || {
                 for m in pending.drain(..) {
+                    if self.is_parallel(&m.header) {
+                        let payload = match m.at {
+                            PayloadAt::In(r) => self.parallel_payload(&base[r]),
+                            PayloadAt::Owned(v) => v,
+                        };
+                        self.queue_parallel(conn, m.header, payload);
+                        continue;
+                    }
                     let payload = match &m.at {
                         PayloadAt::In(r) => &base[r.clone()],
                         PayloadAt::Owned(v) => v,
                     };
-                    if self.is_parallel(&m.header) {
-                        self.queue_parallel(conn, m.header, payload);
-                        continue;
-                    }
                     processed += (HEADER_LEN + payload.len()) as u64;
                     count += 1;
                     self.dispatch(conn.peer, &m.header, payload);
@@ -155,14 +165,30 @@ impl Core {
     }
 
     /// Hands a message of a parallel type to any handler thread; its bytes
-    /// count as processed (flow control) once it ran.
-    fn queue_parallel(&self, conn: &Arc<Connection>, header: MessageHeader, payload: &[u8]) {
+    /// count as processed (flow control) once it ran. A parked handler
+    /// thread is woken only for the second job waiting: the first is left
+    /// to a thread that comes by (this one, once done with its
+    /// connection), since a wake-up costs more than many small handlers.
+    fn queue_parallel(&self, conn: &Arc<Connection>, header: MessageHeader, payload: Vec<u8>) {
         self.parallel.push(ParallelJob {
             conn: conn.clone(),
             header,
-            payload: payload.to_vec(),
+            payload,
         });
-        self.incoming.handlers.notify_one();
+        // Receive threads (inline handling) and senders to the own node
+        // never take jobs: they always wake a handler thread.
+        if self.parallel.len() > 1 || !IS_HANDLER_THREAD.with(|h| h.get()) {
+            self.incoming.handlers.notify_one();
+        }
+    }
+
+    /// A copy of `bytes` for a parallel job, in a recycled buffer: a fresh
+    /// allocation per message (freed on another thread) costs page faults
+    /// for large messages.
+    fn parallel_payload(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut v = self.parallel_spare.pop().unwrap_or_default();
+        v.extend_from_slice(bytes);
+        v
     }
 
     /// Runs one parallel message and gives its bytes back to its
@@ -171,10 +197,14 @@ impl Core {
         let ParallelJob {
             conn,
             header,
-            payload,
+            mut payload,
         } = job;
         self.dispatch(conn.peer, &header, &payload);
         let bytes = (HEADER_LEN + payload.len()) as u64;
+        if payload.capacity() <= PARALLEL_SPARE_MAX_BYTES {
+            payload.clear();
+            let _ = self.parallel_spare.push(payload);
+        }
         self.stats.msgs_received.add(1);
         self.stats.bytes_received.add(bytes);
         if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {

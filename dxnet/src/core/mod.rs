@@ -75,6 +75,9 @@ const REMOTE_PANIC: u8 = 3;
 /// Buffers a handler thread processes from one connection before it moves
 /// on to the next (fairness between connections).
 const HANDLER_BUDGET: usize = 16;
+/// Payload buffers of parallel jobs kept for reuse, and the largest kept.
+const PARALLEL_SPARE: usize = 256;
+const PARALLEL_SPARE_MAX_BYTES: usize = 256 << 10;
 /// Nesting depth of handlers sending to their own node that cannot queue
 /// behind one another (see `Core::locals`).
 const LOCAL_DEPTHS: usize = 4;
@@ -196,6 +199,8 @@ pub struct Core {
     incoming: IncomingQueue,
     /// Messages of parallel types waiting for any handler thread.
     parallel: crossbeam::queue::SegQueue<ParallelJob>,
+    /// Emptied payload buffers of parallel jobs, for the next ones.
+    parallel_spare: crossbeam::queue::ArrayQueue<Vec<u8>>,
     /// Pending requests.
     pub requests: Arc<RequestTable>,
     /// Exposed memory regions.
@@ -293,6 +298,7 @@ impl Core {
                 config.limits.incoming_max_bytes,
             ),
             parallel: crossbeam::queue::SegQueue::new(),
+            parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(),
             regions: regions::RegionTable::default(),
             events: events::Events::default(),
@@ -396,7 +402,7 @@ impl Core {
     }
 
     /// Registers a raw receiver.
-    pub fn register_raw<F>(&self, t: u8, s: u8, f: F) -> Result<()>
+    pub fn register_raw<F>(&self, t: u8, s: u8, f: F, mode: Mode) -> Result<()>
     where
         F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
     {
@@ -404,14 +410,7 @@ impl Core {
             f(src, bytes);
             Ok(())
         }));
-        self.register(
-            t,
-            s,
-            HandlerEntry {
-                kind,
-                mode: Mode::Ordered,
-            },
-        )
+        self.register(t, s, HandlerEntry { kind, mode })
     }
 
     /// Registers a request handler; its result is sent back as the response.
