@@ -630,6 +630,38 @@ pub fn wait_slot(slot: &WaitSlot, target: u64, spin: Duration, deadline: Instant
     }
 }
 
+/// `iters` rounds of a multiply-xorshift hash (the handler work of
+/// `params.handler_work_ns`).
+fn hash_work(iters: u64) -> u64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..iters {
+        x = (x ^ i).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 29;
+    }
+    x
+}
+
+/// Rounds of [`hash_work`] per microsecond on this machine, measured once
+/// per process (the best of a few 2 ms runs, so preemption during the
+/// calibration does not shrink the work).
+fn work_iters_per_us() -> u64 {
+    static RATE: OnceLock<u64> = OnceLock::new();
+    *RATE.get_or_init(|| {
+        let mut best = 1u64;
+        for _ in 0..5 {
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < std::time::Duration::from_millis(2) {
+                std::hint::black_box(hash_work(1000));
+                n += 1000;
+            }
+            let us = start.elapsed().as_micros().max(1) as u64;
+            best = best.max(n / us);
+        }
+        best
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -744,36 +776,4 @@ mod tests {
         assert!(!BindingKind::RawTcpBatched.has_handlers());
         assert!(BindingKind::RawTcpBatched.supports(Operation::Pingpong, Mode::Uni, 16, 2));
     }
-}
-
-/// `iters` rounds of a multiply-xorshift hash (the handler work of
-/// `params.handler_work_ns`).
-fn hash_work(iters: u64) -> u64 {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for i in 0..iters {
-        x = (x ^ i).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 29;
-    }
-    x
-}
-
-/// Rounds of [`hash_work`] per microsecond on this machine, measured once
-/// per process (the best of a few 2 ms runs, so preemption during the
-/// calibration does not shrink the work).
-fn work_iters_per_us() -> u64 {
-    static RATE: OnceLock<u64> = OnceLock::new();
-    *RATE.get_or_init(|| {
-        let mut best = 1u64;
-        for _ in 0..5 {
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < std::time::Duration::from_millis(2) {
-                std::hint::black_box(hash_work(1000));
-                n += 1000;
-            }
-            let us = start.elapsed().as_micros().max(1) as u64;
-            best = best.max(n / us);
-        }
-        best
-    })
 }
