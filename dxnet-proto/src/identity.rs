@@ -27,7 +27,9 @@ pub const SIGNATURE_LEN: usize = 64;
 /// This node's signing key and the public keys of the node map.
 pub struct Identity {
     signing: SigningKey,
-    peers: HashMap<u16, VerifyingKey>,
+    /// Changed when the node map changes at run time (rarely; read once
+    /// per handshake).
+    peers: std::sync::RwLock<HashMap<u16, VerifyingKey>>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -37,7 +39,7 @@ impl std::fmt::Debug for Identity {
                 "public",
                 &hex::encode(self.signing.verifying_key().as_bytes()),
             )
-            .field("peers", &self.peers.len())
+            .field("peers", &self.peers().len())
             .finish()
     }
 }
@@ -85,7 +87,10 @@ impl Identity {
             }
             peers.insert(id, key);
         }
-        Ok(Some(Self { signing, peers }))
+        Ok(Some(Self {
+            signing,
+            peers: std::sync::RwLock::new(peers),
+        }))
     }
 
     /// An identity from raw keys: this node's 32-byte private key seed and
@@ -99,8 +104,34 @@ impl Identity {
         }
         Ok(Self {
             signing: SigningKey::from_bytes(&own),
-            peers: map,
+            peers: std::sync::RwLock::new(map),
         })
+    }
+
+    fn peers(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u16, VerifyingKey>> {
+        self.peers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds (or replaces) node `id`'s public key, given as hex.
+    pub fn add_peer(&self, id: u16, public_key_hex: &str) -> Result<()> {
+        let pk = key_bytes(&format!("public key of node {id}"), public_key_hex)?;
+        let key = VerifyingKey::from_bytes(&pk)
+            .map_err(|e| IdentityError(format!("public key of node {id}: {e}")))?;
+        self.peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, key);
+        Ok(())
+    }
+
+    /// Forgets node `id`'s public key: its signatures no longer verify.
+    pub fn remove_peer(&self, id: u16) {
+        self.peers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
     }
 
     /// This node's public key.
@@ -116,7 +147,7 @@ impl Identity {
     /// True if `sig` is node `node`'s signature of `msg` (false for nodes
     /// without a key).
     pub fn verify(&self, node: u16, msg: &[u8], sig: &[u8; SIGNATURE_LEN]) -> bool {
-        self.peers
+        self.peers()
             .get(&node)
             .is_some_and(|k| k.verify(msg, &Signature::from_bytes(sig)).is_ok())
     }

@@ -101,6 +101,9 @@ pub enum Unreachable {
     /// needed it.
     #[error("connection lost: {0}")]
     ConnectionLost(String),
+    /// The node was removed from the node map ([`crate::Node::remove_node`]).
+    #[error("removed from the node map")]
+    Removed,
 }
 
 impl Unreachable {
@@ -108,6 +111,7 @@ impl Unreachable {
     pub fn detail(&self) -> &str {
         match self {
             Unreachable::NotInNodeMap => "not in the node map",
+            Unreachable::Removed => "removed from the node map",
             Unreachable::Connect(s) | Unreachable::ConnectionLost(s) => s,
         }
     }

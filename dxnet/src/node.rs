@@ -179,14 +179,34 @@ impl Node {
         MultiSend(self.core.send_message_many(dests, msg))
     }
 
+    /// Adds a node to the node map at run time (or gives a listed node a
+    /// new address, closing its connection to the old one, or brings back
+    /// a removed node). With identities configured the entry needs its
+    /// `public_key`. The node is connected on first use as any other.
+    pub fn add_node(&self, entry: crate::config::NodeEntry) -> Result<()> {
+        self.core.add_node(entry)
+    }
+
+    /// Removes a node from the node map: its connection closes, its pending
+    /// requests fail with [`crate::Unreachable::Removed`], and so do later
+    /// sends and requests to it; its connection attempts are refused until
+    /// it is added again.
+    pub fn remove_node(&self, node: NodeId) -> Result<()> {
+        self.core.remove_node(node)
+    }
+
+    /// The nodes of the node map now (this one included), in id order.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.core.member_nodes()
+    }
+
     /// [`Node::send_to_many`] to every other node of the node map.
     pub fn send_to_all<M: Message>(&self, msg: &M) -> MultiSend {
         let own = self.id();
         let dests: Vec<NodeId> = self
-            .config()
-            .nodes
-            .iter()
-            .map(|n| NodeId(n.id))
+            .core
+            .member_nodes()
+            .into_iter()
             .filter(|n| *n != own)
             .collect();
         self.send_to_many(&dests, msg)

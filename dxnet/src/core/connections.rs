@@ -43,10 +43,12 @@ impl Core {
             if self.is_shut_down() {
                 return Err(Error::Shutdown);
             }
-            if self.config.transport != TransportKind::Loopback
-                && self.config.address_of(dest).is_none()
-            {
-                return Err(Error::Unreachable(dest, Unreachable::NotInNodeMap));
+            match self.address_of(dest) {
+                Ok(_) => {}
+                // Loopback nodes need no node-map entry.
+                Err(Unreachable::NotInNodeMap)
+                    if self.config.transport == TransportKind::Loopback => {}
+                Err(cause) => return Err(Error::Unreachable(dest, cause)),
             }
             let Some(conn) = self.create_connection(dest, None)? else {
                 continue; // somebody else created it meanwhile
@@ -57,6 +59,16 @@ impl Core {
             };
             match t.connect(&conn, connect_deadline) {
                 Ok(()) if conn.state() == ConnState::Open => {
+                    // Removed while connecting: the removal may have missed
+                    // this connection.
+                    if let Err(Unreachable::Removed) = self.address_of(dest) {
+                        self.close_connection_with(
+                            &conn,
+                            "node removed",
+                            Some(Unreachable::Removed),
+                        );
+                        return Err(Error::Unreachable(dest, Unreachable::Removed));
+                    }
                     tracing::debug!("{}: connected to {dest}", self.own);
                     return Ok(conn);
                 }
@@ -209,6 +221,19 @@ impl Core {
     /// requests (`failed`: with "destination unreachable", otherwise
     /// "cancelled"). Idempotent.
     pub fn close_connection(&self, conn: &Arc<Connection>, reason: &str, failed: bool) {
+        let cause = failed.then(|| Unreachable::ConnectionLost(reason.to_string()));
+        self.close_connection_with(conn, reason, cause);
+    }
+
+    /// [`Core::close_connection`] failing pending requests with `cause`
+    /// (`None`: cancelled).
+    pub fn close_connection_with(
+        &self,
+        conn: &Arc<Connection>,
+        reason: &str,
+        cause: Option<Unreachable>,
+    ) {
+        let failed = cause.is_some();
         let Some(was) = conn.close(reason) else {
             return;
         };
@@ -222,10 +247,9 @@ impl Core {
         if let Some(t) = self.transport() {
             t.close(conn);
         }
-        let err = if failed {
-            Error::Unreachable(conn.peer, Unreachable::ConnectionLost(reason.to_string()))
-        } else {
-            Error::Cancelled(Cancelled::ConnectionClosed)
+        let err = match cause {
+            Some(cause) => Error::Unreachable(conn.peer, cause),
+            None => Error::Cancelled(Cancelled::ConnectionClosed),
         };
         self.requests.fail_peer(conn.peer, &err);
         if was == ConnState::Open {

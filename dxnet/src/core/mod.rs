@@ -29,6 +29,7 @@ pub mod flow;
 mod handlers;
 pub mod incoming;
 pub mod inline;
+pub mod membership;
 pub(crate) mod pull;
 mod receive;
 pub mod regions;
@@ -191,6 +192,8 @@ pub struct Core {
     pub fc_unit: u64,
     /// Open connections.
     pub connections: ConnectionTable,
+    /// The node map as it is now.
+    membership: membership::Membership,
     /// Connections with data or confirmations to send.
     wim: WriteInterest,
     /// Receive buffers.
@@ -291,6 +294,7 @@ impl Core {
             fc_window,
             fc_unit,
             connections: ConnectionTable::default(),
+            membership: membership::Membership::from_config(&config),
             wim: WriteInterest::new(),
             pool: BufferPool::new(config.limits.recv_pool_size, config.limits.recv_buffer_size),
             incoming: IncomingQueue::new(

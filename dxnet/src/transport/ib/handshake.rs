@@ -110,9 +110,9 @@ fn try_feed<'a>(
 impl IbEngine {
     pub(super) fn send_datagram(&self, core: &Core, peer: u16, d: &[u8]) {
         let Some(addr) = core
-            .config()
             .address_of(NodeId(peer))
-            .and_then(|a| resolve(a).ok())
+            .ok()
+            .and_then(|a| resolve(&a).ok())
         else {
             return;
         };
@@ -417,9 +417,9 @@ impl IbEngine {
             // A node's connection socket is bound to its node-map address:
             // a hello from elsewhere is not that node's.
             let home = core
-                .config()
                 .address_of(NodeId(peer))
-                .and_then(|a| resolve(a).ok());
+                .ok()
+                .and_then(|a| resolve(&a).ok());
             if !opens || peer == self.own.0 || home != Some(from) {
                 tracing::info!(
                     "{}: handshake datagram of no handshake from {from} (as node {peer}) ignored",

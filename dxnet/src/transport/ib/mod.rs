@@ -374,11 +374,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
 impl Transport for IbEngine {
     fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
         let core = self.core.upgrade().ok_or(Error::Shutdown)?;
-        if core.config().address_of(conn.peer).is_none() {
-            return Err(Error::Unreachable(
-                conn.peer,
-                crate::error::Unreachable::NotInNodeMap,
-            ));
+        if let Err(cause) = core.address_of(conn.peer) {
+            return Err(Error::Unreachable(conn.peer, cause));
         }
         let _ = self.jobs.send(Job::Create(conn.clone()));
         conn.state_changed.wait_until(core.park(), deadline, || {

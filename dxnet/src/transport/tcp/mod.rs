@@ -293,11 +293,10 @@ impl Transport for TcpEngine {
     fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()> {
         let core = self.core.upgrade().ok_or(Error::Shutdown)?;
         let peer = conn.peer;
-        let addr = core.config().address_of(peer).ok_or(Error::Unreachable(
-            peer,
-            crate::error::Unreachable::NotInNodeMap,
-        ))?;
-        let addr = resolve(addr).map_err(|e| cannot_connect(peer, e.to_string()))?;
+        let addr = core
+            .address_of(peer)
+            .map_err(|cause| Error::Unreachable(peer, cause))?;
+        let addr = resolve(&addr).map_err(|e| cannot_connect(peer, e.to_string()))?;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -176,7 +176,7 @@ impl TcpEngine {
             Err(e) => return Err(failed(&hs, e)),
         };
         let peer = NodeId(theirs.node_id);
-        if core.config().address_of(peer).is_none() {
+        if core.address_of(peer).is_err() {
             return reject(
                 &mut hs,
                 s,
