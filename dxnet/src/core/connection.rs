@@ -83,6 +83,12 @@ pub struct Inbox {
     scheduled: bool,
     /// The owner is blocked inside dxnet: buffers are decoded on arrival.
     owner_blocked: bool,
+    /// The connection that replaced this one to the same peer while this
+    /// one still had data to handle; it is held until this one is done.
+    successor: Option<Arc<Connection>>,
+    /// Held behind its predecessor (see `successor`): pushes queue but do
+    /// not schedule, and nobody takes it idle.
+    held: bool,
 }
 
 impl Inbox {
@@ -91,38 +97,77 @@ impl Inbox {
     pub fn push(&mut self, item: Incoming) -> bool {
         self.bytes += item.data_len();
         self.items.push_back(item);
-        !std::mem::replace(&mut self.scheduled, true)
+        !self.held && !std::mem::replace(&mut self.scheduled, true)
     }
 
     /// Takes ownership of a connection with nothing queued and no owner;
     /// false if it is scheduled or has data queued.
     pub fn take_if_idle(&mut self) -> bool {
-        if self.scheduled || !self.items.is_empty() {
+        if self.scheduled || self.held || !self.items.is_empty() {
             return false;
         }
         self.scheduled = true;
         true
     }
 
-    /// The owner's next item; `None` ends the ownership (nothing queued).
-    pub fn pop_or_release(&mut self) -> Option<Incoming> {
-        let item = self.items.pop_front();
-        match &item {
-            Some(it) => self.bytes -= it.data_len(),
-            None => self.scheduled = false,
+    /// The owner's next item; `Err` ends the ownership (nothing queued) and
+    /// hands over the successor held behind this connection, if any (the
+    /// caller releases it with [`Inbox::unhold`]).
+    pub fn pop_or_release(&mut self) -> Result<Incoming, Option<Arc<Connection>>> {
+        match self.items.pop_front() {
+            Some(it) => {
+                self.bytes -= it.data_len();
+                Ok(it)
+            }
+            None => {
+                self.scheduled = false;
+                Err(self.successor.take())
+            }
         }
-        item
     }
 
-    /// The owner is done: ends the ownership if nothing is queued; true if
-    /// items are queued (the owner keeps it and must reschedule it).
-    pub fn release_unless_queued(&mut self) -> bool {
+    /// The owner is done: ends the ownership if nothing is queued (`Ok`,
+    /// with the successor to release as for [`Inbox::pop_or_release`]);
+    /// `Err` if items are queued (the owner keeps it and must reschedule
+    /// it).
+    pub fn release_unless_queued(&mut self) -> Result<Option<Arc<Connection>>, ()> {
         if self.items.is_empty() {
             self.scheduled = false;
-            false
+            Ok(self.successor.take())
         } else {
-            true
+            Err(())
         }
+    }
+
+    /// Makes `next` (a new connection to the same peer) wait until this
+    /// one's data is handled, if it has any: per sender thread, messages
+    /// sent over the new connection come after those of the old one.
+    /// Returns true if `next` is now held.
+    pub fn hold_successor(&mut self, next: &Arc<Connection>) -> bool {
+        if !self.scheduled && self.items.is_empty() {
+            return false;
+        }
+        next.inbox.lock().held = true;
+        // A successor already held behind this one goes behind `next`.
+        if let Some(prev) = self.successor.replace(next.clone()) {
+            next.inbox.lock().successor = Some(prev);
+        }
+        true
+    }
+
+    /// Ends the hold of this connection; true if it has data and was not
+    /// scheduled: the caller then puts it in the ready queue (as after
+    /// [`Inbox::push`]).
+    pub fn unhold(&mut self) -> bool {
+        self.held = false;
+        !self.items.is_empty() && !std::mem::replace(&mut self.scheduled, true)
+    }
+
+    /// The held successor, taken (its hold is to end: the owner of this
+    /// connection blocked inside dxnet, and a response it waits for may
+    /// come on the successor).
+    pub fn take_successor(&mut self) -> Option<Arc<Connection>> {
+        self.successor.take()
     }
 
     /// Whether nothing is queued.
@@ -193,14 +238,12 @@ impl Owned {
         Owned(conn)
     }
 
-    /// Ends the ownership if nothing is queued (`Ok`), else keeps it and
-    /// returns it (`Err`: the caller must reschedule it).
-    pub fn release_unless_queued(self) -> Result<(), Owned> {
-        if self.0.inbox.lock().release_unless_queued() {
-            Err(self)
-        } else {
-            Ok(())
-        }
+    /// Ends the ownership if nothing is queued (`Ok`, with a successor the
+    /// caller must release, see [`Inbox::pop_or_release`]), else keeps it
+    /// and returns it (`Err`: the caller must reschedule it).
+    pub fn release_unless_queued(self) -> Result<Option<Arc<Connection>>, Owned> {
+        let released = self.0.inbox.lock().release_unless_queued();
+        released.map_err(|()| self)
     }
 }
 
@@ -392,6 +435,10 @@ pub struct ConnectionTable {
     /// Serializes creation, replacement and removal; holds the count.
     pub lock: Mutex<usize>,
     next_id: AtomicU64,
+    /// The last connection made per peer, also after it left the table
+    /// (closed): a new one is held behind it while it has data (see
+    /// [`Inbox::hold_successor`]). Weak: nothing is kept alive for it.
+    last: Mutex<std::collections::HashMap<u16, std::sync::Weak<Connection>>>,
 }
 
 impl std::fmt::Debug for ConnectionTable {
@@ -410,6 +457,7 @@ impl Default for ConnectionTable {
                 .collect(),
             lock: Mutex::new(0),
             next_id: AtomicU64::new(1),
+            last: Mutex::new(std::collections::HashMap::new()),
         }
     }
 }
@@ -441,6 +489,15 @@ impl ConnectionTable {
     /// A fresh connection id.
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records `conn` as the newest connection to its peer; returns the one
+    /// before it if that one still exists (caller holds `lock`).
+    pub fn succeed(&self, conn: &Arc<Connection>) -> Option<Arc<Connection>> {
+        let mut last = self.last.lock();
+        last.retain(|_, w| w.strong_count() > 0);
+        last.insert(conn.peer.0, Arc::downgrade(conn))
+            .and_then(|w| w.upgrade())
     }
 
     /// Installs `conn` (caller holds `lock`, passing the guarded count).
@@ -479,15 +536,62 @@ mod tests {
         let mut inbox = Inbox::default();
         assert!(inbox.take_if_idle(), "an idle connection can be taken");
         assert!(!inbox.take_if_idle(), "but only once");
-        assert!(!inbox.release_unless_queued(), "released: nothing queued");
+        assert!(
+            matches!(inbox.release_unless_queued(), Ok(None)),
+            "released: nothing queued"
+        );
         assert!(inbox.push(Incoming::Local(vec![1; 10])), "push schedules");
         assert!(!inbox.push(Incoming::Local(vec![2; 5])), "once");
         assert!(!inbox.take_if_idle(), "scheduled: not idle");
         assert_eq!((inbox.len(), inbox.bytes()), (2, 15));
-        assert!(matches!(inbox.pop_or_release(), Some(Incoming::Local(v)) if v.len() == 10));
-        assert!(inbox.pop_or_release().is_some());
-        assert!(inbox.pop_or_release().is_none(), "empty: ownership ends");
+        assert!(matches!(inbox.pop_or_release(), Ok(Incoming::Local(v)) if v.len() == 10));
+        assert!(inbox.pop_or_release().is_ok());
+        assert!(
+            matches!(inbox.pop_or_release(), Err(None)),
+            "empty: ownership ends"
+        );
         assert!(inbox.take_if_idle(), "and the connection is idle again");
+    }
+
+    fn conn(id: u64) -> Arc<Connection> {
+        Arc::new(Connection::new(
+            NodeId(1),
+            id,
+            4096,
+            crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
+            1 << 20,
+        ))
+    }
+
+    /// A new connection to a peer waits for the data its predecessor still
+    /// has: queued, it is not scheduled until the predecessor's owner
+    /// releases it and hands the successor over.
+    #[test]
+    fn successor_is_held_until_its_predecessor_is_done() {
+        let (old, new) = (conn(1), conn(2));
+        assert!(
+            !old.inbox.lock().hold_successor(&new),
+            "an idle predecessor holds nothing"
+        );
+        assert!(old.inbox.lock().push(Incoming::Local(vec![1; 3])));
+        let newer = conn(3);
+        assert!(old.inbox.lock().hold_successor(&new));
+        assert!(
+            !new.inbox.lock().push(Incoming::Local(vec![2; 3])),
+            "held: not scheduled"
+        );
+        assert!(!new.inbox.lock().take_if_idle(), "held: not taken idle");
+        assert!(old.inbox.lock().pop_or_release().is_ok());
+        match old.inbox.lock().pop_or_release() {
+            Err(Some(s)) => assert_eq!(s.id, 2, "the successor is handed over"),
+            other => panic!("{other:?}"),
+        }
+        assert!(new.inbox.lock().unhold(), "unheld with data: schedule it");
+        assert!(
+            new.inbox.lock().hold_successor(&newer),
+            "its data holds the next one"
+        );
+        assert!(!newer.inbox.lock().push(Incoming::Local(vec![3; 3])));
     }
 
     #[test]
@@ -502,6 +606,9 @@ mod tests {
         assert_eq!(inbox.push_decoded(vec![0; 12]), None, "a new item");
         assert_eq!(inbox.push_decoded(vec![0; 4]), Some(12), "appended to it");
         assert_eq!((inbox.len(), inbox.bytes()), (1, 16));
-        assert!(inbox.release_unless_queued(), "queued items keep the owner");
+        assert!(
+            inbox.release_unless_queued().is_err(),
+            "queued items keep the owner"
+        );
     }
 }

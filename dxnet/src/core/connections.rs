@@ -140,6 +140,11 @@ impl Core {
                     }
                 }));
             }
+            // Messages on the new connection wait for those the previous
+            // one (closed, or being replaced) still has to handle.
+            if let Some(prev) = self.connections.succeed(&conn) {
+                prev.inbox.lock().hold_successor(&conn);
+            }
             self.connections.install(&mut count, conn.clone());
             conn
         };

@@ -156,6 +156,16 @@ impl IncomingQueue {
         }
     }
 
+    /// Ends the hold of `conn` (its predecessor is done, see
+    /// [`crate::core::connection::Inbox::hold_successor`]) and schedules it
+    /// if it has data.
+    pub fn unhold(&self, conn: Arc<Connection>) {
+        if conn.inbox.lock().unhold() {
+            self.ready.push(Owned::new_scheduled(conn));
+            self.handlers.notify_one();
+        }
+    }
+
     /// Puts a connection that still has data back in the ready queue (a
     /// handler used up its budget on it; round-robin fairness).
     pub fn reschedule(&self, conn: Owned) {
@@ -178,7 +188,16 @@ impl IncomingQueue {
     /// ownership (the connection is unscheduled under the inbox lock). The
     /// second value tells whether a starved receiver must be woken.
     pub fn next_item(&self, conn: &Owned) -> (Option<Incoming>, bool) {
-        let item = conn.inbox.lock().pop_or_release();
+        let popped = conn.inbox.lock().pop_or_release();
+        let item = match popped {
+            Ok(it) => Some(it),
+            Err(successor) => {
+                if let Some(s) = successor {
+                    self.unhold(s);
+                }
+                None
+            }
+        };
         let mut wake = false;
         if let Some(it) = &item {
             self.buffers.fetch_sub(1, Ordering::AcqRel);

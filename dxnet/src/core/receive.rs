@@ -143,8 +143,10 @@ impl Core {
             Owned::new_scheduled(conn.clone())
         };
         self.process_item(&owned, Incoming::Pooled(buf));
-        if let Err(still_owned) = owned.release_unless_queued() {
-            self.incoming.reschedule(still_owned);
+        match owned.release_unless_queued() {
+            Ok(Some(successor)) => self.incoming.unhold(successor),
+            Ok(None) => {}
+            Err(still_owned) => self.incoming.reschedule(still_owned),
         }
         Ok(())
     }
@@ -234,6 +236,15 @@ impl Core {
             let mut inbox = conn.inbox.lock();
             if inbox.set_owner_blocked(true) {
                 return;
+            }
+            // A new connection to the peer held behind this one may carry
+            // the response the owner waits for: it goes ahead.
+            if let Some(s) = inbox.take_successor() {
+                drop(inbox);
+                drop(dec);
+                self.incoming.unhold(s);
+                dec = conn.decoder.lock();
+                inbox = conn.inbox.lock();
             }
             // Everything queued becomes one item (decoded ahead, in order):
             // the connection then holds one item of the incoming queue,
