@@ -378,13 +378,15 @@ fn bounds_rights_revocation_tcp() {
     bounds_rights_revocation(Kind::Tcp);
 }
 
-/// A typed failure of an access whose owner went away: never a hang or a
-/// wrong success.
+/// A typed failure of an access whose owner went away (or, just before,
+/// revoked the region: the owner answers accesses arriving during its
+/// shutdown with `Revoked`): never a hang or a wrong success.
 fn is_owner_gone(e: &Error) -> bool {
     matches!(
         e,
         Error::Unreachable(_, Unreachable::ConnectionLost(_) | Unreachable::Connect(_))
             | Error::Timeout(_)
+            | Error::Region(RegionError::Revoked)
     )
 }
 
