@@ -69,7 +69,8 @@ impl Node {
         self.core.own_id()
     }
 
-    /// The configuration the node runs with.
+    /// The configuration the node started with (its `nodes` is the node map
+    /// at start; [`Node::nodes`] gives the map now).
     pub fn config(&self) -> &Config {
         self.core.config()
     }

@@ -159,9 +159,12 @@ impl Core {
     }
 
     fn is_parallel(&self, h: &MessageHeader) -> bool {
-        self.handlers[h.type_key() as usize]
-            .get()
-            .is_some_and(|e| e.mode == Mode::Parallel)
+        // Without parallel types (the common case) no second table lookup
+        // per message.
+        self.any_parallel.load(Ordering::Relaxed)
+            && self.handlers[h.type_key() as usize]
+                .get()
+                .is_some_and(|e| e.mode == Mode::Parallel)
     }
 
     /// Hands a message of a parallel type to any handler thread; its bytes

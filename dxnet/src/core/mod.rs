@@ -202,6 +202,8 @@ pub struct Core {
     incoming: IncomingQueue,
     /// Messages of parallel types waiting for any handler thread.
     parallel: crossbeam::queue::SegQueue<ParallelJob>,
+    /// Set once a parallel type is registered.
+    any_parallel: AtomicBool,
     /// Emptied payload buffers of parallel jobs, for the next ones.
     parallel_spare: crossbeam::queue::ArrayQueue<Vec<u8>>,
     /// Pending requests.
@@ -302,6 +304,7 @@ impl Core {
                 config.limits.incoming_max_bytes,
             ),
             parallel: crossbeam::queue::SegQueue::new(),
+            any_parallel: AtomicBool::new(false),
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(),
             regions: regions::RegionTable::default(),
@@ -386,9 +389,14 @@ impl Core {
         if t == 0 {
             return Err(Error::Config("message type 0 is reserved for dxnet".into()));
         }
+        let parallel = entry.mode == Mode::Parallel;
         self.handlers[type_key(t, s) as usize]
             .set(entry)
-            .map_err(|_| Error::AlreadyRegistered(t, s))
+            .map_err(|_| Error::AlreadyRegistered(t, s))?;
+        if parallel {
+            self.any_parallel.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Registers a typed receiver.
