@@ -13,6 +13,8 @@
 //!   acceptor roles), driven over a TCP stream or UDP datagrams.
 //! - [`wire`]: handshake messages, the handshake datagram header, the TCP
 //!   chunk header, InfiniBand immediate data and close notices.
+//! - [`discovery`]: the discovery datagram (probe, answer, conflict) of
+//!   runtime membership.
 //! - [`identity`]: node identities (Ed25519) and the signed handshake
 //!   material.
 //! - [`region`]: one-sided operations (remote write and read of exposed
@@ -23,6 +25,7 @@
 pub mod codec;
 pub mod decoder;
 pub mod depth;
+pub mod discovery;
 pub mod handshake;
 pub mod header;
 pub mod identity;

@@ -218,6 +218,26 @@ fn main() {
     v.extend_from_slice(&HandshakeMsg::Hello(hello).encode());
     write(&dir, "ib_datagram", "hello_datagram", &v);
 
+    // discovery_datagram: [secret length][secret][datagram].
+    let probe = dxnet_proto::discovery::Announcement {
+        kind: dxnet_proto::discovery::Kind::Probe,
+        sender: 4,
+        subject: 4,
+        instance: 99,
+        nonce: [5; 16],
+        address: "10.0.0.4:7000".into(),
+    };
+    let mut v = vec![0u8];
+    v.extend_from_slice(&probe.encode(None, None));
+    write(&dir, "discovery_datagram", "probe_no_secret", &v);
+    let mut v = vec![6u8];
+    v.extend_from_slice(b"secret");
+    v.extend_from_slice(&probe.encode(Some(b"secret"), None));
+    write(&dir, "discovery_datagram", "probe_with_secret", &v);
+    let mut v = vec![0u8];
+    v.extend_from_slice(&probe.encode(None, None)[..40]);
+    write(&dir, "discovery_datagram", "truncated", &v);
+
     // region_frames: [selector][frame].
     let target = RegionRef {
         id: 7,
