@@ -347,6 +347,49 @@ impl Default for LoopbackConfig {
     }
 }
 
+/// Discovery of the cluster's nodes at run time (`[discovery]`): a node
+/// probes the addresses it knows (the node map's entries and `seeds`) over
+/// UDP until they answer, and connects only to the nodes discovered so;
+/// see the README's "Discovery" section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct DiscoveryConfig {
+    /// `host:port` addresses (host names are resolved at every probe) of
+    /// nodes whose ids this node does not know; they are probed like the
+    /// node map's entries and join the map when they answer. Default none.
+    pub seeds: Vec<String>,
+    /// Time between two probes of an address not discovered yet (and of a
+    /// discovered node without a connection, which keeps its claim fresh).
+    /// Default 100 ms.
+    pub interval_ms: u64,
+    /// The address announced to the others (`host:port`, at most 255
+    /// bytes). Default: this node's node-map address.
+    pub advertise: Option<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            seeds: Vec::new(),
+            interval_ms: 100,
+            advertise: None,
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    /// Discovery probing `seeds` (besides the node map) every
+    /// `interval_ms`.
+    pub fn new(seeds: Vec<String>, interval_ms: u64) -> Self {
+        Self {
+            seeds,
+            interval_ms,
+            advertise: None,
+        }
+    }
+}
+
 /// Full configuration of one node. Every field has a documented default; a
 /// file only needs `node_id` and `nodes`. Settings of one concern are in
 /// their section: `[limits]`, `[park]`, `[tcp]`, `[tls]`, `[ib]`,
@@ -391,6 +434,9 @@ pub struct Config {
     pub ib: IbConfig,
     /// Loopback engine settings.
     pub loopback: LoopbackConfig,
+    /// Discovery of nodes at run time. Default `None`: every node-map
+    /// entry counts as discovered from the start.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for Config {
@@ -409,6 +455,7 @@ impl Default for Config {
             tls: None,
             ib: IbConfig::default(),
             loopback: LoopbackConfig::default(),
+            discovery: None,
         }
     }
 }
@@ -579,6 +626,34 @@ impl Config {
                 self.transport,
                 self.transport.missing_feature()
             ));
+        }
+        if let Some(d) = &self.discovery {
+            if self.transport == TransportKind::Loopback {
+                return bad("discovery: needs a network transport (tcp or ib)".into());
+            }
+            if d.interval_ms == 0 {
+                return bad("discovery.interval_ms must be > 0".into());
+            }
+            let advertise = match &d.advertise {
+                Some(a) => a.as_str(),
+                None => match self.address_of(NodeId(self.node_id)) {
+                    Some(a) => a,
+                    None => {
+                        return bad(format!(
+                            "discovery: node {} (this node) needs its address in nodes or discovery.advertise",
+                            self.node_id
+                        ))
+                    }
+                },
+            };
+            if advertise.is_empty() || advertise.len() > crate::proto::discovery::MAX_ADDRESS_LEN {
+                return bad(format!(
+                    "discovery.advertise {advertise:?} must be 1..=255 bytes"
+                ));
+            }
+            if let Some(s) = d.seeds.iter().find(|s| s.is_empty()) {
+                return bad(format!("discovery.seeds: empty address {s:?}"));
+            }
         }
         if let Some(t) = &self.tls {
             if !cfg!(feature = "tls") {

@@ -104,6 +104,10 @@ pub enum Unreachable {
     /// The node was removed from the node map ([`crate::Node::remove_node`]).
     #[error("removed from the node map")]
     Removed,
+    /// Discovery is on and the node has not answered its probes (yet, or
+    /// since its connection was lost).
+    #[error("not discovered (it has not answered discovery probes)")]
+    Undiscovered,
 }
 
 impl Unreachable {
@@ -112,6 +116,7 @@ impl Unreachable {
         match self {
             Unreachable::NotInNodeMap => "not in the node map",
             Unreachable::Removed => "removed from the node map",
+            Unreachable::Undiscovered => "not discovered",
             Unreachable::Connect(s) | Unreachable::ConnectionLost(s) => s,
         }
     }
@@ -139,6 +144,9 @@ pub enum Waited {
     /// to itself (`send_timeout_ms`).
     #[error("room in the own incoming queue (send to self blocked)")]
     IncomingQueue,
+    /// Nodes to be discovered ([`crate::Node::wait_for_nodes`]).
+    #[error("nodes to be discovered")]
+    Nodes,
 }
 
 /// Why a pending request was cancelled ([`Error::Cancelled`]).

@@ -1,5 +1,6 @@
-//! Connection events for the application: a connection opened, a peer
-//! came back after a restart, a connection closed or broke.
+//! Connection events for the application: discovery found a node or two
+//! nodes claiming one id, a connection opened, a peer came back after a
+//! restart, a connection closed or broke.
 //!
 //! ```no_run
 //! # fn demo(node: &dxnet::Node) -> dxnet::Result<()> {
@@ -43,6 +44,23 @@ use crate::NodeId;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConnectionEvent {
+    /// Discovery found `node` (it answered a probe or probed this node):
+    /// it can be connected to now. Made only with discovery on, again
+    /// after each loss.
+    Discovered {
+        /// The peer.
+        node: NodeId,
+    },
+    /// Two nodes claim id `node`: the one at `address` and another one
+    /// (this node, or the one this node knew first). Neither takes over
+    /// the other: this node keeps the one it knew, and the node map should
+    /// be fixed.
+    DuplicateId {
+        /// The disputed id.
+        node: NodeId,
+        /// The address of the other claimant.
+        address: String,
+    },
     /// A connection to `node` opened (this node dialed, or accepted it).
     Connected {
         /// The peer.
@@ -77,7 +95,9 @@ impl ConnectionEvent {
     /// The node the event is about.
     pub fn node(&self) -> NodeId {
         match self {
-            ConnectionEvent::Connected { node }
+            ConnectionEvent::Discovered { node }
+            | ConnectionEvent::DuplicateId { node, .. }
+            | ConnectionEvent::Connected { node }
             | ConnectionEvent::Restarted { node }
             | ConnectionEvent::Closed { node, .. }
             | ConnectionEvent::Lost { node, .. } => *node,

@@ -51,7 +51,7 @@ pub mod region;
 pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
-pub use config::{Config, TlsConfig, TransportKind};
+pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind};
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{MultiSend, Node, NodeStats, ResponseHandle};

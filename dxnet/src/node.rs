@@ -46,6 +46,12 @@ pub struct NodeStats {
     /// Connection events dropped because slow callbacks let their queue
     /// fill up (see [`crate::events`]).
     pub events_dropped: u64,
+    /// Discovery datagrams not accepted: malformed, not authenticated
+    /// (another cluster secret, no valid identity signature), answers to
+    /// no probe of this node, probes of removed nodes.
+    pub discovery_ignored: u64,
+    /// Claims of one node id by two nodes that discovery saw.
+    pub discovery_conflicts: u64,
 }
 
 /// A response that has not arrived yet. Wait for it with
@@ -196,12 +202,23 @@ impl Node {
         self.core.remove_node(node)
     }
 
-    /// The nodes of the node map now (this one included), in id order.
+    /// The nodes of the node map now (this one included), in id order;
+    /// with discovery, the discovered ones.
     pub fn nodes(&self) -> Vec<NodeId> {
         self.core.member_nodes()
     }
 
-    /// [`Node::send_to_many`] to every other node of the node map.
+    /// Waits until [`Node::nodes`] lists at least `count` nodes (this one
+    /// included) and returns them, or fails with
+    /// [`crate::Error::Timeout`]`(`[`crate::Waited::Nodes`]`)` after
+    /// `timeout`. With discovery this is how an application waits for its
+    /// cluster to come up.
+    pub fn wait_for_nodes(&self, count: usize, timeout: Duration) -> Result<Vec<NodeId>> {
+        self.core.wait_for_nodes(count, timeout)
+    }
+
+    /// [`Node::send_to_many`] to every other node of the node map (with
+    /// discovery, every discovered one).
     pub fn send_to_all<M: Message>(&self, msg: &M) -> MultiSend {
         let own = self.id();
         let dests: Vec<NodeId> = self

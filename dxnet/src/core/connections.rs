@@ -43,8 +43,8 @@ impl Core {
             if self.is_shut_down() {
                 return Err(Error::Shutdown);
             }
-            match self.address_of(dest) {
-                Ok(_) => {}
+            match self.membership.dialable(dest) {
+                Ok(()) => {}
                 // Loopback nodes need no node-map entry.
                 Err(Unreachable::NotInNodeMap)
                     if self.config.transport == TransportKind::Loopback => {}
@@ -84,6 +84,8 @@ impl Core {
                         other => Unreachable::Connect(other.to_string()),
                     };
                     self.close_connection(&conn, cause.detail(), true);
+                    // Probed again before the next attempt.
+                    self.membership.lost(dest);
                     return Err(Error::Unreachable(dest, cause));
                 }
             }
@@ -217,6 +219,11 @@ impl Core {
         let ok = conn.mark_open(peer_instance);
         if ok {
             self.stats.connections_opened.add(1);
+            // An authenticated peer is alive: discovered, if discovery had
+            // not found it yet (it found this node first).
+            if self.membership.connected(conn.peer) {
+                self.emit(crate::events::ConnectionEvent::Discovered { node: conn.peer });
+            }
             self.emit_opened(conn.peer, peer_instance);
         }
         ok
@@ -257,6 +264,13 @@ impl Core {
             None => Error::Cancelled(Cancelled::ConnectionClosed),
         };
         self.requests.fail_peer(conn.peer, &err);
+        if was == ConnState::Open
+            && failed
+            && !matches!(err, Error::Unreachable(_, Unreachable::Removed))
+        {
+            // Back to the nodes discovery probes.
+            self.membership.lost(conn.peer);
+        }
         if was == ConnState::Open {
             // Counted as opened: a connection that never opened (a refused
             // connect) is neither.

@@ -1,7 +1,8 @@
 //! The node map at run time: the configured entries, plus the nodes added
 //! and minus the nodes removed since start ([`crate::Node::add_node`],
 //! [`crate::Node::remove_node`]). Engines look addresses up here, not in
-//! the configuration.
+//! the configuration. With discovery ([`crate::config::DiscoveryConfig`])
+//! a node is dialed only once it is discovered (`core/discovery.rs`).
 
 use std::collections::HashMap;
 
@@ -17,6 +18,40 @@ struct Member {
     /// Removed at run time: connections to and from it are refused with
     /// [`Unreachable::Removed`] until it is added again.
     removed: bool,
+    /// It answered discovery (or connected) since it was last lost; always
+    /// true without discovery. Only discovered nodes are dialed.
+    discovered: bool,
+    /// When discovery last heard of it: a claim of its id from another
+    /// address is a conflict while this is recent.
+    last_seen: Option<Instant>,
+}
+
+impl Member {
+    fn new(address: String, discovered: bool) -> Self {
+        Member {
+            address,
+            removed: false,
+            discovered,
+            last_seen: None,
+        }
+    }
+}
+
+/// What [`Membership::learn`] made of a node's claim to be at an address.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Learned {
+    /// Recorded; `newly`: it was not discovered before; `moved`: it had
+    /// another address.
+    Recorded {
+        /// Not discovered before.
+        newly: bool,
+        /// Its address changed.
+        moved: bool,
+    },
+    /// Removed at run time: ignored.
+    Removed,
+    /// Another node holds the id at this address and is alive.
+    Conflict(String),
 }
 
 /// The node map (read on connection set-up, written by
@@ -24,27 +59,134 @@ struct Member {
 #[derive(Debug, Default)]
 pub struct Membership {
     map: RwLock<HashMap<u16, Member>>,
+    /// Discovery is on: entries start undiscovered.
+    discovery: bool,
+    /// Rung when a node is discovered (`Node::wait_for_nodes`).
+    pub discovered: Signal,
 }
 
 impl Membership {
     /// The configured node map.
     pub fn from_config(config: &Config) -> Self {
+        let discovery = config.discovery.is_some();
         let map = config
             .nodes
             .iter()
             .map(|n| {
-                (
-                    n.id,
-                    Member {
-                        address: n.address.clone(),
-                        removed: false,
-                    },
-                )
+                let discovered = !discovery || n.id == config.node_id;
+                (n.id, Member::new(n.address.clone(), discovered))
             })
             .collect();
         Membership {
             map: RwLock::new(map),
+            discovery,
+            discovered: Signal::new(),
         }
+    }
+
+    /// Whether `node` may be dialed: listed, not removed and discovered.
+    pub fn dialable(&self, node: NodeId) -> std::result::Result<(), Unreachable> {
+        match self.map.read().get(&node.0) {
+            Some(m) if m.removed => Err(Unreachable::Removed),
+            Some(m) if !m.discovered => Err(Unreachable::Undiscovered),
+            Some(_) => Ok(()),
+            None => Err(Unreachable::NotInNodeMap),
+        }
+    }
+
+    /// `node` connected (authenticated): it is alive, so discovered.
+    pub fn connected(&self, node: NodeId) -> bool {
+        if !self.discovery {
+            return false;
+        }
+        let mut map = self.map.write();
+        match map.get_mut(&node.0) {
+            Some(m) if !m.removed && !m.discovered => {
+                m.discovered = true;
+                m.last_seen = Some(Instant::now());
+                drop(map);
+                self.discovered.notify_all();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `node`'s connection was lost (or could not be set up): it goes
+    /// back to the nodes discovery probes. No-op without discovery.
+    pub fn lost(&self, node: NodeId) {
+        if !self.discovery {
+            return;
+        }
+        if let Some(m) = self.map.write().get_mut(&node.0) {
+            m.discovered = false;
+        }
+    }
+
+    /// Records that `node` (authenticated) says it is at `address`:
+    /// discovered there, unless it was removed or another node holds the
+    /// id at another address and was heard of within `fresh` (or
+    /// `holder_connected` says it has a live connection).
+    pub fn learn(
+        &self,
+        node: u16,
+        address: &str,
+        fresh: Duration,
+        holder_connected: impl FnOnce() -> bool,
+    ) -> Learned {
+        let now = Instant::now();
+        let mut map = self.map.write();
+        let learned = match map.get_mut(&node) {
+            Some(m) if m.removed => return Learned::Removed,
+            Some(m) => {
+                let moved = m.address != address;
+                let holder_alive = m.discovered
+                    && (m.last_seen.is_some_and(|t| now.duration_since(t) < fresh)
+                        || holder_connected());
+                if moved && holder_alive {
+                    return Learned::Conflict(m.address.clone());
+                }
+                let newly = !m.discovered;
+                m.address = address.to_string();
+                m.discovered = true;
+                m.last_seen = Some(now);
+                Learned::Recorded { newly, moved }
+            }
+            None => {
+                let mut m = Member::new(address.to_string(), true);
+                m.last_seen = Some(now);
+                map.insert(node, m);
+                Learned::Recorded {
+                    newly: true,
+                    moved: false,
+                }
+            }
+        };
+        drop(map);
+        if let Learned::Recorded { newly: true, .. } = learned {
+            self.discovered.notify_all();
+        }
+        learned
+    }
+
+    /// What the discovery job probes this round: (id, address) of the
+    /// listed nodes, other than `own`, that are not removed and either
+    /// undiscovered or without a live connection.
+    pub fn to_probe(&self, own: u16, connected: impl Fn(u16) -> bool) -> Vec<(u16, String)> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(id, m)| **id != own && !m.removed && (!m.discovered || !connected(**id)))
+            .map(|(id, m)| (*id, m.address.clone()))
+            .collect()
+    }
+
+    /// Whether `node` is discovered now.
+    pub fn is_discovered(&self, node: u16) -> bool {
+        self.map
+            .read()
+            .get(&node)
+            .is_some_and(|m| m.discovered && !m.removed)
     }
 
     /// `node`'s address, or why there is none.
@@ -56,13 +198,13 @@ impl Membership {
         }
     }
 
-    /// The nodes of the map (not removed), in id order.
+    /// The nodes of the map (not removed, discovered), in id order.
     pub fn nodes(&self) -> Vec<NodeId> {
         let mut v: Vec<NodeId> = self
             .map
             .read()
             .iter()
-            .filter(|(_, m)| !m.removed)
+            .filter(|(_, m)| !m.removed && m.discovered)
             .map(|(id, _)| NodeId(*id))
             .collect();
         v.sort();
@@ -77,9 +219,33 @@ impl Core {
         self.membership.address_of(node)
     }
 
-    /// The nodes of the node map now, this one included.
+    /// The nodes of the node map now (discovered ones only, with
+    /// discovery), this one included.
     pub fn member_nodes(&self) -> Vec<NodeId> {
         self.membership.nodes()
+    }
+
+    /// Waits until the node map holds at least `count` nodes (this one
+    /// included; with discovery, discovered ones) or `timeout` passes.
+    pub fn wait_for_nodes(&self, count: usize, timeout: Duration) -> Result<Vec<NodeId>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let nodes = self.membership.nodes();
+            if nodes.len() >= count {
+                return Ok(nodes);
+            }
+            if self.is_shut_down() {
+                return Err(Error::Shutdown);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(Waited::Nodes));
+            }
+            self.membership.discovered.park_unless(
+                || self.membership.nodes().len() >= count,
+                (deadline - now).min(Duration::from_millis(50)),
+            );
+        }
     }
 
     /// Adds `entry` to the node map, or changes the address (and key) of
@@ -110,13 +276,13 @@ impl Core {
         }
         let changed = {
             let mut map = self.membership.map.write();
-            let old = map.insert(
-                entry.id,
-                Member {
-                    address: entry.address.clone(),
-                    removed: false,
-                },
-            );
+            // With discovery an added node is probed first, unless it
+            // already answered at this address.
+            let discovered = !self.membership.discovery
+                || map
+                    .get(&entry.id)
+                    .is_some_and(|o| !o.removed && o.discovered && o.address == entry.address);
+            let old = map.insert(entry.id, Member::new(entry.address.clone(), discovered));
             old.is_some_and(|o| !o.removed && o.address != entry.address)
         };
         // A connection to the old address belongs to what the node was.

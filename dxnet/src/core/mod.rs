@@ -23,6 +23,7 @@
 
 pub mod connection;
 mod connections;
+pub mod discovery;
 mod engine_api;
 pub mod events;
 pub mod flow;
@@ -194,6 +195,8 @@ pub struct Core {
     pub connections: ConnectionTable,
     /// The node map as it is now.
     membership: membership::Membership,
+    /// The discovery job's state, with discovery configured.
+    discovery: Option<discovery::Discovery>,
     /// Connections with data or confirmations to send.
     wim: WriteInterest,
     /// Receive buffers.
@@ -297,6 +300,7 @@ impl Core {
             fc_unit,
             connections: ConnectionTable::default(),
             membership: membership::Membership::from_config(&config),
+            discovery: discovery::Discovery::new(&config),
             wim: WriteInterest::new(),
             pool: BufferPool::new(config.limits.recv_pool_size, config.limits.recv_buffer_size),
             incoming: IncomingQueue::new(
@@ -350,6 +354,10 @@ impl Core {
                 core.shutdown();
                 return Err(e);
             }
+        }
+        if let Err(e) = core.start_discovery() {
+            core.shutdown();
+            return Err(e);
         }
         Ok(core)
     }
@@ -473,6 +481,14 @@ impl Core {
             incoming_peak_buffers: peak_buffers as u64,
             incoming_peak_bytes: peak_bytes as u64,
             events_dropped: self.events.dropped.load(Ordering::Relaxed),
+            discovery_ignored: self
+                .discovery
+                .as_ref()
+                .map_or(0, |d| d.ignored.load(Ordering::Relaxed)),
+            discovery_conflicts: self
+                .discovery
+                .as_ref()
+                .map_or(0, |d| d.conflicts.load(Ordering::Relaxed)),
         }
     }
 

@@ -78,6 +78,13 @@ pub trait Transport: Send + Sync + 'static {
     fn try_flush(&self, _peer: NodeId) -> bool {
         false
     }
+    /// A UDP socket on the node's address that the discovery job may send
+    /// from, if the engine owns one; the engine then hands received
+    /// discovery datagrams to [`Core::on_discovery_datagram`]. `None`: the
+    /// job binds its own socket on the node's address.
+    fn discovery_socket(&self) -> Option<std::net::UdpSocket> {
+        None
+    }
     /// Largest frame (message header and payload) that
     /// [`Transport::send_standalone`] takes; 0: the engine has no such path.
     fn standalone_max(&self) -> usize {

@@ -267,6 +267,10 @@ impl IbEngine {
         d: &[u8],
         from: std::net::SocketAddr,
     ) {
+        if d.starts_with(&crate::proto::discovery::DISCOVERY_MAGIC) {
+            core.on_discovery_datagram(d, from, &self.udp);
+            return;
+        }
         if d.starts_with(&CLOSE_MAGIC) {
             match CloseNotice::decode(d, self.secret(), core.identity.as_ref()) {
                 Ok(n) if n.dst == self.own.0 => self.on_close_notice(core, &mut hss.dials, &n),

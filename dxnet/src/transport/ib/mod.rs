@@ -434,6 +434,12 @@ impl Transport for IbEngine {
         self.send_signal.notify_one();
     }
 
+    fn discovery_socket(&self) -> Option<std::net::UdpSocket> {
+        // The connection thread receives on it and hands discovery
+        // datagrams to the core (distinct magic).
+        self.udp.try_clone().ok()
+    }
+
     fn try_flush(&self, peer: NodeId) -> bool {
         let Some(core) = self.core.upgrade() else {
             return false;

@@ -1,0 +1,397 @@
+//! The discovery job (Ibdxnet's connection manager): probes the addresses
+//! of nodes not discovered yet over UDP, answers other nodes' probes, and
+//! records who is where in the node map (`membership.rs`). The datagram is
+//! `proto::discovery`; authentication is the handshake's (cluster secret,
+//! identities).
+//!
+//! Who probes what, every `interval_ms`: the node map's entries that are
+//! not discovered, or discovered but without a connection (their answer
+//! keeps their claim to the id fresh), and the seeds whose node is not
+//! known yet. A node that accepts a probe records the prober (so one probe
+//! introduces both ways) and answers; an answer counts only if it echoes
+//! the nonce of a probe this node sent in the last rounds. A claim of an id
+//! from another address while the holder is alive (connected, or heard of
+//! within three intervals) is a conflict: nothing changes, and both
+//! claimants are told ([`Kind::Conflict`]), each reporting
+//! [`ConnectionEvent::DuplicateId`].
+//!
+//! Sockets: the TCP engine has none of its own, so the job binds a UDP
+//! socket on the node's address and receives on it; the InfiniBand engine
+//! lends its handshake socket ([`Transport::discovery_socket`]) and hands
+//! the datagrams with the discovery magic to [`Core::on_discovery_datagram`].
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+
+use crate::config::DiscoveryConfig;
+use crate::events::ConnectionEvent;
+use crate::proto::discovery::{Announcement, Kind, DISCOVERY_MAX};
+
+use super::membership::Learned;
+use super::*;
+
+/// Rounds a probe's nonce stays valid for its answer.
+const NONCE_ROUNDS: u32 = 3;
+/// Conflicts remembered as reported.
+const REPORTED_MAX: usize = 1024;
+/// Longest a receive waits, so shutdown is seen promptly.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A probe sent and not answered yet.
+#[derive(Debug)]
+struct Outstanding {
+    /// The seed probed (its node is recorded from the answer).
+    seed: Option<usize>,
+    sent: Instant,
+}
+
+#[derive(Debug, Default)]
+struct ProbeState {
+    outstanding: HashMap<[u8; 16], Outstanding>,
+    /// The node that answered at each seed: not probed while discovered.
+    seed_node: Vec<Option<u16>>,
+    /// (id, other claimant's address) already reported.
+    reported: HashSet<(u16, String)>,
+}
+
+/// The discovery job's state (present with `Config::discovery`).
+#[derive(Debug)]
+pub struct Discovery {
+    config: DiscoveryConfig,
+    interval: Duration,
+    /// The address this node announces.
+    advertise: String,
+    state: Mutex<ProbeState>,
+    /// Datagrams not accepted: malformed, unauthenticated, unsolicited
+    /// answers, probes from removed nodes.
+    pub ignored: AtomicU64,
+    /// Conflicting claims of one id seen.
+    pub conflicts: AtomicU64,
+}
+
+impl Discovery {
+    /// The job's state for `config` (validated: the advertised address
+    /// exists).
+    pub fn new(config: &Config) -> Option<Self> {
+        let d = config.discovery.as_ref()?;
+        let advertise = d
+            .advertise
+            .clone()
+            .or_else(|| config.address_of(NodeId(config.node_id)).map(str::to_owned))
+            .unwrap_or_default();
+        Some(Discovery {
+            interval: Duration::from_millis(d.interval_ms),
+            advertise,
+            state: Mutex::new(ProbeState {
+                seed_node: vec![None; d.seeds.len()],
+                ..ProbeState::default()
+            }),
+            config: d.clone(),
+            ignored: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+        })
+    }
+}
+
+fn resolve(address: &str) -> Option<SocketAddr> {
+    match address.to_socket_addrs() {
+        Ok(mut it) => it.next(),
+        Err(e) => {
+            tracing::debug!("discovery: cannot resolve {address:?}: {e}");
+            None
+        }
+    }
+}
+
+impl Core {
+    fn discovery(&self) -> Option<&Discovery> {
+        self.discovery.as_ref()
+    }
+
+    /// Starts the discovery thread (with discovery configured), after the
+    /// engine: on InfiniBand it uses the engine's socket.
+    pub(super) fn start_discovery(self: &Arc<Self>) -> Result<()> {
+        if self.discovery.is_none() {
+            return Ok(());
+        }
+        let lent = self.transport().and_then(|t| t.discovery_socket());
+        let (socket, receives) = match lent {
+            Some(s) => (s, false),
+            None => {
+                let own = self
+                    .address_of(self.own)
+                    .map_err(|e| Error::Config(format!("discovery: own address: {e}")))?;
+                let s = UdpSocket::bind(&own).map_err(|e| {
+                    Error::Transport(format!("discovery: cannot bind udp {own}: {e}"))
+                })?;
+                (s, true)
+            }
+        };
+        let core = self.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("dxnet-discovery-{}", self.own.0))
+            .spawn(move || core.discovery_loop(socket, receives))
+            .map_err(|e| Error::Config(format!("cannot spawn the discovery thread: {e}")))?;
+        self.threads.lock().push(handle);
+        Ok(())
+    }
+
+    fn discovery_loop(&self, socket: UdpSocket, receives: bool) {
+        let Some(d) = self.discovery() else { return };
+        let mut buf = vec![0u8; DISCOVERY_MAX + 1];
+        let mut next_round = Instant::now();
+        while !self.is_shut_down() {
+            let now = Instant::now();
+            if now >= next_round {
+                self.probe_round(d, &socket);
+                next_round = now + d.interval;
+            }
+            let wait = next_round
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), POLL);
+            if !receives {
+                std::thread::sleep(wait);
+                continue;
+            }
+            let _ = socket.set_read_timeout(Some(wait));
+            match socket.recv_from(&mut buf) {
+                Ok((n, from)) => self.on_discovery_datagram(&buf[..n], from, &socket),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                // An ICMP "port unreachable" of an earlier probe (Linux
+                // reports it on the next receive).
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                Err(e) => {
+                    tracing::warn!("{}: discovery socket: {e}", self.own);
+                    std::thread::sleep(POLL);
+                }
+            }
+        }
+    }
+
+    /// Probes every address that needs it now.
+    fn probe_round(&self, d: &Discovery, socket: &UdpSocket) {
+        let connected = |id: u16| {
+            self.connections
+                .get(NodeId(id))
+                .is_some_and(|c| c.state() == ConnState::Open)
+        };
+        let mut targets: Vec<(Option<usize>, String)> = self
+            .membership
+            .to_probe(self.own.0, connected)
+            .into_iter()
+            .map(|(_, a)| (None, a))
+            .collect();
+        {
+            let mut st = d.state.lock();
+            let expiry = d.interval * NONCE_ROUNDS;
+            st.outstanding.retain(|_, o| o.sent.elapsed() < expiry);
+            for (i, seed) in d.config.seeds.iter().enumerate() {
+                let known = st.seed_node[i].is_some_and(|n| {
+                    // Its node is probed as a node-map entry, or removed.
+                    n == self.own.0 || self.membership.is_discovered(n) || {
+                        matches!(
+                            self.membership.dialable(NodeId(n)),
+                            Err(Unreachable::Removed)
+                        )
+                    }
+                });
+                if !known {
+                    targets.push((Some(i), seed.clone()));
+                }
+            }
+        }
+        for (seed, address) in targets {
+            let Some(to) = resolve(&address) else {
+                continue;
+            };
+            let nonce: [u8; 16] = rand::random();
+            let probe = Announcement {
+                kind: Kind::Probe,
+                sender: self.own.0,
+                subject: self.own.0,
+                instance: self.instance,
+                nonce,
+                address: d.advertise.clone(),
+            };
+            d.state.lock().outstanding.insert(
+                nonce,
+                Outstanding {
+                    seed,
+                    sent: Instant::now(),
+                },
+            );
+            self.send_announcement(socket, &probe, to);
+        }
+    }
+
+    fn send_announcement(&self, socket: &UdpSocket, a: &Announcement, to: SocketAddr) {
+        let secret = self.config.cluster_secret.as_deref().map(str::as_bytes);
+        let bytes = a.encode(secret, self.identity.as_ref());
+        if let Err(e) = socket.send_to(&bytes, to) {
+            tracing::debug!("{}: discovery datagram to {to}: {e}", self.own);
+        }
+    }
+
+    /// Handles a datagram with the discovery magic that arrived at this
+    /// node's socket from `from`; replies go out on `socket`.
+    pub fn on_discovery_datagram(&self, datagram: &[u8], from: SocketAddr, socket: &UdpSocket) {
+        let Some(d) = self.discovery() else {
+            return; // discovery is off here: not our business
+        };
+        let secret = self.config.cluster_secret.as_deref().map(str::as_bytes);
+        let a = match Announcement::decode(datagram, secret, self.identity.as_ref()) {
+            Ok(a) => a,
+            Err(e) => {
+                // Counted; logged at debug only, so a flood cannot flood
+                // the log.
+                d.ignored.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("{}: discovery datagram from {from} ignored: {e}", self.own);
+                return;
+            }
+        };
+        match a.kind {
+            Kind::Probe => self.on_probe(d, &a, from, socket),
+            Kind::Answer => {
+                let Some(o) = d.state.lock().outstanding.remove(&a.nonce) else {
+                    d.ignored.fetch_add(1, Ordering::Relaxed);
+                    return;
+                };
+                if a.sender == self.own.0 {
+                    self.report_duplicate(d, a.sender, &a.address);
+                    return;
+                }
+                if let Some(i) = o.seed {
+                    d.state.lock().seed_node[i] = Some(a.sender);
+                }
+                self.learn(d, &a, socket);
+            }
+            Kind::Conflict => {
+                if a.subject == self.own.0 {
+                    self.report_duplicate(d, a.subject, &a.address);
+                } else {
+                    d.ignored.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn on_probe(&self, d: &Discovery, a: &Announcement, from: SocketAddr, socket: &UdpSocket) {
+        if a.sender == self.own.0 {
+            if a.instance == self.instance {
+                return; // this node's own probe (a seed names this node)
+            }
+            // Another node with this node's id: both learn of it.
+            self.report_duplicate(d, a.sender, &a.address);
+            let conflict = Announcement {
+                kind: Kind::Conflict,
+                sender: self.own.0,
+                subject: self.own.0,
+                instance: self.instance,
+                nonce: a.nonce,
+                address: d.advertise.clone(),
+            };
+            self.send_announcement(socket, &conflict, from);
+            return;
+        }
+        if self.learn(d, a, socket) {
+            let answer = Announcement {
+                kind: Kind::Answer,
+                sender: self.own.0,
+                subject: self.own.0,
+                instance: self.instance,
+                nonce: a.nonce,
+                address: d.advertise.clone(),
+            };
+            self.send_announcement(socket, &answer, from);
+        }
+    }
+
+    /// Records `a`'s sender at its address; on a conflict tells both
+    /// claimants. Returns whether it was recorded.
+    fn learn(&self, d: &Discovery, a: &Announcement, socket: &UdpSocket) -> bool {
+        let holder_connected = || {
+            self.connections
+                .get(NodeId(a.sender))
+                .is_some_and(|c| c.state() == ConnState::Open)
+        };
+        let node = NodeId(a.sender);
+        match self.membership.learn(
+            a.sender,
+            &a.address,
+            d.interval * NONCE_ROUNDS,
+            holder_connected,
+        ) {
+            Learned::Recorded { newly, moved } => {
+                if moved {
+                    // A connection to the old address belongs to what the
+                    // node was.
+                    if let Some(c) = self.connections.get(node) {
+                        self.close_connection(&c, "node moved to another address", false);
+                    }
+                }
+                if newly {
+                    tracing::info!("{}: discovered node {node} at {:?}", self.own, a.address);
+                    self.emit(ConnectionEvent::Discovered { node });
+                }
+                true
+            }
+            Learned::Removed => {
+                d.ignored.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Learned::Conflict(holder) => {
+                self.report_duplicate(d, a.sender, &a.address);
+                // The claimant learns where the id is held, the holder
+                // where it is claimed.
+                for (to, other) in [(a.address.as_str(), holder.as_str()), (&holder, &a.address)] {
+                    if let Some(to) = resolve(to) {
+                        let conflict = Announcement {
+                            kind: Kind::Conflict,
+                            sender: self.own.0,
+                            subject: a.sender,
+                            instance: self.instance,
+                            nonce: a.nonce,
+                            address: other.to_string(),
+                        };
+                        self.send_announcement(socket, &conflict, to);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Two nodes claim `id`, one of them at `address`: an error in the log
+    /// and an event, once per (id, address).
+    fn report_duplicate(&self, d: &Discovery, id: u16, address: &str) {
+        d.conflicts.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = d.state.lock();
+            if st.reported.len() >= REPORTED_MAX {
+                st.reported.clear(); // bounded; at worst reported again
+            }
+            if !st.reported.insert((id, address.to_string())) {
+                return;
+            }
+        }
+        if id == self.own.0 {
+            tracing::error!(
+                "{}: another node at {address:?} claims this node's id {id}: fix the node map",
+                self.own
+            );
+        } else {
+            tracing::error!(
+                "{}: node id {id} is claimed by two nodes (one at {address:?}); keeping the one known first",
+                self.own
+            );
+        }
+        self.emit(ConnectionEvent::DuplicateId {
+            node: NodeId(id),
+            address: address.to_string(),
+        });
+    }
+}
