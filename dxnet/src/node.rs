@@ -189,15 +189,24 @@ impl Node {
     /// Adds a node to the node map at run time (or gives a listed node a
     /// new address, closing its connection to the old one, or brings back
     /// a removed node). With identities configured the entry needs its
-    /// `public_key`. The node is connected on first use as any other.
+    /// `public_key`. The node is connected on first use as any other; with
+    /// discovery, once it answered a probe.
     pub fn add_node(&self, entry: crate::config::NodeEntry) -> Result<()> {
         self.core.add_node(entry)
+    }
+
+    /// Adds a seed address to discovery: it is probed (every
+    /// `discovery.interval_ms`) until a node answers there, which then
+    /// joins the node map. Needs [`crate::Config::discovery`].
+    pub fn add_seed(&self, address: &str) -> Result<()> {
+        self.core.add_seed(address)
     }
 
     /// Removes a node from the node map: its connection closes, its pending
     /// requests fail with [`crate::Unreachable::Removed`], and so do later
     /// sends and requests to it; its connection attempts are refused until
-    /// it is added again.
+    /// it is added again. With discovery it is no longer probed and its
+    /// probes are ignored (counted in `discovery_ignored`).
     pub fn remove_node(&self, node: NodeId) -> Result<()> {
         self.core.remove_node(node)
     }

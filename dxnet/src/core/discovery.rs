@@ -23,7 +23,6 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 
-use crate::config::DiscoveryConfig;
 use crate::events::ConnectionEvent;
 use crate::proto::discovery::{Announcement, Kind, DISCOVERY_MAX};
 
@@ -48,6 +47,8 @@ struct Outstanding {
 #[derive(Debug, Default)]
 struct ProbeState {
     outstanding: HashMap<[u8; 16], Outstanding>,
+    /// The configured seeds and those added at run time.
+    seeds: Vec<String>,
     /// The node that answered at each seed: not probed while discovered.
     seed_node: Vec<Option<u16>>,
     /// (id, other claimant's address) already reported.
@@ -57,7 +58,6 @@ struct ProbeState {
 /// The discovery job's state (present with `Config::discovery`).
 #[derive(Debug)]
 pub struct Discovery {
-    config: DiscoveryConfig,
     interval: Duration,
     /// The address this node announces.
     advertise: String,
@@ -83,10 +83,10 @@ impl Discovery {
             interval: Duration::from_millis(d.interval_ms),
             advertise,
             state: Mutex::new(ProbeState {
+                seeds: d.seeds.clone(),
                 seed_node: vec![None; d.seeds.len()],
                 ..ProbeState::default()
             }),
-            config: d.clone(),
             ignored: AtomicU64::new(0),
             conflicts: AtomicU64::new(0),
         })
@@ -106,6 +106,25 @@ fn resolve(address: &str) -> Option<SocketAddr> {
 impl Core {
     fn discovery(&self) -> Option<&Discovery> {
         self.discovery.as_ref()
+    }
+
+    /// Adds `address` to the seeds probed until a node answers there (no
+    /// change if it is one already).
+    pub fn add_seed(&self, address: &str) -> Result<()> {
+        let Some(d) = self.discovery() else {
+            return Err(Error::Config(
+                "add_seed: discovery is not configured (Config::discovery)".into(),
+            ));
+        };
+        if address.is_empty() {
+            return Err(Error::Config("add_seed: empty address".into()));
+        }
+        let mut st = d.state.lock();
+        if !st.seeds.iter().any(|s| s == address) {
+            st.seeds.push(address.to_string());
+            st.seed_node.push(None);
+        }
+        Ok(())
     }
 
     /// Starts the discovery thread (with discovery configured), after the
@@ -189,7 +208,7 @@ impl Core {
             let mut st = d.state.lock();
             let expiry = d.interval * NONCE_ROUNDS;
             st.outstanding.retain(|_, o| o.sent.elapsed() < expiry);
-            for (i, seed) in d.config.seeds.iter().enumerate() {
+            for i in 0..st.seeds.len() {
                 let known = st.seed_node[i].is_some_and(|n| {
                     // Its node is probed as a node-map entry, or removed.
                     n == self.own.0 || self.membership.is_discovered(n) || {
@@ -200,7 +219,7 @@ impl Core {
                     }
                 });
                 if !known {
-                    targets.push((Some(i), seed.clone()));
+                    targets.push((Some(i), st.seeds[i].clone()));
                 }
             }
         }
@@ -242,6 +261,11 @@ impl Core {
         let Some(d) = self.discovery() else {
             return; // discovery is off here: not our business
         };
+        if self.is_shut_down() {
+            // A stopping node must not be discovered again after its
+            // connections closed.
+            return;
+        }
         let secret = self.config.cluster_secret.as_deref().map(str::as_bytes);
         let a = match Announcement::decode(datagram, secret, self.identity.as_ref()) {
             Ok(a) => a,
