@@ -45,6 +45,45 @@ enum Sub {
         #[command(subcommand)]
         action: NetnsAction,
     },
+    /// Discovery: time until a starting node is reachable by all others
+    /// (2..N nodes), and the rate and longest gap of an existing
+    /// connection's stream while nodes join and leave, against a quiet
+    /// phase of the same run.
+    Membership {
+        /// Node counts, e.g. `2,8,32`.
+        #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
+        nodes: Vec<usize>,
+        /// Discovery interval in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        interval_ms: u64,
+        /// Rounds per node count.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Joins and leaves in the churn phase.
+        #[arg(long, default_value_t = 5)]
+        churn: u32,
+        /// One network namespace per node (root).
+        #[arg(long)]
+        netns: bool,
+        /// Namespace name prefix for --netns.
+        #[arg(long, default_value = "dxm")]
+        prefix: String,
+        /// Port of every node (--netns) or the first port (local).
+        #[arg(long, default_value_t = 23000)]
+        base_port: u16,
+    },
+    /// A node of `membership` (internal).
+    #[command(hide = true)]
+    MembershipNode {
+        #[arg(long)]
+        id: u16,
+        #[arg(long, value_delimiter = ',', required = true)]
+        addresses: Vec<String>,
+        #[arg(long)]
+        interval_ms: u64,
+        #[arg(long)]
+        stream_to: Option<u16>,
+    },
     /// Redraw plots, CSV and the summary table from a results.json; several
     /// files (e.g. rounds of the same suite) are merged into one
     /// results.json in the output directory, repetitions renumbered.
@@ -401,6 +440,38 @@ pub fn main() -> Result<i32> {
     match cli.cmd {
         Some(Sub::Node { coord, ids }) => {
             crate::node::run(&coord, ids)?;
+            Ok(0)
+        }
+        Some(Sub::Membership {
+            nodes,
+            interval_ms,
+            rounds,
+            churn,
+            netns,
+            prefix,
+            base_port,
+        }) => {
+            if netns && !is_root() {
+                bail!("--netns needs root");
+            }
+            crate::membership::run(&crate::membership::MembershipArgs {
+                nodes,
+                interval_ms,
+                rounds,
+                churn,
+                netns,
+                prefix,
+                base_port,
+            })?;
+            Ok(0)
+        }
+        Some(Sub::MembershipNode {
+            id,
+            addresses,
+            interval_ms,
+            stream_to,
+        }) => {
+            crate::membership::node_main(id, &addresses, interval_ms, stream_to)?;
             Ok(0)
         }
         Some(Sub::Netns { action }) => {

@@ -13,12 +13,15 @@
 //!   processes it drives, and the control channel between them;
 //! - [`metrics`]: histograms, CPU time, wire counters, aggregation;
 //! - [`output`]: CSV, results.json, plots, summary table;
+//! - [`membership`]: discovery's join time and what joins and leaves cost
+//!   an existing connection (`dxnet-bench membership`).
 //! - [`netns`]: N nodes in network namespaces on one machine.
 
 pub mod binding;
 pub mod cli;
 pub mod config;
 pub mod coordinator;
+pub mod membership;
 pub mod metrics;
 pub mod netns;
 pub mod node;

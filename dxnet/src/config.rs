@@ -71,7 +71,9 @@ pub struct NodeEntry {
     /// The node's id.
     pub id: u16,
     /// `host:port` the node listens on (TCP) or is discovered at (IB, UDP).
-    /// Ignored by the loopback transport.
+    /// Ignored by the loopback transport. With discovery it may be empty
+    /// for other nodes: their address is learned when they probe this node
+    /// (useful with identities, whose public keys must be listed).
     #[serde(default)]
     pub address: String,
     /// Hex Ed25519 public key of the node (its identity; needed for every
@@ -567,7 +569,10 @@ impl Config {
             if !seen.insert(n.id) {
                 return bad(format!("nodes: node id {} listed twice", n.id));
             }
-            if self.transport != TransportKind::Loopback && n.address.is_empty() {
+            // With discovery a listed node may have no address (its id and
+            // key are known, where it runs is discovered); not this node.
+            let may_lack = self.discovery.is_some() && n.id != self.node_id;
+            if self.transport != TransportKind::Loopback && n.address.is_empty() && !may_lack {
                 return bad(format!("nodes: node {} has no address", n.id));
             }
         }

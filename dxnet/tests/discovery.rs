@@ -354,3 +354,31 @@ fn a_removed_node_is_no_longer_probed_or_accepted_until_added_again() {
     assert_eq!(ask(&a, 1, 3).unwrap().port, base + 1);
     assert_eq!(ask(&b, 0, 4).unwrap().port, base);
 }
+
+#[test]
+fn with_identities_only_listed_keys_are_discovered_at_addresses_learned() {
+    let base = base_port(3);
+    // Nodes 0 and 1 list each other by id and public key, no address; node
+    // 1 probes node 0's address. Node 2 has the secret but no listed key.
+    let cfg = |id: u16, seeds: &[u16], listed: &[u16]| {
+        let mut c = seeded(id, base + id, seeds, SECRET);
+        for &o in listed {
+            c.nodes.push(NodeEntry::new(o, ""));
+        }
+        with_test_identities(&mut c);
+        c
+    };
+    let a = start(cfg(0, &[], &[1]));
+    let b = start(cfg(1, &[base], &[0]));
+    a.wait_for_nodes(2, T).unwrap();
+    b.wait_for_nodes(2, T).unwrap();
+    assert_eq!(ask(&a, 1, 1).unwrap().port, base + 1);
+    assert_eq!(ask(&b, 0, 2).unwrap().port, base);
+    let ignored = a.stats().discovery_ignored;
+    let c = start(cfg(2, &[base], &[]));
+    wait_for(10, "the unlisted node's probes ignored", || {
+        a.stats().discovery_ignored > ignored
+    });
+    assert_eq!(a.nodes(), vec![NodeId(0), NodeId(1)]);
+    assert!(c.nodes() == vec![NodeId(2)]);
+}

@@ -787,3 +787,111 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
     });
     assert_eq!(failures.load(Ordering::Relaxed), 4);
 }
+
+/// `ib_config` for node `id` (0 or 1) that knows only its own address and
+/// probes `seeds` (ports on 127.0.0.1) for the rest: discovery over the
+/// engine's UDP handshake socket.
+fn ib_seeded_config(id: u16, port: u16, seeds: &[u16]) -> Config {
+    let mut c = ib_config(id, 0, 0);
+    // The other node is listed by id and public key only (identities are
+    // checked): its address is discovered.
+    let other = 1 - id;
+    c.nodes = vec![
+        dxnet::config::NodeEntry::new(id, format!("127.0.0.1:{port}")),
+        dxnet::config::NodeEntry::new(other, ""),
+    ];
+    with_test_identities(&mut c);
+    c.cluster_secret = Some("ib-discovery".into());
+    c.discovery = Some(dxnet::DiscoveryConfig::new(
+        seeds.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+        50,
+    ));
+    c
+}
+
+/// Node 1 of the discovery test: knows only itself and the seed (node 0).
+#[test]
+fn child_ib_seeded() {
+    if !is_child() {
+        return;
+    }
+    init_log();
+    let base: u16 = env_parse("BASE");
+    let node = Node::start(ib_seeded_config(1, base + 1, &[base])).unwrap();
+    node.register_request(|_, p: Ping| Pong(p.0 * 2)).unwrap();
+    node.wait_for_nodes(2, Duration::from_secs(60)).unwrap();
+    let r = until_reachable("seed", || {
+        node.request(NodeId(0), &Ping(5), Duration::from_secs(3))
+    });
+    assert_eq!(r.0, 6);
+    println!("READY");
+    read_command("exit");
+}
+
+#[test]
+fn ib_discovery_finds_seeded_nodes_and_finds_a_restarted_one_again() {
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(2);
+    let vars = [("BASE", base.to_string())];
+    let mut cfg = ib_seeded_config(0, base, &[]);
+    cfg.limits.request_timeout_ms = 3000;
+    let a = Node::start(cfg).unwrap();
+    a.register_request(|_, p: Ping| Pong(p.0 + 1)).unwrap();
+    let events = a.connection_events(64).unwrap();
+    let mut b = spawn_ib_child("child_ib_seeded", &vars);
+    b.wait_line("READY", 60);
+    assert_eq!(a.nodes(), vec![NodeId(0), NodeId(1)]);
+    assert_eq!(
+        a.request(NodeId(1), &Ping(1), Duration::from_secs(3))
+            .unwrap()
+            .0,
+        2
+    );
+    // Forged and malformed discovery datagrams at the engine's socket are
+    // ignored and counted.
+    let ignored = a.stats().discovery_ignored;
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let forged = dxnet::proto::discovery::Announcement {
+        kind: dxnet::proto::discovery::Kind::Probe,
+        sender: 1,
+        subject: 1,
+        instance: 1,
+        nonce: [0; 16],
+        address: "127.0.0.1:1".into(),
+    };
+    for d in [forged.encode(Some(b"wrong"), None), b"DXdp".to_vec()] {
+        sock.send_to(&d, ("127.0.0.1", base)).unwrap();
+    }
+    wait_for(30, "forged datagrams counted", || {
+        a.stats().discovery_ignored >= ignored + 2
+    });
+    b.kill9();
+    // The lost node goes back to probing: undiscovered, then found again
+    // when it restarts.
+    wait_for(60, "node 1 undiscovered", || {
+        let _ = a.request(NodeId(1), &Ping(2), Duration::from_secs(1));
+        !a.nodes().contains(&NodeId(1))
+    });
+    let mut b = spawn_ib_child("child_ib_seeded", &vars);
+    b.wait_line("READY", 60);
+    a.wait_for_nodes(2, Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        until_reachable("after restart", || a.request(
+            NodeId(1),
+            &Ping(3),
+            Duration::from_secs(3)
+        ))
+        .0,
+        6
+    );
+    b.command("exit");
+    wait_child(b, 30);
+    let evs: Vec<_> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+    let found = evs
+        .iter()
+        .filter(|e| **e == dxnet::events::ConnectionEvent::Discovered { node: NodeId(1) })
+        .count();
+    assert_eq!(found, 2, "{evs:?}");
+}

@@ -176,7 +176,12 @@ impl Membership {
         self.map
             .read()
             .iter()
-            .filter(|(id, m)| **id != own && !m.removed && (!m.discovered || !connected(**id)))
+            .filter(|(id, m)| {
+                **id != own
+                    && !m.removed
+                    && !m.address.is_empty()
+                    && (!m.discovered || !connected(**id))
+            })
             .map(|(id, m)| (*id, m.address.clone()))
             .collect()
     }
