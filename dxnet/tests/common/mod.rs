@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: clusters, checked traffic.
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod proc;
 
 use std::collections::HashMap;
@@ -63,14 +64,25 @@ impl StepLog {
 
     /// Every thread's steps came exactly once and in send order.
     pub fn assert_in_order(&self, src: u16, threads: u16, steps: u64) {
+        for t in 0..threads {
+            self.assert_thread_in_order(src, t, steps);
+        }
+    }
+
+    /// Steps received from `thread` of `src`.
+    pub fn received(&self, src: u16, thread: u16) -> u64 {
+        let log = self.0.lock().unwrap();
+        log.get(&(src, thread)).map_or(0, |v| v.len() as u64)
+    }
+
+    /// `thread` of `src` delivered steps 0..`steps` exactly once, in order.
+    pub fn assert_thread_in_order(&self, src: u16, thread: u16, steps: u64) {
         let log = self.0.lock().unwrap();
         let expect: Vec<u64> = (0..steps).collect();
-        for t in 0..threads {
-            assert!(
-                log.get(&(src, t)).map_or(&[][..], |v| &v[..]) == &expect[..],
-                "steps of node {src} thread {t} out of order, lost or duplicated"
-            );
-        }
+        assert!(
+            log.get(&(src, thread)).map_or(&[][..], |v| &v[..]) == &expect[..],
+            "steps of node {src} thread {thread} out of order, lost or duplicated"
+        );
     }
 }
 
