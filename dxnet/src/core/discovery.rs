@@ -105,7 +105,7 @@ fn resolve(address: &str) -> Option<SocketAddr> {
 
 impl Core {
     fn discovery(&self) -> Option<&Discovery> {
-        self.discovery.as_ref()
+        self.discovery.as_deref()
     }
 
     /// Adds `address` to the seeds probed until a node answers there (no

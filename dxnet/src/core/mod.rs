@@ -196,7 +196,7 @@ pub struct Core {
     /// The node map as it is now.
     membership: membership::Membership,
     /// The discovery job's state, with discovery configured.
-    discovery: Option<discovery::Discovery>,
+    discovery: Option<Box<discovery::Discovery>>,
     /// Connections with data or confirmations to send.
     wim: WriteInterest,
     /// Receive buffers.
@@ -300,7 +300,7 @@ impl Core {
             fc_unit,
             connections: ConnectionTable::default(),
             membership: membership::Membership::from_config(&config),
-            discovery: discovery::Discovery::new(&config),
+            discovery: discovery::Discovery::new(&config).map(Box::new),
             wim: WriteInterest::new(),
             pool: BufferPool::new(config.limits.recv_pool_size, config.limits.recv_buffer_size),
             incoming: IncomingQueue::new(
