@@ -228,14 +228,7 @@ impl Core {
                 continue;
             };
             let nonce: [u8; 16] = rand::random();
-            let probe = Announcement {
-                kind: Kind::Probe,
-                sender: self.own.0,
-                subject: self.own.0,
-                instance: self.instance,
-                nonce,
-                address: d.advertise.clone(),
-            };
+            let probe = self.announcement(Kind::Probe, self.own.0, nonce, &d.advertise);
             d.state.lock().outstanding.insert(
                 nonce,
                 Outstanding {
@@ -244,6 +237,24 @@ impl Core {
                 },
             );
             self.send_announcement(socket, &probe, to);
+        }
+    }
+
+    /// A datagram from this node about `subject`.
+    fn announcement(
+        &self,
+        kind: Kind,
+        subject: u16,
+        nonce: [u8; 16],
+        address: &str,
+    ) -> Announcement {
+        Announcement {
+            kind,
+            sender: self.own.0,
+            subject,
+            instance: self.instance,
+            nonce,
+            address: address.to_string(),
         }
     }
 
@@ -310,26 +321,12 @@ impl Core {
             }
             // Another node with this node's id: both learn of it.
             self.report_duplicate(d, a.sender, &a.address);
-            let conflict = Announcement {
-                kind: Kind::Conflict,
-                sender: self.own.0,
-                subject: self.own.0,
-                instance: self.instance,
-                nonce: a.nonce,
-                address: d.advertise.clone(),
-            };
+            let conflict = self.announcement(Kind::Conflict, self.own.0, a.nonce, &d.advertise);
             self.send_announcement(socket, &conflict, from);
             return;
         }
         if self.learn(d, a, socket) {
-            let answer = Announcement {
-                kind: Kind::Answer,
-                sender: self.own.0,
-                subject: self.own.0,
-                instance: self.instance,
-                nonce: a.nonce,
-                address: d.advertise.clone(),
-            };
+            let answer = self.announcement(Kind::Answer, self.own.0, a.nonce, &d.advertise);
             self.send_announcement(socket, &answer, from);
         }
     }
@@ -373,14 +370,7 @@ impl Core {
                 // where it is claimed.
                 for (to, other) in [(a.address.as_str(), holder.as_str()), (&holder, &a.address)] {
                     if let Some(to) = resolve(to) {
-                        let conflict = Announcement {
-                            kind: Kind::Conflict,
-                            sender: self.own.0,
-                            subject: a.sender,
-                            instance: self.instance,
-                            nonce: a.nonce,
-                            address: other.to_string(),
-                        };
+                        let conflict = self.announcement(Kind::Conflict, a.sender, a.nonce, other);
                         self.send_announcement(socket, &conflict, to);
                     }
                 }

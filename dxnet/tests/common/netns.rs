@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-fn ip(args: &[&str]) -> Result<(), String> {
+/// Runs `ip ARGS`; the error carries its stderr.
+pub fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
         .output()
