@@ -7,7 +7,9 @@
 //! is reached at) and carries a fresh nonce; a node that accepts the probe
 //! answers with a [`Kind::Answer`] naming itself and echoing the nonce, so
 //! an old answer cannot be replayed; a node that finds two holders of one
-//! id sends [`Kind::Conflict`] to them. Every datagram is authenticated like
+//! id sends [`Kind::Conflict`] to them; a node that discovers a prober
+//! for the first time also sends it the addresses of the other nodes it
+//! knows ([`Kind::Members`]). Every datagram is authenticated like
 //! the connection handshake: HMAC-SHA256 with the cluster secret over the
 //! fields, and with identity keys the sender's Ed25519 signature, checked
 //! against the public key of the id it claims.
@@ -24,7 +26,7 @@
 //! | 10..12 | subject id (the sender, or the disputed id of a conflict) |
 //! | 12..20 | sender instance id |
 //! | 20..36 | nonce |
-//! | 36..36+L | address (UTF-8): the sender's, or where a conflict's subject is held |
+//! | 36..36+L | address (UTF-8): the sender's, where a conflict's subject is held, or a member list |
 //! | then 32 | HMAC (zeros without a secret) |
 //! | then 64 | signature over everything before it (zeros without identities) |
 //!
@@ -60,6 +62,11 @@ pub enum Kind {
     /// "Id `subject` is claimed by two nodes; the other one is at
     /// `address`."
     Conflict = 3,
+    /// "Other nodes I know are at these addresses" (`address`: a
+    /// comma-separated list; follows an answer, with its nonce): hints the
+    /// receiver probes like seeds, trusting nothing but the probes'
+    /// answers.
+    Members = 4,
 }
 
 /// A discovery datagram.
@@ -162,6 +169,7 @@ impl Announcement {
             1 => Kind::Probe,
             2 => Kind::Answer,
             3 => Kind::Conflict,
+            4 => Kind::Members,
             k => return Err(DiscoveryError::Kind(k)),
         };
         let addr_len = d[7] as usize;

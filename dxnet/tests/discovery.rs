@@ -1,5 +1,5 @@
 //! Discovery at run time (TCP): nodes that know only a seed address find
-//! each other and talk; a listed node is dialed only once it answered, and
+//! it and, through its member lists, each other, and talk; a listed node is dialed only once it answered, and
 //! probed again after its connection is lost; two nodes claiming one id
 //! get an error at both and no takeover; unauthenticated or malformed
 //! probes are ignored and counted while the node keeps serving; traffic on
@@ -93,11 +93,12 @@ fn nodes_that_know_only_a_seed_discover_it_and_talk() {
     let others: Vec<Arc<Node>> = (1..4)
         .map(|i| start(seeded(i, base + i, &[base], SECRET)))
         .collect();
-    // The seed learns every prober; each prober learns the seed.
-    let at_seed = seed.wait_for_nodes(4, T).unwrap();
-    assert_eq!(at_seed, (0..4).map(NodeId).collect::<Vec<_>>());
+    // The seed learns every prober, each prober the seed and, from the
+    // seed's member lists, the other probers.
+    let all: Vec<NodeId> = (0..4).map(NodeId).collect();
+    assert_eq!(seed.wait_for_nodes(4, T).unwrap(), all);
     for n in &others {
-        assert_eq!(n.wait_for_nodes(2, T).unwrap(), vec![NodeId(0), n.id()]);
+        assert_eq!(n.wait_for_nodes(4, T).unwrap(), all);
     }
     // Both ways, each answered by the node it names.
     for n in &others {
@@ -106,15 +107,13 @@ fn nodes_that_know_only_a_seed_discover_it_and_talk() {
         let me = ask(&seed, n.id().0, 8).unwrap();
         assert_eq!((me.id, me.port), (n.id().0, base + n.id().0));
     }
-    // Probers did not learn each other (no gossip): not in their map.
-    let r = ask(&others[0], 2, 1);
-    assert!(
-        matches!(
-            r,
-            Err(Error::Unreachable(NodeId(2), Unreachable::NotInNodeMap))
-        ),
-        "{r:?}"
-    );
+    // Probers reach each other directly.
+    for a in &others {
+        for b in &others {
+            let me = ask(a, b.id().0, 9).unwrap();
+            assert_eq!((me.id, me.port), (b.id().0, base + b.id().0));
+        }
+    }
     // A node with another cluster secret is never discovered, and its
     // probes are counted as ignored.
     let stranger = start(seeded(4, base + 4, &[base], "another-secret"));
@@ -269,8 +268,14 @@ fn unauthenticated_and_malformed_probes_are_ignored_and_counted() {
     answer.kind = dxnet::proto::discovery::Kind::Answer;
     sock.send_to(&answer.encode(Some(SECRET.as_bytes()), None), &to)
         .unwrap();
+    // A member list with the right secret that answers no probe either.
+    let mut members = forged.clone();
+    members.kind = dxnet::proto::discovery::Kind::Members;
+    members.address = "10.9.9.9:1,10.9.9.8:1".into();
+    sock.send_to(&members.encode(Some(SECRET.as_bytes()), None), &to)
+        .unwrap();
     wait_for(10, "every bad datagram counted", || {
-        a.stats().discovery_ignored >= before + datagrams.len() as u64
+        a.stats().discovery_ignored >= before + datagrams.len() as u64 + 2
     });
     assert!(!a.nodes().contains(&NodeId(9)));
     // Nothing answered the socket, and the node keeps serving.

@@ -24,33 +24,51 @@ use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 
 use crate::events::ConnectionEvent;
-use crate::proto::discovery::{Announcement, Kind, DISCOVERY_MAX};
+use crate::proto::discovery::{Announcement, Kind, DISCOVERY_MAX, MAX_ADDRESS_LEN};
 
 use super::membership::Learned;
 use super::*;
 
 /// Rounds a probe's nonce stays valid for its answer.
 const NONCE_ROUNDS: u32 = 3;
+/// Rounds a seed learned from another node's list is probed without an
+/// answer before it is dropped.
+const GOSSIP_SEED_ROUNDS: u32 = 50;
+/// Most seeds kept (configured ones included): a member's lists cannot
+/// grow them without bound.
+const SEEDS_MAX: usize = 1024;
+/// Most addresses sent in one answer's member list.
+const MEMBERS_SENT: usize = 1024;
 /// Conflicts remembered as reported.
 const REPORTED_MAX: usize = 1024;
 /// Longest a receive waits, so shutdown is seen promptly.
 const POLL: Duration = Duration::from_millis(50);
 
-/// A probe sent and not answered yet.
+/// A probe sent in the last rounds.
 #[derive(Debug)]
 struct Outstanding {
     /// The seed probed (its node is recorded from the answer).
-    seed: Option<usize>,
+    seed: Option<String>,
     sent: Instant,
+}
+
+/// An address probed until a node answers there.
+#[derive(Debug)]
+struct Seed {
+    address: String,
+    /// The node that answered: not probed while it is discovered.
+    node: Option<u16>,
+    /// Learned from another node's list: dropped if nobody answered by
+    /// then (configured and added seeds stay).
+    expires: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
 struct ProbeState {
     outstanding: HashMap<[u8; 16], Outstanding>,
-    /// The configured seeds and those added at run time.
-    seeds: Vec<String>,
-    /// The node that answered at each seed: not probed while discovered.
-    seed_node: Vec<Option<u16>>,
+    /// The configured seeds, those added at run time and those learned
+    /// from other nodes' lists.
+    seeds: Vec<Seed>,
     /// (id, other claimant's address) already reported.
     reported: HashSet<(u16, String)>,
 }
@@ -83,8 +101,15 @@ impl Discovery {
             interval: Duration::from_millis(d.interval_ms),
             advertise,
             state: Mutex::new(ProbeState {
-                seeds: d.seeds.clone(),
-                seed_node: vec![None; d.seeds.len()],
+                seeds: d
+                    .seeds
+                    .iter()
+                    .map(|a| Seed {
+                        address: a.clone(),
+                        node: None,
+                        expires: None,
+                    })
+                    .collect(),
                 ..ProbeState::default()
             }),
             ignored: AtomicU64::new(0),
@@ -120,9 +145,13 @@ impl Core {
             return Err(Error::Config("add_seed: empty address".into()));
         }
         let mut st = d.state.lock();
-        if !st.seeds.iter().any(|s| s == address) {
-            st.seeds.push(address.to_string());
-            st.seed_node.push(None);
+        match st.seeds.iter_mut().find(|s| s.address == address) {
+            Some(s) => s.expires = None,
+            None => st.seeds.push(Seed {
+                address: address.to_string(),
+                node: None,
+                expires: None,
+            }),
         }
         Ok(())
     }
@@ -198,18 +227,21 @@ impl Core {
                 .get(NodeId(id))
                 .is_some_and(|c| c.state() == ConnState::Open)
         };
-        let mut targets: Vec<(Option<usize>, String)> = self
+        let mut targets: Vec<(bool, String)> = self
             .membership
             .to_probe(self.own.0, connected)
             .into_iter()
-            .map(|(_, a)| (None, a))
+            .map(|(_, a)| (false, a))
             .collect();
         {
             let mut st = d.state.lock();
             let expiry = d.interval * NONCE_ROUNDS;
             st.outstanding.retain(|_, o| o.sent.elapsed() < expiry);
-            for i in 0..st.seeds.len() {
-                let known = st.seed_node[i].is_some_and(|n| {
+            let now = Instant::now();
+            st.seeds
+                .retain(|s| s.node.is_some() || !matches!(s.expires, Some(t) if t <= now));
+            for seed in &st.seeds {
+                let known = seed.node.is_some_and(|n| {
                     // Its node is probed as a node-map entry, or removed.
                     n == self.own.0 || self.membership.is_discovered(n) || {
                         matches!(
@@ -219,11 +251,11 @@ impl Core {
                     }
                 });
                 if !known {
-                    targets.push((Some(i), st.seeds[i].clone()));
+                    targets.push((true, seed.address.clone()));
                 }
             }
         }
-        for (seed, address) in targets {
+        for (is_seed, address) in targets {
             let Some(to) = resolve(&address) else {
                 continue;
             };
@@ -232,7 +264,7 @@ impl Core {
             d.state.lock().outstanding.insert(
                 nonce,
                 Outstanding {
-                    seed,
+                    seed: is_seed.then(|| address.clone()),
                     sent: Instant::now(),
                 },
             );
@@ -291,18 +323,33 @@ impl Core {
         match a.kind {
             Kind::Probe => self.on_probe(d, &a, from, socket),
             Kind::Answer => {
-                let Some(o) = d.state.lock().outstanding.remove(&a.nonce) else {
-                    d.ignored.fetch_add(1, Ordering::Relaxed);
-                    return;
+                // The nonce stays valid for its rounds: the probed node's
+                // list may come after its answer.
+                let seed = match d.state.lock().outstanding.get(&a.nonce) {
+                    Some(o) => o.seed.clone(),
+                    None => {
+                        d.ignored.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
                 };
                 if a.sender == self.own.0 {
                     self.report_duplicate(d, a.sender, &a.address);
                     return;
                 }
-                if let Some(i) = o.seed {
-                    d.state.lock().seed_node[i] = Some(a.sender);
+                if let Some(seed) = seed {
+                    let mut st = d.state.lock();
+                    if let Some(s) = st.seeds.iter_mut().find(|s| s.address == seed) {
+                        s.node = Some(a.sender);
+                    }
                 }
                 self.learn(d, &a, socket);
+            }
+            Kind::Members => {
+                if !d.state.lock().outstanding.contains_key(&a.nonce) {
+                    d.ignored.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                self.learn_seeds(d, &a);
             }
             Kind::Conflict => {
                 if a.subject == self.own.0 {
@@ -325,15 +372,70 @@ impl Core {
             self.send_announcement(socket, &conflict, from);
             return;
         }
-        if self.learn(d, a, socket) {
+        if let Some(newly) = self.learn(d, a, socket) {
             let answer = self.announcement(Kind::Answer, self.own.0, a.nonce, &d.advertise);
             self.send_announcement(socket, &answer, from);
+            if newly {
+                // A node new to this one learns where the others are.
+                self.send_members(a, from, socket);
+            }
+        }
+    }
+
+    /// Sends `to` (node `a.sender`, just discovered) the addresses of the
+    /// other discovered nodes, in datagrams of up to
+    /// [`MAX_ADDRESS_LEN`] bytes of list: hints it probes like seeds.
+    fn send_members(&self, a: &Announcement, to: SocketAddr, socket: &UdpSocket) {
+        let list = self
+            .membership
+            .discovered_addresses(&[self.own.0, a.sender]);
+        let mut chunk = String::new();
+        for address in list.into_iter().take(MEMBERS_SENT) {
+            if chunk.len() + 1 + address.len() > MAX_ADDRESS_LEN && !chunk.is_empty() {
+                let m = self.announcement(Kind::Members, self.own.0, a.nonce, &chunk);
+                self.send_announcement(socket, &m, to);
+                chunk.clear();
+            }
+            if address.len() > MAX_ADDRESS_LEN {
+                continue;
+            }
+            if !chunk.is_empty() {
+                chunk.push(',');
+            }
+            chunk.push_str(&address);
+        }
+        if !chunk.is_empty() {
+            let m = self.announcement(Kind::Members, self.own.0, a.nonce, &chunk);
+            self.send_announcement(socket, &m, to);
+        }
+    }
+
+    /// Adds the addresses of a member list (answering a probe of this
+    /// node) as seeds that expire unless a node answers there.
+    fn learn_seeds(&self, d: &Discovery, a: &Announcement) {
+        let expires = Instant::now() + d.interval * GOSSIP_SEED_ROUNDS;
+        let mut st = d.state.lock();
+        for address in a.address.split(',') {
+            if address.is_empty() || address == d.advertise || self.membership.lists(address) {
+                continue;
+            }
+            if st.seeds.len() >= SEEDS_MAX {
+                break;
+            }
+            if !st.seeds.iter().any(|s| s.address == address) {
+                st.seeds.push(Seed {
+                    address: address.to_string(),
+                    node: None,
+                    expires: Some(expires),
+                });
+            }
         }
     }
 
     /// Records `a`'s sender at its address; on a conflict tells both
-    /// claimants. Returns whether it was recorded.
-    fn learn(&self, d: &Discovery, a: &Announcement, socket: &UdpSocket) -> bool {
+    /// claimants. Returns whether it was recorded, and if so whether it is
+    /// new.
+    fn learn(&self, d: &Discovery, a: &Announcement, socket: &UdpSocket) -> Option<bool> {
         let holder_connected = || {
             self.connections
                 .get(NodeId(a.sender))
@@ -358,11 +460,11 @@ impl Core {
                     tracing::info!("{}: discovered node {node} at {:?}", self.own, a.address);
                     self.emit(ConnectionEvent::Discovered { node });
                 }
-                true
+                Some(newly)
             }
             Learned::Removed => {
                 d.ignored.fetch_add(1, Ordering::Relaxed);
-                false
+                None
             }
             Learned::Conflict(holder) => {
                 self.report_duplicate(d, a.sender, &a.address);
@@ -374,7 +476,7 @@ impl Core {
                         self.send_announcement(socket, &conflict, to);
                     }
                 }
-                false
+                None
             }
         }
     }

@@ -186,6 +186,24 @@ impl Membership {
             .collect()
     }
 
+    /// The addresses of the discovered nodes other than `except`.
+    pub fn discovered_addresses(&self, except: &[u16]) -> Vec<String> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(id, m)| {
+                m.discovered && !m.removed && !m.address.is_empty() && !except.contains(id)
+            })
+            .map(|(_, m)| m.address.clone())
+            .collect()
+    }
+
+    /// Whether a node of the map (removed or not) has `address`: it is
+    /// probed as such, or deliberately not.
+    pub fn lists(&self, address: &str) -> bool {
+        self.map.read().values().any(|m| m.address == address)
+    }
+
     /// Whether `node` is discovered now.
     pub fn is_discovered(&self, node: u16) -> bool {
         self.map
