@@ -71,6 +71,9 @@ enum Sub {
         /// Port of every node (--netns) or the first port (local).
         #[arg(long, default_value_t = 23000)]
         base_port: u16,
+        /// Nodes know only node 0's address (a seed), not the node map.
+        #[arg(long)]
+        seed_only: bool,
     },
     /// A node of `membership` (internal).
     #[command(hide = true)]
@@ -83,6 +86,8 @@ enum Sub {
         interval_ms: u64,
         #[arg(long)]
         stream_to: Option<u16>,
+        #[arg(long)]
+        seed_only: bool,
     },
     /// Redraw plots, CSV and the summary table from a results.json; several
     /// files (e.g. rounds of the same suite) are merged into one
@@ -450,6 +455,7 @@ pub fn main() -> Result<i32> {
             netns,
             prefix,
             base_port,
+            seed_only,
         }) => {
             if netns && !is_root() {
                 bail!("--netns needs root");
@@ -462,6 +468,7 @@ pub fn main() -> Result<i32> {
                 netns,
                 prefix,
                 base_port,
+                seed_only,
             })?;
             Ok(0)
         }
@@ -470,8 +477,9 @@ pub fn main() -> Result<i32> {
             addresses,
             interval_ms,
             stream_to,
+            seed_only,
         }) => {
-            crate::membership::node_main(id, &addresses, interval_ms, stream_to)?;
+            crate::membership::node_main(id, &addresses, interval_ms, stream_to, seed_only)?;
             Ok(0)
         }
         Some(Sub::Netns { action }) => {

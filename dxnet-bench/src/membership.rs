@@ -14,6 +14,9 @@
 //! in the churn phase (same run), so the ratio shows what joins and leaves
 //! cost the existing connection.
 //!
+//! With `--seed-only` every node starts knowing only its own address and
+//! node 0's (a seed): the others are found through member lists.
+//!
 //! With `--netns` (root) every node runs in its own network namespace on a
 //! bridge ([`crate::netns`]); without, all run on 127.0.0.1.
 
@@ -48,6 +51,8 @@ pub struct MembershipArgs {
     pub prefix: String,
     /// First port (local) or the port of every node (netns).
     pub base_port: u16,
+    /// Nodes start knowing only node 0's address (a seed), not the map.
+    pub seed_only: bool,
 }
 
 /// The stream's messages.
@@ -178,8 +183,13 @@ fn field(line: &str, key: &str) -> Result<u64> {
 /// Runs the benchmark and prints its table.
 pub fn run(a: &MembershipArgs) -> Result<()> {
     println!(
-        "membership: discovery interval {} ms, {} ({} rounds, {} joins/leaves in the churn phase)",
+        "membership: discovery interval {} ms, {}, {} ({} rounds, {} joins/leaves in the churn phase)",
         a.interval_ms,
+        if a.seed_only {
+            "nodes know only node 0's address"
+        } else {
+            "full node map"
+        },
         if a.netns {
             "one network namespace per node"
         } else {
@@ -258,6 +268,9 @@ fn one_run(a: &MembershipArgs, n: usize) -> Result<RunResult> {
         if let Some(t) = stream_to {
             v.push("--stream-to".into());
             v.push(t.to_string());
+        }
+        if a.seed_only {
+            v.push("--seed-only".into());
         }
         v
     };
@@ -346,16 +359,27 @@ pub fn node_main(
     addresses: &[String],
     interval_ms: u64,
     stream_to: Option<u16>,
+    seed_only: bool,
 ) -> Result<()> {
     let mut c = Config::default();
     c.node_id = id;
-    c.nodes = addresses
-        .iter()
-        .enumerate()
-        .map(|(i, a)| NodeEntry::new(i as u16, a.clone()))
-        .collect();
+    let seeds = if seed_only {
+        c.nodes = vec![NodeEntry::new(id, addresses[id as usize].clone())];
+        if id == 0 {
+            Vec::new()
+        } else {
+            vec![addresses[0].clone()]
+        }
+    } else {
+        c.nodes = addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| NodeEntry::new(i as u16, a.clone()))
+            .collect();
+        Vec::new()
+    };
     c.cluster_secret = Some("dxnet-bench-membership".into());
-    c.discovery = Some(DiscoveryConfig::new(Vec::new(), interval_ms));
+    c.discovery = Some(DiscoveryConfig::new(seeds, interval_ms));
     c.handler_threads = 1;
     c.park.spin_us = 0;
     c.park.yield_us = 50;

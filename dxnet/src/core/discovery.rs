@@ -256,20 +256,25 @@ impl Core {
             }
         }
         for (is_seed, address) in targets {
-            let Some(to) = resolve(&address) else {
-                continue;
-            };
-            let nonce: [u8; 16] = rand::random();
-            let probe = self.announcement(Kind::Probe, self.own.0, nonce, &d.advertise);
-            d.state.lock().outstanding.insert(
-                nonce,
-                Outstanding {
-                    seed: is_seed.then(|| address.clone()),
-                    sent: Instant::now(),
-                },
-            );
-            self.send_announcement(socket, &probe, to);
+            self.probe(d, socket, is_seed, &address);
         }
+    }
+
+    /// Probes `address` (a seed's, if `is_seed`) with a fresh nonce.
+    fn probe(&self, d: &Discovery, socket: &UdpSocket, is_seed: bool, address: &str) {
+        let Some(to) = resolve(address) else {
+            return;
+        };
+        let nonce: [u8; 16] = rand::random();
+        let probe = self.announcement(Kind::Probe, self.own.0, nonce, &d.advertise);
+        d.state.lock().outstanding.insert(
+            nonce,
+            Outstanding {
+                seed: is_seed.then(|| address.to_string()),
+                sent: Instant::now(),
+            },
+        );
+        self.send_announcement(socket, &probe, to);
     }
 
     /// A datagram from this node about `subject`.
@@ -349,7 +354,11 @@ impl Core {
                     d.ignored.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                self.learn_seeds(d, &a);
+                // Probed at once: joining takes one exchange, not an
+                // interval more.
+                for address in self.learn_seeds(d, &a) {
+                    self.probe(d, socket, true, &address);
+                }
             }
             Kind::Conflict => {
                 if a.subject == self.own.0 {
@@ -411,9 +420,11 @@ impl Core {
     }
 
     /// Adds the addresses of a member list (answering a probe of this
-    /// node) as seeds that expire unless a node answers there.
-    fn learn_seeds(&self, d: &Discovery, a: &Announcement) {
+    /// node) as seeds that expire unless a node answers there; returns the
+    /// new ones.
+    fn learn_seeds(&self, d: &Discovery, a: &Announcement) -> Vec<String> {
         let expires = Instant::now() + d.interval * GOSSIP_SEED_ROUNDS;
+        let mut added = Vec::new();
         let mut st = d.state.lock();
         for address in a.address.split(',') {
             if address.is_empty() || address == d.advertise || self.membership.lists(address) {
@@ -428,8 +439,10 @@ impl Core {
                     node: None,
                     expires: Some(expires),
                 });
+                added.push(address.to_string());
             }
         }
+        added
     }
 
     /// Records `a`'s sender at its address; on a conflict tells both
