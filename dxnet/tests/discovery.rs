@@ -333,7 +333,8 @@ fn a_removed_node_is_no_longer_probed_or_accepted_until_added_again() {
     let b = start(seeded(1, base + 1, &[base], SECRET));
     let c = start(seeded(2, base + 2, &[], SECRET));
     a.wait_for_nodes(2, T).unwrap();
-    a.add_seed(&format!("127.0.0.1:{}", base + 2)).unwrap();
+    // A host name: every address it resolves to is probed.
+    a.add_seed(&format!("localhost:{}", base + 2)).unwrap();
     assert_eq!(a.wait_for_nodes(3, T).unwrap().len(), 3);
     assert_eq!(ask(&a, 2, 1).unwrap().port, base + 2);
     assert_eq!(ask(&c, 0, 1).unwrap().port, base);

@@ -39,6 +39,8 @@ const GOSSIP_SEED_ROUNDS: u32 = 50;
 const SEEDS_MAX: usize = 1024;
 /// Most addresses sent in one answer's member list.
 const MEMBERS_SENT: usize = 1024;
+/// Addresses of one host name probed.
+const ADDRESSES_PER_NAME: usize = 4;
 /// Conflicts remembered as reported.
 const REPORTED_MAX: usize = 1024;
 /// Longest a receive waits, so shutdown is seen promptly.
@@ -118,12 +120,24 @@ impl Discovery {
     }
 }
 
-fn resolve(address: &str) -> Option<SocketAddr> {
+/// `address` as a socket address; host names are looked up only on the
+/// discovery thread (`lookup`): on the datagram path, which on InfiniBand
+/// is the engine's connection thread, a slow lookup would hold up
+/// handshakes, so there only literal addresses are used.
+/// A host name's first [`ADDRESSES_PER_NAME`] addresses are all probed
+/// (IPv4 and IPv6 alike).
+fn resolve(address: &str, lookup: bool) -> Vec<SocketAddr> {
+    if let Ok(a) = address.parse() {
+        return vec![a];
+    }
+    if !lookup {
+        return Vec::new();
+    }
     match address.to_socket_addrs() {
-        Ok(mut it) => it.next(),
+        Ok(it) => it.take(ADDRESSES_PER_NAME).collect(),
         Err(e) => {
             tracing::debug!("discovery: cannot resolve {address:?}: {e}");
-            None
+            Vec::new()
         }
     }
 }
@@ -256,15 +270,17 @@ impl Core {
             }
         }
         for (is_seed, address) in targets {
-            self.probe(d, socket, is_seed, &address);
+            self.probe(d, socket, is_seed, &address, true);
         }
     }
 
-    /// Probes `address` (a seed's, if `is_seed`) with a fresh nonce.
-    fn probe(&self, d: &Discovery, socket: &UdpSocket, is_seed: bool, address: &str) {
-        let Some(to) = resolve(address) else {
+    /// Probes `address` (a seed's, if `is_seed`) with a fresh nonce
+    /// (`lookup`: host names are looked up, see [`resolve`]).
+    fn probe(&self, d: &Discovery, socket: &UdpSocket, is_seed: bool, address: &str, lookup: bool) {
+        let to = resolve(address, lookup);
+        if to.is_empty() {
             return;
-        };
+        }
         let nonce: [u8; 16] = rand::random();
         let probe = self.announcement(Kind::Probe, self.own.0, nonce, &d.advertise);
         d.state.lock().outstanding.insert(
@@ -274,7 +290,9 @@ impl Core {
                 sent: Instant::now(),
             },
         );
-        self.send_announcement(socket, &probe, to);
+        for to in to {
+            self.send_announcement(socket, &probe, to);
+        }
     }
 
     /// A datagram from this node about `subject`.
@@ -357,7 +375,7 @@ impl Core {
                 // Probed at once: joining takes one exchange, not an
                 // interval more.
                 for address in self.learn_seeds(d, &a) {
-                    self.probe(d, socket, true, &address);
+                    self.probe(d, socket, true, &address, false);
                 }
             }
             Kind::Conflict => {
@@ -484,7 +502,7 @@ impl Core {
                 // The claimant learns where the id is held, the holder
                 // where it is claimed.
                 for (to, other) in [(a.address.as_str(), holder.as_str()), (&holder, &a.address)] {
-                    if let Some(to) = resolve(to) {
+                    for to in resolve(to, false) {
                         let conflict = self.announcement(Kind::Conflict, a.sender, a.nonce, other);
                         self.send_announcement(socket, &conflict, to);
                     }
