@@ -746,4 +746,31 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");
     }
+
+    #[test]
+    fn discovery_section() {
+        let node = "node_id = 1\n[[nodes]]\nid = 1\naddress = \"10.0.0.1:7000\"\n";
+        let c = Config::from_toml(&format!(
+            "{node}[[nodes]]\nid = 2\n[discovery]\nseeds = [\"10.0.0.9:7000\", \"seed.example:7000\"]\n"
+        ))
+        .unwrap();
+        let d = c.discovery.unwrap();
+        assert_eq!(d.seeds.len(), 2);
+        assert_eq!(d.interval_ms, 100);
+        // Without discovery an entry needs its address.
+        let e = Config::from_toml(&format!("{node}[[nodes]]\nid = 2\n")).unwrap_err();
+        assert!(e.to_string().contains("no address"), "{e}");
+        let e = Config::from_toml(&format!("{node}[discovery]\ninterval_ms = 0\n")).unwrap_err();
+        assert!(e.to_string().contains("discovery.interval_ms"), "{e}");
+        let e = Config::from_toml("transport = \"loopback\"\n[discovery]\n").unwrap_err();
+        assert!(e.to_string().contains("discovery"), "{e}");
+        let e = Config::from_toml("node_id = 3\n[discovery]\n").unwrap_err();
+        assert!(e.to_string().contains("this node"), "{e}");
+        let e = Config::from_toml(&format!(
+            "{node}[discovery]\nadvertise = \"{}\"\n",
+            "x".repeat(300)
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("advertise"), "{e}");
+    }
 }

@@ -139,7 +139,9 @@ impl Membership {
         let learned = match map.get_mut(&node) {
             Some(m) if m.removed => return Learned::Removed,
             Some(m) => {
-                let moved = m.address != address;
+                // An entry listed without an address (or known only from
+                // its connection) learns it here: not a move.
+                let moved = !m.address.is_empty() && m.address != address;
                 let holder_alive = m.discovered
                     && (m.last_seen.is_some_and(|t| now.duration_since(t) < fresh)
                         || holder_connected());
