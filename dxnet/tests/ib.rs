@@ -837,6 +837,9 @@ fn ib_discovery_finds_seeded_nodes_and_finds_a_restarted_one_again() {
     let vars = [("BASE", base.to_string())];
     let mut cfg = ib_seeded_config(0, base, &[]);
     cfg.limits.request_timeout_ms = 3000;
+    // A killed peer is found by its sends' missing completions within
+    // this (as in `ib_node_killed_and_restarted`).
+    cfg.limits.send_timeout_ms = 3000;
     let a = Node::start(cfg).unwrap();
     a.register_request(|_, p: Ping| Pong(p.0 + 1)).unwrap();
     let events = a.connection_events(64).unwrap();
