@@ -16,7 +16,9 @@
 //! [`Message`] and [`Request`] (see [`mod@message`]), [`Error`], [`NodeId`],
 //! [`NodeStats`]; one-sided access to exposed memory ([`Region`],
 //! [`RemoteRegion`], see [`mod@region`]); connection events
-//! ([`events::ConnectionEvent`], see [`mod@events`]); pull receivers
+//! ([`events::ConnectionEvent`], see [`mod@events`]); the node map at run
+//! time and its discovery ([`Node::add_node`], [`Node::wait_for_nodes`],
+//! [`DiscoveryConfig`]); pull receivers
 //! ([`PullReceiver`], see [`mod@pull`]); `pki` with the `pki-gen` feature; [`proto`], the
 //! protocol without I/O, for fuzzing and protocol tools.
 //!
