@@ -481,11 +481,7 @@ impl Core {
         ) {
             Learned::Recorded { newly, moved } => {
                 if moved {
-                    // A connection to the old address belongs to what the
-                    // node was.
-                    if let Some(c) = self.connections.get(node) {
-                        self.close_connection(&c, "node moved to another address", false);
-                    }
+                    self.node_moved(node);
                 }
                 if newly {
                     tracing::info!("{}: discovered node {node} at {:?}", self.own, a.address);

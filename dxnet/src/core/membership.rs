@@ -310,11 +310,8 @@ impl Core {
             let old = map.insert(entry.id, Member::new(entry.address.clone(), discovered));
             old.is_some_and(|o| !o.removed && o.address != entry.address)
         };
-        // A connection to the old address belongs to what the node was.
         if changed {
-            if let Some(c) = self.connections.get(NodeId(entry.id)) {
-                self.close_connection(&c, "node moved to another address", false);
-            }
+            self.node_moved(NodeId(entry.id));
         }
         tracing::info!(
             "{}: node {} added at {:?}",
@@ -323,6 +320,14 @@ impl Core {
             entry.address
         );
         Ok(())
+    }
+
+    /// `node` has a new address: a connection to the old one belongs to
+    /// what the node was, and closes.
+    pub(super) fn node_moved(&self, node: NodeId) {
+        if let Some(c) = self.connections.get(node) {
+            self.close_connection(&c, "node moved to another address", false);
+        }
     }
 
     /// Removes `node` from the node map: its connection closes, its
