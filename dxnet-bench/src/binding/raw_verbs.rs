@@ -122,6 +122,8 @@ struct SendQ {
     signal_every: u64,
     posted: u64,
     completed: u64,
+    /// `posted` after the last signaled request.
+    signaled: u64,
     chain: SendChain,
     wcs: Vec<WorkCompletion>,
 }
@@ -142,6 +144,7 @@ impl SendQ {
             signal_every: u64::from(signal_every.clamp(1, depth)),
             posted: 0,
             completed: 0,
+            signaled: 0,
             chain: SendChain::with_capacity(1, 1),
             wcs: vec![WorkCompletion::default(); 16],
         })
@@ -222,7 +225,8 @@ impl SendQ {
             sge = [self.buf.sge(off, len as u32)?];
             &sge
         };
-        let flags = if signal || (self.posted + 1) % self.signal_every == 0 {
+        let signal = signal || (self.posted + 1) % self.signal_every == 0;
+        let flags = if signal {
             SendFlags::SIGNALED
         } else {
             SendFlags::NONE
@@ -231,6 +235,9 @@ impl SendQ {
         self.chain.push(self.posted, op, sges, flags);
         qp.post_send(&mut self.chain)?;
         self.posted += 1;
+        if signal {
+            self.signaled = self.posted;
+        }
         Ok(())
     }
 
@@ -240,7 +247,7 @@ impl SendQ {
         if self.completed >= self.posted {
             return Ok(());
         }
-        if self.posted % self.signal_every != 0 {
+        if self.signaled < self.posted {
             let op = SendOp::RdmaWrite {
                 remote_addr: remote.0,
                 rkey: remote.1,

@@ -762,8 +762,10 @@ impl RegionOp {
                 .pending
                 .take()
                 .expect("unanswered parts keep their request");
-            if self.device {
-                self.retire_until_done(&pending);
+            if self.device && !self.retire_until_done(&pending) {
+                if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
+                    rm.waiting();
+                }
             }
             let outcome = self.core.wait_response(pending);
             self.settle(outcome, dest)?;
@@ -771,12 +773,13 @@ impl RegionOp {
         Ok(())
     }
 
-    /// Retires device completions until `pending` is answered, for at
-    /// most `park.request_spin_max_us` (the send thread retires them too,
-    /// within ~200 µs, while parts are in flight).
-    fn retire_until_done(&self, pending: &PendingResponse) {
+    /// Retires device completions until `pending` is answered (true), for
+    /// at most `park.request_spin_max_us`; then the caller asks the engine
+    /// to retire them
+    /// ([`crate::transport::RemoteMemory::waiting`]).
+    fn retire_until_done(&self, pending: &PendingResponse) -> bool {
         let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
-            return;
+            return pending.is_done();
         };
         let until = Instant::now()
             + std::time::Duration::from_micros(self.core.config.park.request_spin_max_us);
@@ -788,11 +791,12 @@ impl RegionOp {
             n = n.wrapping_add(1);
             if n % 64 == 0 {
                 if Instant::now() >= until {
-                    return;
+                    return false;
                 }
                 std::thread::yield_now();
             }
         }
+        true
     }
 
     /// [`RegionOp::wait_into`] into a new buffer (empty for a write).
@@ -825,7 +829,14 @@ impl RegionOp {
                         return Poll::Ready(Err(e));
                     }
                 }
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    if self.device {
+                        if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
+                            rm.waiting();
+                        }
+                    }
+                    return Poll::Pending;
+                }
             }
         }
         Poll::Ready(Ok(std::mem::take(&mut self.read)))

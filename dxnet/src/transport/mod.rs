@@ -175,6 +175,9 @@ pub trait RemoteMemory: Send + Sync {
     /// Retires completions of posted parts (a waiting caller polls);
     /// true if there were any.
     fn progress(&self, core: &Core) -> bool;
+    /// A caller stops polling [`RemoteMemory::progress`] and waits for
+    /// completions of parts in flight to be retired by the engine.
+    fn waiting(&self);
     /// Posts `part` on the open connection `conn` after the data its ring
     /// holds; its completion completes request `id` of the request table
     /// with a one-sided answer (`proto::region::Status`, then a read's

@@ -188,6 +188,12 @@ impl RemoteMemory for IbEngine {
         SLOT_LEN
     }
 
+    fn waiting(&self) {
+        // The send thread looks for completions often while parts are in
+        // flight (see `IbSender::idle`).
+        self.wake_sender();
+    }
+
     fn progress(&self, core: &Core) -> bool {
         let mut wcs: [ibv::WorkCompletion; 8] =
             std::array::from_fn(|_| ibv::WorkCompletion::default());
@@ -305,14 +311,10 @@ impl RemoteMemory for IbEngine {
                 }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
-            let before = self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
-            drop(guard);
-            // The first part in flight: the send thread, which may be
-            // parked for long, looks for completions often from now on
-            // (see `IbSender::idle`); later parts find it doing so.
-            if before == 0 {
-                self.wake_sender();
-            }
+            self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
+            // The send thread is not woken: the caller retires completions
+            // while it waits, and asks for the send thread only when it
+            // stops polling (`RemoteMemory::waiting`).
             return Ok(());
         }
     }
