@@ -318,7 +318,10 @@ impl Node {
 
     /// Writes `data` at `offset` of `remote`; returns once it is in place.
     pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
-        self.write_async(remote, offset, data)?.wait()
+        self.core()
+            .region_write(remote, offset, data, None, true)?
+            .wait()
+            .map(drop)
     }
 
     /// Writes `data` at `offset` of `remote` and has the owner's
@@ -331,8 +334,10 @@ impl Node {
         data: &[u8],
         imm: u32,
     ) -> Result<()> {
-        self.write_with_notify_async(remote, offset, data, imm)?
+        self.core()
+            .region_write(remote, offset, data, Some(imm), true)?
             .wait()
+            .map(drop)
     }
 
     /// Starts [`Node::write`]: `data` is copied before this returns; the
@@ -344,7 +349,8 @@ impl Node {
         data: &[u8],
     ) -> Result<WriteHandle> {
         Ok(WriteHandle(
-            self.core().region_write(remote, offset, data, None)?,
+            self.core()
+                .region_write(remote, offset, data, None, false)?,
         ))
     }
 
@@ -361,19 +367,22 @@ impl Node {
             offset,
             data,
             Some(imm),
+            false,
         )?))
     }
 
     /// Reads `buf.len()` bytes at `offset` of `remote` into `buf`.
     pub fn read(&self, remote: &RemoteRegion, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.core()
-            .region_read(remote, offset, buf.len())?
+            .region_read(remote, offset, buf.len(), true)?
             .wait_into(buf)
     }
 
     /// Starts a read of `len` bytes at `offset` of `remote`.
     pub fn read_async(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<ReadHandle> {
-        Ok(ReadHandle(self.core().region_read(remote, offset, len)?))
+        Ok(ReadHandle(
+            self.core().region_read(remote, offset, len, false)?,
+        ))
     }
 
     /// Sets the receiver of writes with notification to this node's

@@ -26,6 +26,7 @@ use std::time::Instant;
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 
+use super::connection::Connection;
 use super::requests::PendingResponse;
 use super::{Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
 use crate::message::{type_key, MessageKind};
@@ -371,13 +372,15 @@ impl Core {
 
     /// Starts a write of `data` at `offset` of `remote` (with a
     /// notification carrying `notify`, if given, once all of it is in
-    /// place). Every part is sent before this returns.
+    /// place). Every part is sent before this returns. `blocking`: the
+    /// caller waits for it at once.
     pub fn region_write(
         self: &Arc<Self>,
         remote: &RemoteRegion,
         offset: u64,
         data: &[u8],
         notify: Option<u32>,
+        blocking: bool,
     ) -> Result<RegionOp> {
         check_remote(remote, offset, data.len() as u64, true)?;
         let target = RegionRef {
@@ -409,7 +412,7 @@ impl Core {
             return Ok(RegionOp::done(self, remote, offset, res));
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            let op = self.post_parts(rm, remote, key, offset, data.len(), Some(data))?;
+            let op = self.post_parts(rm, remote, key, offset, data.len(), Some(data), blocking)?;
             if let Some(imm) = notify {
                 // Behind the write's work requests on the same queue pair:
                 // the owner sees it after the data.
@@ -476,12 +479,14 @@ impl Core {
         ))
     }
 
-    /// Starts a read of `len` bytes at `offset` of `remote`.
+    /// Starts a read of `len` bytes at `offset` of `remote` (`blocking`:
+    /// the caller waits for it at once).
     pub fn region_read(
         self: &Arc<Self>,
         remote: &RemoteRegion,
         offset: u64,
         len: usize,
+        blocking: bool,
     ) -> Result<RegionOp> {
         check_remote(remote, offset, len as u64, false)?;
         let target = RegionRef {
@@ -501,7 +506,7 @@ impl Core {
             return Ok(op);
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            return self.post_parts(rm, remote, key, offset, len, None);
+            return self.post_parts(rm, remote, key, offset, len, None, blocking);
         }
         let timeout = self.config.request_timeout();
         let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
@@ -549,7 +554,10 @@ impl Core {
     }
 
     /// Posts an access as device work requests of at most `part_max` bytes
-    /// each (`data`: a write's bytes; `None`: a read of `len`).
+    /// each (`data`: a write's bytes; `None`: a read of `len`). With
+    /// `blocking` the last part asks for its completion; otherwise the
+    /// waiter has it covered ([`RemoteMemory::cover`]) when it waits.
+    #[allow(clippy::too_many_arguments)]
     fn post_parts(
         self: &Arc<Self>,
         rm: &dyn RemoteMemory,
@@ -558,6 +566,7 @@ impl Core {
         offset: u64,
         len: usize,
         data: Option<&[u8]>,
+        blocking: bool,
     ) -> Result<RegionOp> {
         let timeout = self.config.request_timeout();
         let now = Instant::now();
@@ -566,8 +575,10 @@ impl Core {
         let step = rm.part_max();
         let mut parts = Vec::with_capacity(len.div_ceil(step).max(1));
         let mut at = 0usize;
+        let mut last_seq = 0;
         while at < len || parts.is_empty() {
             let n = (len - at).min(step);
+            let last = at + n >= len;
             // A forged descriptor may name any address: wrapping, the
             // device refuses what is not registered.
             let addr = key.addr.wrapping_add(offset).wrapping_add(at as u64);
@@ -584,7 +595,7 @@ impl Core {
                 },
             };
             let (id, pending) = self.requests.insert_at(remote.node(), now, timeout)?;
-            rm.post(self, &conn, id, part, deadline)?;
+            last_seq = rm.post(self, &conn, id, part, deadline, blocking && last)?;
             parts.push(Part {
                 pending: Some(pending),
                 at,
@@ -593,9 +604,11 @@ impl Core {
             at += n;
         }
         let read_len = data.is_none().then_some(len);
-        Ok(RegionOp::in_flight(
-            self, remote, offset, parts, read_len, true,
-        ))
+        let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len, true);
+        if !blocking {
+            op.uncovered = Some((conn, last_seq));
+        }
+        Ok(op)
     }
 }
 
@@ -642,6 +655,12 @@ fn status_result(
     }
 }
 
+impl Drop for RegionOp {
+    fn drop(&mut self) {
+        self.cover();
+    }
+}
+
 /// One request of a one-sided access.
 #[derive(Debug)]
 struct Part {
@@ -672,6 +691,9 @@ pub struct RegionOp {
     /// The parts are device work requests: a blocking wait retires
     /// completions itself.
     device: bool,
+    /// The connection and sequence number of the last device part, until
+    /// its completion has been asked for ([`RegionOp::cover`]).
+    uncovered: Option<(Arc<Connection>, u64)>,
 }
 
 impl RegionOp {
@@ -693,6 +715,7 @@ impl RegionOp {
             read_len,
             read: Vec::new(),
             device,
+            uncovered: None,
         }
     }
 
@@ -707,6 +730,7 @@ impl RegionOp {
             read_len: None,
             read: Vec::new(),
             device: false,
+            uncovered: None,
         }
     }
 
@@ -757,6 +781,7 @@ impl RegionOp {
             }
             return res;
         }
+        self.cover();
         while self.next < self.parts.len() {
             let pending = self.parts[self.next]
                 .pending
@@ -799,6 +824,18 @@ impl RegionOp {
         true
     }
 
+    /// Asks the engine for the completions of device parts posted without
+    /// (once, before the first wait; or when dropped unwaited, so that no
+    /// part stays unreported).
+    fn cover(&mut self) {
+        if let Some((conn, seq)) = self.uncovered.take() {
+            if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
+                let deadline = Instant::now() + self.core.config.request_timeout();
+                rm.cover(&self.core, &conn, seq, deadline);
+            }
+        }
+    }
+
     /// [`RegionOp::wait_into`] into a new buffer (empty for a write).
     pub fn wait(self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; self.read_len.unwrap_or(0)];
@@ -813,6 +850,7 @@ impl RegionOp {
         if self.read.len() != self.read_len.unwrap_or(0) {
             self.read = vec![0u8; self.read_len.unwrap_or(0)];
         }
+        self.cover();
         while self.next < self.parts.len() {
             let pending = self.parts[self.next]
                 .pending

@@ -182,7 +182,10 @@ pub trait RemoteMemory: Send + Sync {
     /// holds; its completion completes request `id` of the request table
     /// with a one-sided answer (`proto::region::Status`, then a read's
     /// bytes). Waits for room (send queue, staging memory) until
-    /// `deadline`.
+    /// `deadline`. Returns the part's sequence number on `conn`. Unless
+    /// `signal` (the caller waits for it at once), the engine may leave
+    /// its completion to a later request's: a caller that waits for it
+    /// calls [`RemoteMemory::cover`] first.
     fn post(
         &self,
         core: &Core,
@@ -190,7 +193,12 @@ pub trait RemoteMemory: Send + Sync {
         id: u32,
         part: RdmaPart<'_>,
         deadline: Instant,
-    ) -> Result<()>;
+        signal: bool,
+    ) -> Result<u64>;
+    /// Makes sure the completion of part `seq` on `conn` gets reported
+    /// (posts a signalled marker behind it if nothing signalled follows;
+    /// waits for room in the send queue until `deadline`).
+    fn cover(&self, core: &Core, conn: &Arc<Connection>, seq: u64, deadline: Instant);
 }
 
 /// The error of a connection set-up that failed (see

@@ -95,11 +95,21 @@ impl IbEngine {
     }
 }
 
+/// Bits of a send work request id that carry its chain's sequence number.
+const SEQ_BITS: u32 = 48;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
 /// The work request id of a send on `conn`: the peer's node id in the top
-/// 16 bits (how a completion finds the connection), the connection id in
-/// the rest.
-fn send_wr_id(conn: &Connection) -> u64 {
-    (u64::from(conn.peer.0) << 48) | (conn.id & ((1 << 48) - 1))
+/// 16 bits (how a completion finds the connection), the sequence number
+/// of its chain (see [`SendState::next_seq`]) in the rest.
+fn send_wr_id(conn: &Connection, seq: u64) -> u64 {
+    (u64::from(conn.peer.0) << SEQ_BITS) | (seq & SEQ_MASK)
+}
+
+/// The chain sequence number a send completion names. 48 bits wrap after
+/// 2^48 chains of one queue pair, far beyond any connection's life.
+fn wr_seq(wr_id: u64) -> u64 {
+    wr_id & SEQ_MASK
 }
 
 /// The engine's half of one connection.
@@ -120,8 +130,20 @@ struct SendState {
     consumer: Consumer,
     /// Work requests posted and not yet known complete.
     outstanding: u32,
-    /// Per signalled chain, in post order.
+    /// Per chain, in post order.
     chains: VecDeque<Chain>,
+    /// Sequence number of the next chain (from 1). A signalled completion
+    /// completes its chain and every earlier one: send completions come
+    /// in post order per queue pair.
+    next_seq: u64,
+    /// Sequence number of the last signalled chain posted.
+    signalled_seq: u64,
+    /// One-sided parts posted unsignalled since then.
+    unsignalled: u32,
+    /// Remote address and key of the last one-sided part posted: a marker
+    /// (a signalled empty RDMA WRITE, which the peer does not check) names
+    /// them (see `RemoteMemory::cover`).
+    last_remote: (u64, u32),
     chain: ibv::SendChain,
     /// Staging slots of one-sided parts whose queue pair closed before
     /// they completed: the device may still use them until the queue pair
@@ -129,9 +151,22 @@ struct SendState {
     quarantined: Vec<u32>,
 }
 
-/// A chain of work requests whose last one is signalled, not yet known
-/// complete (send completions come in post order per queue pair).
+impl SendState {
+    /// Counts a chain of sequence number `seq` (the next one) as posted
+    /// signalled.
+    fn signalled(&mut self, seq: u64) {
+        debug_assert_eq!(seq, self.next_seq);
+        self.next_seq += 1;
+        self.signalled_seq = seq;
+        self.unsignalled = 0;
+    }
+}
+
+/// A chain of work requests not yet known complete: messages (whose last
+/// request is signalled) or one one-sided part (signalled or not).
 struct Chain {
+    /// Its sequence number (see [`SendState::next_seq`]).
+    seq: u64,
     /// Ring-buffer bytes it carries.
     bytes: usize,
     /// Work requests it stands for.
@@ -193,6 +228,9 @@ pub struct IbEngine {
     attr: ibv::ConnectAttr,
     gid_index: Option<u32>,
     sq_size: u32,
+    /// Every this many one-sided parts in a row, one is signalled (a
+    /// quarter of the send queue, at most 16).
+    signal_every: u32,
     sges_per_recv: usize,
     /// Inline data asked for per queue pair (`ib.max_inline_data`).
     max_inline_data: u32,
@@ -302,6 +340,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         attr,
         gid_index: gid_index.map(u32::from),
         sq_size: ib.sq_size,
+        signal_every: (ib.sq_size / 4).clamp(1, 16),
         sges_per_recv: sges,
         max_inline_data: ib.max_inline_data,
         max_recv_size: cfg.limits.recv_buffer_size * sges,
@@ -490,13 +529,18 @@ impl Transport for IbEngine {
         }
         let units = conn.flow.take_units(u8::MAX as u32) as u8;
         let imm = wire::encode_imm(self.own.0, units) | wire::IMM_STANDALONE;
-        match ic
-            .qp
-            .post_send_inline(send_wr_id(conn), ibv::SendOp::SendWithImm(imm), frame, true)
-        {
+        let seq = st.next_seq;
+        match ic.qp.post_send_inline(
+            send_wr_id(conn, seq),
+            ibv::SendOp::SendWithImm(imm),
+            frame,
+            true,
+        ) {
             Ok(()) => {
                 st.outstanding += 1;
+                st.signalled(seq);
                 st.chains.push_back(Chain {
+                    seq,
                     bytes: 0,
                     wrs: 1,
                     posted: now,

@@ -188,6 +188,56 @@ impl RemoteMemory for IbEngine {
         SLOT_LEN
     }
 
+    fn cover(&self, core: &Core, conn: &Arc<Connection>, seq: u64, deadline: Instant) {
+        let Some(ic) = conn.engine::<IbConn>() else {
+            return; // closed: its parts fail with the connection
+        };
+        let mut st = loop {
+            let st = ic.send.lock();
+            let pending = st.chains.front().is_some_and(|c| c.seq <= seq);
+            if !pending || st.signalled_seq >= seq || conn.state() != ConnState::Open {
+                return;
+            }
+            if st.outstanding < self.sq_size {
+                break st;
+            }
+            // Full: signalled requests before the part free room.
+            drop(st);
+            if self.wait_for_room(core, deadline).is_err() {
+                return; // the caller's wait times out
+            }
+        };
+        // A marker: a signalled RDMA WRITE of no bytes, which the peer's
+        // device does not check against its memory (IBA C9-88).
+        let (remote_addr, rkey) = st.last_remote;
+        let marker = st.next_seq;
+        let mut chain = std::mem::take(&mut st.chain);
+        chain.clear();
+        chain.push(
+            send_wr_id(conn, marker),
+            ibv::SendOp::RdmaWrite { remote_addr, rkey },
+            &[],
+            ibv::SendFlags::SIGNALED,
+        );
+        let posted = ic.qp.post_send(&mut chain);
+        st.chain = chain;
+        if let Err(e) = posted {
+            drop(st);
+            core.close_connection(conn, &format!("posting a marker failed: {e}"), true);
+            return;
+        }
+        st.outstanding += 1;
+        st.signalled(marker);
+        st.chains.push_back(Chain {
+            seq: marker,
+            bytes: 0,
+            wrs: 1,
+            posted: Instant::now(),
+            one_sided: None,
+        });
+        self.outstanding_total.fetch_add(1, Ordering::AcqRel);
+    }
+
     fn waiting(&self) {
         // The send thread looks for completions often while parts are in
         // flight (see `IbSender::idle`).
@@ -207,7 +257,8 @@ impl RemoteMemory for IbEngine {
         id: u32,
         part: RdmaPart<'_>,
         deadline: Instant,
-    ) -> Result<()> {
+        signal: bool,
+    ) -> Result<u64> {
         let lost = || {
             Error::Unreachable(
                 conn.peer,
@@ -260,7 +311,19 @@ impl RemoteMemory for IbEngine {
                 }
                 continue;
             }
-            let wr_id = send_wr_id(conn);
+            let seq = st.next_seq;
+            let wr_id = send_wr_id(conn, seq);
+            // Signalled when the caller waits for it at once, and every
+            // `signal_every`-th part: the others complete with the next
+            // signalled chain (fewer completions to generate and retire;
+            // the unsignalled run stays below the send queue's size, so a
+            // full queue always holds a signalled request).
+            let signal = signal || st.unsignalled + 1 >= self.signal_every;
+            let flags = if signal {
+                ibv::SendFlags::SIGNALED
+            } else {
+                ibv::SendFlags::NONE
+            };
             let sge = match slot {
                 Some(s) => Some(
                     self.staged()
@@ -282,12 +345,12 @@ impl RemoteMemory for IbEngine {
             };
             let posted = match (part, sge) {
                 (RdmaPart::Write { data, .. }, None) => {
-                    ic.qp.post_send_inline(wr_id, op, data, true)
+                    ic.qp.post_send_inline(wr_id, op, data, signal)
                 }
                 (_, Some(sge)) => {
                     let mut chain = std::mem::take(&mut st.chain);
                     chain.clear();
-                    chain.push(wr_id, op, &[sge], ibv::SendFlags::SIGNALED);
+                    chain.push(wr_id, op, &[sge], flags);
                     let r = ic.qp.post_send(&mut chain);
                     st.chain = chain;
                     r
@@ -300,7 +363,19 @@ impl RemoteMemory for IbEngine {
                 return Err(give_back(lost()));
             }
             st.outstanding += 1;
+            if signal {
+                st.signalled(seq);
+            } else {
+                st.next_seq += 1;
+                st.unsignalled += 1;
+            }
+            st.last_remote = match part {
+                RdmaPart::Write { addr, rkey, .. } | RdmaPart::Read { addr, rkey, .. } => {
+                    (addr, rkey)
+                }
+            };
             st.chains.push_back(Chain {
+                seq,
                 bytes: 0,
                 wrs: 1,
                 posted: Instant::now(),
@@ -315,7 +390,7 @@ impl RemoteMemory for IbEngine {
             // The send thread is not woken: the caller retires completions
             // while it waits, and asks for the send thread only when it
             // stops polling (`RemoteMemory::waiting`).
-            return Ok(());
+            return Ok(seq);
         }
     }
 }

@@ -136,20 +136,14 @@ impl IbEngine {
                 ic.is_some()
             );
             let Some(ic) = ic else { continue };
+            let seq = wr_seq(wc.wr_id());
             if !wc.is_success() {
                 if wc.is_remote_access_error() {
                     // A one-sided part the peer refused (a revoked region,
-                    // a forged descriptor): its caller learns why; the
-                    // queue pair is in error, the connection closes.
-                    let part = ic
-                        .send
-                        .lock()
-                        .chains
-                        .front_mut()
-                        .and_then(|c| c.one_sided.take());
-                    if let Some(p) = part {
-                        self.fail_part(core, &ic, p);
-                    }
+                    // a forged descriptor): the chains before it completed;
+                    // its caller learns why; the queue pair is in error,
+                    // the connection closes.
+                    self.retire_chains(core, &ic, seq, true);
                 }
                 if !wc.is_flush() {
                     core.close_connection(
@@ -160,28 +154,58 @@ impl IbEngine {
                 }
                 continue;
             }
-            let (more, part) = {
-                let mut st = ic.send.lock();
-                let mut part = None;
-                if let Some(c) = st.chains.pop_front() {
-                    ic.conn.orb.mark_completed(&mut st.consumer, c.bytes);
-                    st.outstanding -= c.wrs;
-                    self.outstanding_total
-                        .fetch_sub(c.wrs as u64, Ordering::AcqRel);
-                    part = c.one_sided;
-                }
-                let more = ic.conn.orb.unposted_len(&mut st.consumer) > 0
-                    || ic.conn.flow.pending_units() > 0;
-                (more, part)
-            };
-            if let Some(p) = part {
-                self.complete_part(core, &ic, p);
-            }
+            let more = self.retire_chains(core, &ic, seq, false);
             if more && posting != Some(ic.conn.peer) {
                 core.on_write_interest(ic.conn.peer);
             }
         }
         n > 0
+    }
+
+    /// Retires `ic`'s chains up to the one numbered `seq`, whose completion
+    /// came: it and the unsignalled ones before it are complete, or, with
+    /// `refused`, it failed (a remote access error) after those before it
+    /// completed. Returns whether the connection has data left to post.
+    fn retire_chains(&self, core: &Core, ic: &IbConn, seq: u64, refused: bool) -> bool {
+        let mut done: [Option<one_sided::PartWr>; 4] = Default::default();
+        loop {
+            let mut n = 0;
+            let mut failed = None;
+            let (more, finished) = {
+                let mut st = ic.send.lock();
+                while n < done.len() {
+                    let Some(c) = st.chains.front() else { break };
+                    if c.seq > seq {
+                        break;
+                    }
+                    let c = st.chains.pop_front().expect("front exists");
+                    ic.conn.orb.mark_completed(&mut st.consumer, c.bytes);
+                    st.outstanding -= c.wrs;
+                    self.outstanding_total
+                        .fetch_sub(c.wrs as u64, Ordering::AcqRel);
+                    if refused && c.seq == seq {
+                        failed = c.one_sided;
+                    } else if let Some(p) = c.one_sided {
+                        done[n] = Some(p);
+                        n += 1;
+                    }
+                }
+                let finished = st.chains.front().map_or(true, |c| c.seq > seq);
+                let more = ic.conn.orb.unposted_len(&mut st.consumer) > 0
+                    || ic.conn.flow.pending_units() > 0;
+                (more, finished)
+            };
+            // Outside the send lock: completing wakes the callers.
+            for p in done.iter_mut().take(n) {
+                self.complete_part(core, ic, p.take().expect("filled"));
+            }
+            if let Some(p) = failed {
+                self.fail_part(core, ic, p);
+            }
+            if finished {
+                return more;
+            }
+        }
     }
 
     /// Posts `ic`'s unposted ring-buffer data (and pending flow-control
@@ -235,10 +259,12 @@ impl IbEngine {
         let mut st_chain = std::mem::take(&mut st.chain);
         st_chain.clear();
         let mut wrs = 0u32;
+        let seq = st.next_seq;
+        let wr_id = send_wr_id(conn, seq);
         let result: std::result::Result<(), String> = (|| {
             if total == 0 {
                 st_chain.push(
-                    send_wr_id(conn),
+                    wr_id,
                     ibv::SendOp::SendWithImm(imm_first),
                     &[],
                     ibv::SendFlags::SIGNALED,
@@ -272,7 +298,7 @@ impl IbEngine {
                     // Copied into the request at post time.
                     flags = flags | ibv::SendFlags::INLINE;
                 }
-                st_chain.push(send_wr_id(conn), ibv::SendOp::SendWithImm(imm), sl, flags);
+                st_chain.push(wr_id, ibv::SendOp::SendWithImm(imm), sl, flags);
                 wrs += 1;
                 Ok(())
             })?;
@@ -289,7 +315,9 @@ impl IbEngine {
         );
         conn.orb.mark_posted(&mut st.consumer, total);
         st.outstanding += wrs;
+        st.signalled(seq);
         st.chains.push_back(Chain {
+            seq,
             bytes: total,
             wrs,
             posted: Instant::now(),

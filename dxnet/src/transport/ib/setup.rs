@@ -93,6 +93,10 @@ impl IbEngine {
                 outstanding: 0,
                 chains: VecDeque::new(),
                 quarantined: Vec::new(),
+                next_seq: 1,
+                signalled_seq: 0,
+                unsignalled: 0,
+                last_remote: (0, 0),
                 chain: ibv::SendChain::with_capacity(
                     self.sq_size as usize,
                     2 * self.sq_size as usize,
