@@ -15,6 +15,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 use crate::core::flow::FlowControl;
+use crate::primitives::in_order::InOrderTrack;
 use crate::primitives::orb::Orb;
 use crate::primitives::park::{RequestSpinPolicy, Signal};
 use crate::primitives::pool::RecvBuffer;
@@ -289,6 +290,9 @@ pub struct Connection {
     /// connection table. Weak: the engine owns it (its poll registration),
     /// and the engine's half holds the connection.
     engine: OnceLock<Weak<dyn Any + Send + Sync>>,
+    /// Outcomes of the one-sided device parts posted on this connection,
+    /// numbered by the engine (see `transport::RemoteMemory::post`).
+    pub parts: InOrderTrack,
 }
 
 impl Connection {
@@ -315,6 +319,7 @@ impl Connection {
             responses_stalled: AtomicBool::new(false),
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
+            parts: InOrderTrack::new(),
         }
     }
 

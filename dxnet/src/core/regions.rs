@@ -28,15 +28,17 @@ use rustc_hash::FxHashMap;
 
 use super::connection::Connection;
 use super::requests::PendingResponse;
-use super::{Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
+use super::{inline, Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
+use crate::error::{Unreachable, Waited};
 use crate::message::{type_key, MessageKind};
+use crate::primitives::in_order::Outcome as InOrder;
 use crate::primitives::region_mem::{MemBlock, MemError};
 use crate::proto::region::{
     self as wire, in_bounds, Notify, NotifyFrame, ReadRequest, RegionRef, Status, WriteHead,
     NOTIFY_LEN, READ_LEN, WRITE_HEAD_LEN,
 };
 use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
-use crate::transport::{RdmaPart, RemoteMemory};
+use crate::transport::{PostedPart, RdmaPart, RemoteMemory};
 use crate::{Error, NodeId, RegionError, Result};
 
 /// Largest part of a one-sided access sent as one request
@@ -468,15 +470,13 @@ impl Core {
                 },
             )?;
             parts.push(Part {
-                pending: Some(pending),
+                wait: PartWait::Request(Some(pending)),
                 at,
                 len: chunk.len(),
             });
             at += chunk.len();
         }
-        Ok(RegionOp::in_flight(
-            self, remote, offset, parts, None, false,
-        ))
+        Ok(RegionOp::in_flight(self, remote, offset, parts, None))
     }
 
     /// Starts a read of `len` bytes at `offset` of `remote` (`blocking`:
@@ -528,20 +528,13 @@ impl Core {
                 |w| w.write_all(&req),
             )?;
             parts.push(Part {
-                pending: Some(pending),
+                wait: PartWait::Request(Some(pending)),
                 at,
                 len: n,
             });
             at += n;
         }
-        Ok(RegionOp::in_flight(
-            self,
-            remote,
-            offset,
-            parts,
-            Some(len),
-            false,
-        ))
+        Ok(RegionOp::in_flight(self, remote, offset, parts, Some(len)))
     }
 }
 
@@ -568,15 +561,21 @@ impl Core {
         data: Option<&[u8]>,
         blocking: bool,
     ) -> Result<RegionOp> {
-        let timeout = self.config.request_timeout();
-        let now = Instant::now();
-        let deadline = now + timeout;
+        let deadline = Instant::now() + self.config.request_timeout();
         let conn = self.connection(remote.node(), deadline)?;
         let step = rm.part_max();
-        let mut parts = Vec::with_capacity(len.div_ceil(step).max(1));
+        let read_len = data.is_none().then_some(len);
+        let parts = Vec::with_capacity(len.div_ceil(step).max(1));
+        // Built first: if a post fails, dropping it frees what the parts
+        // posted so far hold.
+        let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len);
+        op.device = Some(DeviceOp {
+            conn: conn.clone(),
+            deadline,
+            uncovered: None,
+        });
         let mut at = 0usize;
-        let mut last_seq = 0;
-        while at < len || parts.is_empty() {
+        while at < len || op.parts.is_empty() {
             let n = (len - at).min(step);
             let last = at + n >= len;
             // A forged descriptor may name any address: wrapping, the
@@ -594,19 +593,18 @@ impl Core {
                     rkey: key.rkey,
                 },
             };
-            let (id, pending) = self.requests.insert_at(remote.node(), now, timeout)?;
-            last_seq = rm.post(self, &conn, id, part, deadline, blocking && last)?;
-            parts.push(Part {
-                pending: Some(pending),
+            let posted = rm.post(self, &conn, part, deadline, blocking && last)?;
+            if !blocking {
+                if let Some(d) = op.device.as_mut() {
+                    d.uncovered = Some(posted.seq);
+                }
+            }
+            op.parts.push(Part {
+                wait: PartWait::Device(Some(posted)),
                 at,
                 len: n,
             });
             at += n;
-        }
-        let read_len = data.is_none().then_some(len);
-        let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len, true);
-        if !blocking {
-            op.uncovered = Some((conn, last_seq));
         }
         Ok(op)
     }
@@ -657,21 +655,66 @@ fn status_result(
 
 impl Drop for RegionOp {
     fn drop(&mut self) {
-        self.cover();
+        let Some(dev) = &self.device else { return };
+        let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
+            return;
+        };
+        // Parts not waited for: their outcome must still be reported (a
+        // part left unreported would look stale to the engine's watchdog),
+        // and what they hold is freed once the device is done with them.
+        if let Some(seq) = dev.uncovered {
+            rm.cover(&self.core, &dev.conn, seq, dev.deadline);
+        }
+        for part in &mut self.parts[self.next..] {
+            if let PartWait::Device(Some(p)) = part.wait.take_device() {
+                rm.release(&dev.conn, p);
+            }
+        }
     }
 }
 
-/// One request of a one-sided access.
+/// How a part's outcome comes.
+#[derive(Debug)]
+enum PartWait {
+    /// An answer to a request (the emulation); taken once answered.
+    Request(Option<PendingResponse>),
+    /// A device part's outcome in its connection's track; taken once
+    /// settled.
+    Device(Option<PostedPart>),
+}
+
+impl PartWait {
+    fn take_device(&mut self) -> PartWait {
+        match self {
+            PartWait::Device(p) => PartWait::Device(p.take()),
+            PartWait::Request(_) => PartWait::Device(None),
+        }
+    }
+}
+
+/// One part of a one-sided access.
 #[derive(Debug)]
 struct Part {
-    /// Taken once answered.
-    pending: Option<PendingResponse>,
+    wait: PartWait,
     /// Where the part starts, relative to the access's start.
     at: usize,
     len: usize,
 }
 
-/// A one-sided access in flight: its parts' answers, checked in order.
+/// The device side of an access posted as work requests.
+#[derive(Debug)]
+struct DeviceOp {
+    /// The connection whose track reports the parts' outcomes.
+    conn: Arc<Connection>,
+    /// When waiting for them gives up.
+    deadline: Instant,
+    /// The last part's number, until its report has been asked for
+    /// (`RemoteMemory::cover`): posted unsignalled, by a caller that does
+    /// not wait at once.
+    uncovered: Option<u64>,
+}
+
+/// A one-sided access in flight: its parts' outcomes, checked in order.
 #[derive(Debug)]
 pub struct RegionOp {
     core: Arc<Core>,
@@ -688,12 +731,8 @@ pub struct RegionOp {
     /// A read's bytes: those of a read of the own node, or those collected
     /// by [`RegionOp::poll_wait`].
     read: Vec<u8>,
-    /// The parts are device work requests: a blocking wait retires
-    /// completions itself.
-    device: bool,
-    /// The connection and sequence number of the last device part, until
-    /// its completion has been asked for ([`RegionOp::cover`]).
-    uncovered: Option<(Arc<Connection>, u64)>,
+    /// The parts are device work requests.
+    device: Option<DeviceOp>,
 }
 
 impl RegionOp {
@@ -703,7 +742,6 @@ impl RegionOp {
         base: u64,
         parts: Vec<Part>,
         read_len: Option<usize>,
-        device: bool,
     ) -> RegionOp {
         RegionOp {
             core: core.clone(),
@@ -714,8 +752,7 @@ impl RegionOp {
             done: None,
             read_len,
             read: Vec::new(),
-            device,
-            uncovered: None,
+            device: None,
         }
     }
 
@@ -729,8 +766,7 @@ impl RegionOp {
             done: Some(res),
             read_len: None,
             read: Vec::new(),
-            device: false,
-            uncovered: None,
+            device: None,
         }
     }
 
@@ -770,6 +806,47 @@ impl RegionOp {
         Ok(())
     }
 
+    /// Settles the next device part, whose outcome is `outcome` (not
+    /// pending): a read's bytes go to `dest` (the whole read's buffer).
+    fn settle_device(
+        &mut self,
+        rm: &dyn RemoteMemory,
+        outcome: InOrder,
+        dest: &mut [u8],
+    ) -> Result<()> {
+        let dev = self.device.as_ref().expect("device parts have a device op");
+        let part = &mut self.parts[self.next];
+        self.next += 1;
+        let PartWait::Device(Some(posted)) = part.wait.take_device() else {
+            unreachable!("unsettled device parts keep their post")
+        };
+        match outcome {
+            InOrder::Done => {
+                if posted.slot.is_some() {
+                    rm.take_read(&dev.conn, posted, &mut dest[part.at..part.at + part.len]);
+                }
+                Ok(())
+            }
+            InOrder::Pending => {
+                rm.release(&dev.conn, posted);
+                Err(Error::Timeout(Waited::Response))
+            }
+            InOrder::Refused => {
+                rm.release(&dev.conn, posted);
+                // The peer's device refused the key or range: a revoked
+                // region or a forged descriptor.
+                Err(Error::Region(RegionError::Revoked))
+            }
+            InOrder::Lost => {
+                rm.release(&dev.conn, posted);
+                Err(Error::Unreachable(
+                    dev.conn.peer,
+                    Unreachable::ConnectionLost(dev.conn.close_reason()),
+                ))
+            }
+        }
+    }
+
     /// Blocks until every part is answered (a write: applied at the
     /// owner); a read's bytes go to `dest` (its length). The first failure
     /// ends the wait; parts sent after the failing one may have been
@@ -781,57 +858,77 @@ impl RegionOp {
             }
             return res;
         }
-        self.cover();
+        if self.device.is_some() {
+            return self.wait_device(dest);
+        }
         while self.next < self.parts.len() {
-            let pending = self.parts[self.next]
-                .pending
-                .take()
-                .expect("unanswered parts keep their request");
-            if self.device && !self.retire_until_done(&pending) {
-                if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
-                    rm.waiting();
-                }
-            }
+            let PartWait::Request(pending) = &mut self.parts[self.next].wait else {
+                unreachable!("emulated accesses have request parts")
+            };
+            let pending = pending.take().expect("unanswered parts keep their request");
             let outcome = self.core.wait_response(pending);
             self.settle(outcome, dest)?;
         }
         Ok(())
     }
 
-    /// Retires device completions until `pending` is answered (true), for
-    /// at most `park.request_spin_max_us`; then the caller asks the engine
-    /// to retire them
-    /// ([`crate::transport::RemoteMemory::waiting`]).
-    fn retire_until_done(&self, pending: &PendingResponse) -> bool {
-        let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
-            return pending.is_done();
+    /// [`RegionOp::wait_into`] of device parts: the caller retires
+    /// completions itself for up to `park.request_spin_max_us` (the parts
+    /// are its own; a wake-up costs more than most of them take), then asks
+    /// the engine to ([`RemoteMemory::waiting`]) and parks on the track
+    /// until the deadline.
+    fn wait_device(&mut self, dest: &mut [u8]) -> Result<()> {
+        let core = self.core.clone();
+        let Some(rm) = core.transport().and_then(|t| t.remote_memory()) else {
+            return Err(Error::Shutdown);
         };
-        let until = Instant::now()
-            + std::time::Duration::from_micros(self.core.config.park.request_spin_max_us);
-        let mut n = 0u32;
-        while !pending.is_done() {
-            if !rm.progress(&self.core) {
-                std::hint::spin_loop();
+        self.cover(rm);
+        let spin_until =
+            Instant::now() + std::time::Duration::from_micros(core.config.park.request_spin_max_us);
+        let mut spinning = true;
+        while self.next < self.parts.len() {
+            let (conn, deadline) = {
+                let dev = self.device.as_ref().expect("device op");
+                (dev.conn.clone(), dev.deadline)
+            };
+            let PartWait::Device(Some(posted)) = &self.parts[self.next].wait else {
+                unreachable!("unsettled device parts keep their post")
+            };
+            let seq = posted.seq;
+            let mut outcome = conn.parts.outcome(seq);
+            if outcome == InOrder::Pending {
+                inline::before_blocking();
             }
-            n = n.wrapping_add(1);
-            if n % 64 == 0 {
-                if Instant::now() >= until {
-                    return false;
+            let mut n = 0u32;
+            while outcome == InOrder::Pending && spinning {
+                if !rm.progress(&core) {
+                    std::hint::spin_loop();
                 }
-                std::thread::yield_now();
+                outcome = conn.parts.outcome(seq);
+                n = n.wrapping_add(1);
+                if n % 64 == 0 && outcome == InOrder::Pending {
+                    if Instant::now() >= spin_until {
+                        spinning = false;
+                        rm.waiting();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
             }
+            if outcome == InOrder::Pending {
+                outcome = conn.parts.wait(seq, deadline);
+            }
+            self.settle_device(rm, outcome, dest)?;
         }
-        true
+        Ok(())
     }
 
-    /// Asks the engine for the completions of device parts posted without
-    /// (once, before the first wait; or when dropped unwaited, so that no
-    /// part stays unreported).
-    fn cover(&mut self) {
-        if let Some((conn, seq)) = self.uncovered.take() {
-            if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
-                let deadline = Instant::now() + self.core.config.request_timeout();
-                rm.cover(&self.core, &conn, seq, deadline);
+    /// Asks the engine to report the device parts posted unsignalled (once,
+    /// before the first wait).
+    fn cover(&mut self, rm: &dyn RemoteMemory) {
+        if let Some(dev) = self.device.as_mut() {
+            if let Some(seq) = dev.uncovered.take() {
+                rm.cover(&self.core, &dev.conn, seq, dev.deadline);
             }
         }
     }
@@ -850,31 +947,52 @@ impl RegionOp {
         if self.read.len() != self.read_len.unwrap_or(0) {
             self.read = vec![0u8; self.read_len.unwrap_or(0)];
         }
-        self.cover();
+        let core = self.core.clone();
+        let rm = core.transport().and_then(|t| t.remote_memory());
+        if let (Some(rm), Some(_)) = (rm, &self.device) {
+            self.cover(rm);
+            rm.progress(&core);
+        }
         while self.next < self.parts.len() {
-            let pending = self.parts[self.next]
-                .pending
-                .as_mut()
-                .expect("unanswered parts keep their request");
-            match pending.poll_take(cx) {
-                Poll::Ready(outcome) => {
-                    self.parts[self.next].pending = None;
-                    let mut dest = std::mem::take(&mut self.read);
-                    let res = self.settle(outcome, &mut dest);
-                    self.read = dest;
-                    if let Err(e) = res {
-                        self.next = self.parts.len();
-                        return Poll::Ready(Err(e));
-                    }
-                }
-                Poll::Pending => {
-                    if self.device {
-                        if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
-                            rm.waiting();
+            let res = match &mut self.parts[self.next].wait {
+                PartWait::Request(pending) => {
+                    let p = pending
+                        .as_mut()
+                        .expect("unanswered parts keep their request");
+                    match p.poll_take(cx) {
+                        Poll::Ready(outcome) => {
+                            self.parts[self.next].wait = PartWait::Request(None);
+                            let mut dest = std::mem::take(&mut self.read);
+                            let res = self.settle(outcome, &mut dest);
+                            self.read = dest;
+                            res
                         }
+                        Poll::Pending => return Poll::Pending,
                     }
-                    return Poll::Pending;
                 }
+                PartWait::Device(posted) => {
+                    let seq = posted.expect("unsettled device parts keep their post").seq;
+                    let (Some(rm), Some(dev)) = (rm, &self.device) else {
+                        return Poll::Ready(Err(Error::Shutdown));
+                    };
+                    let mut outcome = dev.conn.parts.register(seq, cx.waker());
+                    if outcome == InOrder::Pending {
+                        if Instant::now() < dev.deadline {
+                            // Completions are retired by the engine now.
+                            rm.waiting();
+                            return Poll::Pending;
+                        }
+                        outcome = InOrder::Pending; // settled as a timeout
+                    }
+                    let mut dest = std::mem::take(&mut self.read);
+                    let res = self.settle_device(rm, outcome, &mut dest);
+                    self.read = dest;
+                    res
+                }
+            };
+            if let Err(e) = res {
+                // Later parts are freed by `Drop`.
+                return Poll::Ready(Err(e));
             }
         }
         Poll::Ready(Ok(std::mem::take(&mut self.read)))

@@ -265,22 +265,6 @@ impl RequestTable {
             .is_some_and(|s| s.complete_payload(payload))
     }
 
-    /// Completes request `id` from `from` with the concatenation of
-    /// `parts` (an engine's answer to one of dxnet's own requests, e.g. a
-    /// one-sided part done by the device).
-    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
-    pub fn complete_parts(&self, id: u32, from: NodeId, parts: &[&[u8]]) -> bool {
-        self.take_pending(id, from).is_some_and(|s| {
-            s.complete_with(|mut buf| {
-                buf.clear();
-                for p in parts {
-                    buf.extend_from_slice(p);
-                }
-                Ok(buf)
-            })
-        })
-    }
-
     /// Removes and returns request `id` if it is pending on `from`.
     fn take_pending(&self, id: u32, from: NodeId) -> Option<Arc<Slot>> {
         let mut shard = self.shard(id).lock();

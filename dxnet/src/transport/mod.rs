@@ -179,26 +179,39 @@ pub trait RemoteMemory: Send + Sync {
     /// completions of parts in flight to be retired by the engine.
     fn waiting(&self);
     /// Posts `part` on the open connection `conn` after the data its ring
-    /// holds; its completion completes request `id` of the request table
-    /// with a one-sided answer (`proto::region::Status`, then a read's
-    /// bytes). Waits for room (send queue, staging memory) until
-    /// `deadline`. Returns the part's sequence number on `conn`. Unless
-    /// `signal` (the caller waits for it at once), the engine may leave
-    /// its completion to a later request's: a caller that waits for it
-    /// calls [`RemoteMemory::cover`] first.
+    /// holds. Its outcome shows in `conn.parts` under the returned
+    /// sequence number. Waits for room (send queue, staging memory) until
+    /// `deadline`. Unless `signal` (the caller waits for it at once), the
+    /// engine may leave its report to a later request's: a caller that
+    /// waits for it calls [`RemoteMemory::cover`] first.
     fn post(
         &self,
         core: &Core,
         conn: &Arc<Connection>,
-        id: u32,
         part: RdmaPart<'_>,
         deadline: Instant,
         signal: bool,
-    ) -> Result<u64>;
-    /// Makes sure the completion of part `seq` on `conn` gets reported
+    ) -> Result<PostedPart>;
+    /// Makes sure the outcome of part `seq` on `conn` gets reported
     /// (posts a signalled marker behind it if nothing signalled follows;
     /// waits for room in the send queue until `deadline`).
     fn cover(&self, core: &Core, conn: &Arc<Connection>, seq: u64, deadline: Instant);
+    /// Copies the bytes of a read part that is done (`conn.parts`) into
+    /// `dest` (its length) and frees its staging memory.
+    fn take_read(&self, conn: &Arc<Connection>, part: PostedPart, dest: &mut [u8]);
+    /// Frees what a part that is not taken holds (a read's staging
+    /// memory), once the device cannot touch it any more.
+    fn release(&self, conn: &Arc<Connection>, part: PostedPart);
+}
+
+/// A device part posted by [`RemoteMemory::post`].
+#[derive(Debug, Clone, Copy)]
+pub struct PostedPart {
+    /// Its number in its connection's [`Connection::parts`].
+    pub seq: u64,
+    /// A read's staging memory, which holds its bytes until
+    /// [`RemoteMemory::take_read`] or [`RemoteMemory::release`].
+    pub slot: Option<u32>,
 }
 
 /// The error of a connection set-up that failed (see

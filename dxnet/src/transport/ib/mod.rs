@@ -149,6 +149,8 @@ struct SendState {
     /// they completed: the device may still use them until the queue pair
     /// is destroyed (`CLOSE_LINGER`), then they are free again.
     quarantined: Vec<u32>,
+    /// The queue pair was destroyed: slots need no quarantine any more.
+    destroyed: bool,
 }
 
 impl SendState {
@@ -451,7 +453,7 @@ impl Transport for IbEngine {
                 let drained: Vec<Chain> = st.chains.drain(..).collect();
                 for c in drained {
                     wrs += c.wrs;
-                    // Their requests fail with the connection; their
+                    // Their parts are lost with the connection; their
                     // staging slots wait for the queue pair's end.
                     if let Some(p) = c.one_sided {
                         self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
@@ -460,6 +462,7 @@ impl Transport for IbEngine {
                         }
                     }
                 }
+                conn.parts.lose_pending();
                 st.outstanding = 0;
                 self.outstanding_total
                     .fetch_sub(wrs as u64, Ordering::AcqRel);

@@ -8,22 +8,29 @@
 //!   after the write is seen after the write's data.
 //! - Its bytes go through a registered staging slot (the caller's memory
 //!   is not registered): a write is copied in before the post (or sent
-//!   inline when small), a read lands there and is copied into the
-//!   request's answer when it completes. Waiting for a free slot or room
-//!   in the send queue retires send completions meanwhile.
-//! - The part's completion completes its request in the request table
-//!   with a one-sided answer, so waiting, futures, timeouts and failing on
-//!   a lost connection work as for the emulated accesses. A part the peer
-//!   refuses (remote access error: revoked region, forged descriptor) is
-//!   answered "unknown region"; the queue pair is in error then and the
-//!   connection closes (the next use reconnects).
+//!   inline when small), a read lands there and the caller copies it out
+//!   once done. Waiting for a free slot or room in the send queue retires
+//!   send completions meanwhile.
+//! - Parts are numbered like every chain of the queue pair; the outcome of
+//!   each shows in the connection's [`InOrderTrack`] (`Connection::parts`),
+//!   which the caller checks, parks on or registers a waker with: no
+//!   request-table entry per part. Only every `signal_every`-th part (and
+//!   one a caller waits for at once) asks for a completion; a completion
+//!   settles every chain before it. A waiter whose part has no signalled
+//!   request behind it has a marker posted (`cover`).
+//! - A part the peer refuses (remote access error: revoked region, forged
+//!   descriptor) is refused in the track, the ones behind it are lost; the
+//!   queue pair is in error then and the connection closes (the next use
+//!   reconnects).
+//!
+//! [`InOrderTrack`]: crate::primitives::in_order::InOrderTrack
 
 use crossbeam::queue::ArrayQueue;
 
 use super::*;
 use crate::error::Waited;
-use crate::proto::region::Status;
-use crate::transport::{RdmaPart, RemoteMemory};
+use crate::primitives::in_order::Outcome;
+use crate::transport::{PostedPart, RdmaPart, RemoteMemory};
 
 /// Bytes of one staging slot: the largest part of a one-sided access.
 pub(super) const SLOT_LEN: usize = 64 << 10;
@@ -31,12 +38,9 @@ pub(super) const SLOT_LEN: usize = 64 << 10;
 /// A posted one-sided part (see [`Chain::one_sided`]).
 #[derive(Debug)]
 pub(super) struct PartWr {
-    /// Its request in the request table.
-    id: u32,
-    /// Its staging slot, if it has one.
+    /// A staging slot to free when the part's chain is retired: a write's,
+    /// or a read's whose caller gave it up before it was done.
     pub(super) slot: Option<u32>,
-    /// A read's length (`None`: a write).
-    read_len: Option<usize>,
 }
 
 /// Registered memory for the bytes of one-sided parts in flight.
@@ -91,23 +95,9 @@ impl Staging {
 }
 
 impl IbEngine {
-    /// Completes the request of a part whose work request completed.
-    pub(super) fn complete_part(&self, core: &Core, ic: &IbConn, p: PartWr) {
+    /// Frees what a retired part's chain holds.
+    pub(super) fn retire_part(&self, p: PartWr) {
         self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
-        let peer = ic.conn.peer;
-        match (p.read_len, p.slot) {
-            (Some(len), Some(slot)) => {
-                // SAFETY: the read completed: the device is done with the
-                // slot, which is released only after this copy.
-                let bytes = unsafe { self.staged().bytes(slot, len) };
-                core.requests
-                    .complete_parts(p.id, peer, &[&[Status::Ok as u8], bytes]);
-            }
-            _ => {
-                core.requests
-                    .complete_parts(p.id, peer, &[&[Status::Ok as u8]]);
-            }
-        }
         if let Some(slot) = p.slot {
             self.staged().release(slot);
         }
@@ -131,19 +121,14 @@ impl IbEngine {
         Ok(self.staging.get().expect("just set"))
     }
 
-    /// Answers the request of a part the peer refused.
-    pub(super) fn fail_part(&self, core: &Core, ic: &IbConn, p: PartWr) {
-        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
-        core.requests
-            .complete_parts(p.id, ic.conn.peer, &[&[Status::Unknown as u8]]);
-        if let Some(slot) = p.slot {
-            self.staged().release(slot);
-        }
-    }
-
     /// Frees the staging slots of a destroyed queue pair.
     pub(super) fn release_quarantine(&self, ic: &IbConn) {
-        for slot in std::mem::take(&mut ic.send.lock().quarantined) {
+        let slots = {
+            let mut st = ic.send.lock();
+            st.destroyed = true;
+            std::mem::take(&mut st.quarantined)
+        };
+        for slot in slots {
             self.staged().release(slot);
         }
     }
@@ -238,6 +223,56 @@ impl RemoteMemory for IbEngine {
         self.outstanding_total.fetch_add(1, Ordering::AcqRel);
     }
 
+    fn take_read(&self, conn: &Arc<Connection>, part: PostedPart, dest: &mut [u8]) {
+        debug_assert_eq!(conn.parts.outcome(part.seq), Outcome::Done);
+        let Some(slot) = part.slot else { return };
+        // SAFETY: the part is done: the device wrote the slot before its
+        // completion, which was seen before the track said so (release/
+        // acquire through the track), and touches it no more.
+        let bytes = unsafe { self.staged().bytes(slot, dest.len()) };
+        dest.copy_from_slice(bytes);
+        self.staged().release(slot);
+    }
+
+    fn release(&self, conn: &Arc<Connection>, part: PostedPart) {
+        let Some(slot) = part.slot else { return };
+        let Some(ic) = conn.engine::<IbConn>() else {
+            // Its queue pair is gone (destroyed with its last holder).
+            self.staged().release(slot);
+            return;
+        };
+        let mut st = ic.send.lock();
+        // Track updates happen under this lock: the outcome is final here.
+        match conn.parts.outcome(part.seq) {
+            Outcome::Done => {
+                drop(st);
+                self.staged().release(slot);
+            }
+            Outcome::Pending => {
+                // Still queued: its chain frees the slot when retired (or
+                // quarantines it when the connection closes).
+                if let Some(c) = st.chains.iter_mut().find(|c| c.seq == part.seq) {
+                    if let Some(p) = c.one_sided.as_mut() {
+                        p.slot = Some(slot);
+                        return;
+                    }
+                }
+                // Not found cannot happen (retiring updates the track under
+                // this lock); keep the slot out of use to be safe.
+                st.quarantined.push(slot);
+            }
+            Outcome::Refused | Outcome::Lost => {
+                // The device may use it until the queue pair is destroyed.
+                if st.destroyed {
+                    drop(st);
+                    self.staged().release(slot);
+                } else {
+                    st.quarantined.push(slot);
+                }
+            }
+        }
+    }
+
     fn waiting(&self) {
         // The send thread looks for completions often while parts are in
         // flight (see `IbSender::idle`).
@@ -254,11 +289,10 @@ impl RemoteMemory for IbEngine {
         &self,
         core: &Core,
         conn: &Arc<Connection>,
-        id: u32,
         part: RdmaPart<'_>,
         deadline: Instant,
         signal: bool,
-    ) -> Result<u64> {
+    ) -> Result<PostedPart> {
         let lost = || {
             Error::Unreachable(
                 conn.peer,
@@ -374,15 +408,15 @@ impl RemoteMemory for IbEngine {
                     (addr, rkey)
                 }
             };
+            // A read's slot stays with the caller, who copies from it.
+            let read = matches!(part, RdmaPart::Read { .. });
             st.chains.push_back(Chain {
                 seq,
                 bytes: 0,
                 wrs: 1,
                 posted: Instant::now(),
                 one_sided: Some(PartWr {
-                    id,
-                    slot,
-                    read_len: matches!(part, RdmaPart::Read { .. }).then_some(len),
+                    slot: slot.filter(|_| !read),
                 }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
@@ -390,7 +424,10 @@ impl RemoteMemory for IbEngine {
             // The send thread is not woken: the caller retires completions
             // while it waits, and asks for the send thread only when it
             // stops polling (`RemoteMemory::waiting`).
-            return Ok(seq);
+            return Ok(PostedPart {
+                seq,
+                slot: slot.filter(|_| read),
+            });
         }
     }
 }

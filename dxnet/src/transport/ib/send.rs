@@ -143,7 +143,7 @@ impl IbEngine {
                     // a forged descriptor): the chains before it completed;
                     // its caller learns why; the queue pair is in error,
                     // the connection closes.
-                    self.retire_chains(core, &ic, seq, true);
+                    self.retire_chains(&ic, seq, true);
                 }
                 if !wc.is_flush() {
                     core.close_connection(
@@ -154,7 +154,7 @@ impl IbEngine {
                 }
                 continue;
             }
-            let more = self.retire_chains(core, &ic, seq, false);
+            let more = self.retire_chains(&ic, seq, false);
             if more && posting != Some(ic.conn.peer) {
                 core.on_write_interest(ic.conn.peer);
             }
@@ -165,15 +165,15 @@ impl IbEngine {
     /// Retires `ic`'s chains up to the one numbered `seq`, whose completion
     /// came: it and the unsignalled ones before it are complete, or, with
     /// `refused`, it failed (a remote access error) after those before it
-    /// completed. Returns whether the connection has data left to post.
-    fn retire_chains(&self, core: &Core, ic: &IbConn, seq: u64, refused: bool) -> bool {
-        let mut done: [Option<one_sided::PartWr>; 4] = Default::default();
+    /// completed. Their one-sided parts' outcomes go to the connection's
+    /// track. Returns whether the connection has data left to post.
+    fn retire_chains(&self, ic: &IbConn, seq: u64, refused: bool) -> bool {
+        let mut parts: [Option<one_sided::PartWr>; 4] = Default::default();
         loop {
             let mut n = 0;
-            let mut failed = None;
             let (more, finished) = {
                 let mut st = ic.send.lock();
-                while n < done.len() {
+                while n < parts.len() {
                     let Some(c) = st.chains.front() else { break };
                     if c.seq > seq {
                         break;
@@ -183,24 +183,28 @@ impl IbEngine {
                     st.outstanding -= c.wrs;
                     self.outstanding_total
                         .fetch_sub(c.wrs as u64, Ordering::AcqRel);
-                    if refused && c.seq == seq {
-                        failed = c.one_sided;
-                    } else if let Some(p) = c.one_sided {
-                        done[n] = Some(p);
+                    if let Some(p) = c.one_sided {
+                        parts[n] = Some(p);
                         n += 1;
                     }
                 }
                 let finished = st.chains.front().map_or(true, |c| c.seq > seq);
+                if finished {
+                    // Under the send lock, as the close that loses the
+                    // rest: the track sees one order of events.
+                    if refused {
+                        ic.conn.parts.complete_through(seq - 1);
+                        ic.conn.parts.refuse(seq);
+                    } else {
+                        ic.conn.parts.complete_through(seq);
+                    }
+                }
                 let more = ic.conn.orb.unposted_len(&mut st.consumer) > 0
                     || ic.conn.flow.pending_units() > 0;
                 (more, finished)
             };
-            // Outside the send lock: completing wakes the callers.
-            for p in done.iter_mut().take(n) {
-                self.complete_part(core, ic, p.take().expect("filled"));
-            }
-            if let Some(p) = failed {
-                self.fail_part(core, ic, p);
+            for p in parts.iter_mut().take(n) {
+                self.retire_part(p.take().expect("filled"));
             }
             if finished {
                 return more;
