@@ -74,6 +74,9 @@ struct OneSidedThread {
     inflight: VecDeque<InFlight>,
     /// A blocking read's buffer.
     scratch: Vec<u8>,
+    /// The last destination's region (a map lookup per access would be
+    /// measured as part of the access).
+    last: Option<(u16, RemoteRegion)>,
 }
 
 /// A dxnet node driven through the lean interface.
@@ -278,10 +281,17 @@ impl Binding for DxnetBinding {
         data: &[u8],
         window: usize,
     ) -> Result<()> {
-        let remote = self.remote(dest)?;
         let mut st = self.one_sided[thread % self.one_sided.len()]
             .lock()
             .unwrap();
+        let remote = match st.last {
+            Some((d, r)) if d == dest => r,
+            _ => {
+                let r = self.remote(dest)?;
+                st.last = Some((dest, r));
+                r
+            }
+        };
         let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
         if window <= 1 {
             return if read {

@@ -656,13 +656,18 @@ fn status_result(
 impl Drop for RegionOp {
     fn drop(&mut self) {
         let Some(dev) = &self.device else { return };
+        let holds = |p: &Part| matches!(p.wait, PartWait::Device(Some(p)) if p.slot.is_some());
+        let uncovered = dev.uncovered.filter(|&seq| !dev.conn.parts.reports(seq));
+        if uncovered.is_none() && !self.parts[self.next..].iter().any(holds) {
+            return;
+        }
         let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
             return;
         };
         // Parts not waited for: their outcome must still be reported (a
         // part left unreported would look stale to the engine's watchdog),
         // and what they hold is freed once the device is done with them.
-        if let Some(seq) = dev.uncovered {
+        if let Some(seq) = uncovered {
             rm.cover(&self.core, &dev.conn, seq, dev.deadline);
         }
         for part in &mut self.parts[self.next..] {
@@ -883,8 +888,7 @@ impl RegionOp {
             return Err(Error::Shutdown);
         };
         self.cover(rm);
-        let spin_until =
-            Instant::now() + std::time::Duration::from_micros(core.config.park.request_spin_max_us);
+        let mut spin_until = None;
         let mut spinning = true;
         while self.next < self.parts.len() {
             let (conn, deadline) = {
@@ -896,8 +900,12 @@ impl RegionOp {
             };
             let seq = posted.seq;
             let mut outcome = conn.parts.outcome(seq);
-            if outcome == InOrder::Pending {
+            if outcome == InOrder::Pending && spin_until.is_none() {
                 inline::before_blocking();
+                spin_until = Some(
+                    Instant::now()
+                        + std::time::Duration::from_micros(core.config.park.request_spin_max_us),
+                );
             }
             let mut n = 0u32;
             while outcome == InOrder::Pending && spinning {
@@ -907,16 +915,18 @@ impl RegionOp {
                 outcome = conn.parts.outcome(seq);
                 n = n.wrapping_add(1);
                 if n % 64 == 0 && outcome == InOrder::Pending {
-                    if Instant::now() >= spin_until {
+                    if spin_until.is_some_and(|t| Instant::now() >= t) {
                         spinning = false;
-                        rm.waiting();
                     } else {
                         std::thread::yield_now();
                     }
                 }
             }
-            if outcome == InOrder::Pending {
-                outcome = conn.parts.wait(seq, deadline);
+            while outcome == InOrder::Pending && Instant::now() < deadline {
+                // The engine retires completions for a while per call.
+                rm.waiting();
+                let slice = Instant::now() + std::time::Duration::from_millis(5);
+                outcome = conn.parts.wait(seq, slice.min(deadline));
             }
             self.settle_device(rm, outcome, dest)?;
         }
@@ -928,7 +938,9 @@ impl RegionOp {
     fn cover(&mut self, rm: &dyn RemoteMemory) {
         if let Some(dev) = self.device.as_mut() {
             if let Some(seq) = dev.uncovered.take() {
-                rm.cover(&self.core, &dev.conn, seq, dev.deadline);
+                if !dev.conn.parts.reports(seq) {
+                    rm.cover(&self.core, &dev.conn, seq, dev.deadline);
+                }
             }
         }
     }

@@ -54,6 +54,9 @@ pub struct InOrderTrack {
     refused: AtomicU64,
     /// Items from this one on are lost (`u64::MAX`: none).
     lost_from: AtomicU64,
+    /// Items up to this one will be reported without being asked for (the
+    /// queue holds a request behind them that reports).
+    reported: AtomicU64,
     /// Parked threads plus registered wakers.
     waiting: AtomicUsize,
     wakers: Mutex<Vec<Waker>>,
@@ -73,6 +76,7 @@ impl InOrderTrack {
             done: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             lost_from: AtomicU64::new(u64::MAX),
+            reported: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             wakers: Mutex::new(Vec::new()),
             cv: Condvar::new(),
@@ -92,6 +96,19 @@ impl InOrderTrack {
         } else {
             Outcome::Done
         }
+    }
+
+    /// Items up to `seq` will be reported without being asked for.
+    #[inline]
+    pub fn will_report(&self, seq: u64) {
+        self.reported.store(seq, Ordering::Release);
+    }
+
+    /// Whether item `seq` will be reported without being asked for (or
+    /// has its outcome already).
+    #[inline]
+    pub fn reports(&self, seq: u64) -> bool {
+        seq <= self.reported.load(Ordering::Acquire) || seq <= self.done.load(Ordering::Acquire)
     }
 
     /// Items up to `seq` finished successfully.

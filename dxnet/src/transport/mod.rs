@@ -176,7 +176,9 @@ pub trait RemoteMemory: Send + Sync {
     /// true if there were any.
     fn progress(&self, core: &Core) -> bool;
     /// A caller stops polling [`RemoteMemory::progress`] and waits for
-    /// completions of parts in flight to be retired by the engine.
+    /// completions of parts in flight to be retired by the engine: the
+    /// engine does so for a while (some milliseconds); a caller still
+    /// waiting then calls again.
     fn waiting(&self);
     /// Posts `part` on the open connection `conn` after the data its ring
     /// holds. Its outcome shows in `conn.parts` under the returned

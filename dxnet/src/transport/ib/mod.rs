@@ -155,12 +155,13 @@ struct SendState {
 
 impl SendState {
     /// Counts a chain of sequence number `seq` (the next one) as posted
-    /// signalled.
-    fn signalled(&mut self, seq: u64) {
+    /// signalled: it reports every chain up to it (`conn.parts`).
+    fn signalled(&mut self, seq: u64, conn: &Connection) {
         debug_assert_eq!(seq, self.next_seq);
         self.next_seq += 1;
         self.signalled_seq = seq;
         self.unsignalled = 0;
+        conn.parts.will_report(seq);
     }
 }
 
@@ -259,9 +260,11 @@ pub struct IbEngine {
     /// The receive role of the two receive threads.
     receiver: ReceiveRole<IbReceiver>,
     outstanding_total: AtomicU64,
-    /// One-sided parts posted and not yet completed (the send thread
-    /// looks for their completions often while there are some).
-    one_sided_inflight: AtomicU64,
+    /// Until when (microseconds since `started`) the send thread looks for
+    /// completions often: a caller that waits for a one-sided part without
+    /// polling itself asked for it (`RemoteMemory::waiting`).
+    poll_until_us: AtomicU64,
+    started: Instant,
     /// Registered memory of one-sided parts in flight, made on first use
     /// (messaging alone pins none).
     staging: std::sync::OnceLock<one_sided::Staging>,
@@ -367,7 +370,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             taken: Vec::with_capacity(ib.sges_per_recv as usize),
         }),
         outstanding_total: AtomicU64::new(0),
-        one_sided_inflight: AtomicU64::new(0),
+        poll_until_us: AtomicU64::new(0),
+        started: Instant::now(),
         staging: std::sync::OnceLock::new(),
         staging_slots: ib.staging_slots as usize,
         stop: AtomicBool::new(false),
@@ -456,7 +460,6 @@ impl Transport for IbEngine {
                     // Their parts are lost with the connection; their
                     // staging slots wait for the queue pair's end.
                     if let Some(p) = c.one_sided {
-                        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
                         if let Some(slot) = p.slot {
                             st.quarantined.push(slot);
                         }
@@ -541,7 +544,7 @@ impl Transport for IbEngine {
         ) {
             Ok(()) => {
                 st.outstanding += 1;
-                st.signalled(seq);
+                st.signalled(seq, conn);
                 st.chains.push_back(Chain {
                     seq,
                     bytes: 0,

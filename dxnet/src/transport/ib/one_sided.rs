@@ -94,10 +94,23 @@ impl Staging {
     }
 }
 
+/// How long the send thread retires completions often after a caller
+/// began waiting for a one-sided part without polling itself (parked, or a
+/// pending future); a waiter asks again when it lasts longer. Without one,
+/// completions of parts nobody polls for are retired at the send thread's
+/// next turn (at most `park.max_park_ms`).
+pub(super) const WAITER_POLL: Duration = Duration::from_millis(10);
+
 impl IbEngine {
+    /// Whether a waiter asked for completions to be retired lately (see
+    /// [`WAITER_POLL`]).
+    pub(super) fn polling_for_waiters(&self) -> bool {
+        let now = self.started.elapsed().as_micros() as u64;
+        now < self.poll_until_us.load(Ordering::Acquire)
+    }
+
     /// Frees what a retired part's chain holds.
     pub(super) fn retire_part(&self, p: PartWr) {
-        self.one_sided_inflight.fetch_sub(1, Ordering::AcqRel);
         if let Some(slot) = p.slot {
             self.staged().release(slot);
         }
@@ -212,7 +225,7 @@ impl RemoteMemory for IbEngine {
             return;
         }
         st.outstanding += 1;
-        st.signalled(marker);
+        st.signalled(marker, conn);
         st.chains.push_back(Chain {
             seq: marker,
             bytes: 0,
@@ -274,9 +287,14 @@ impl RemoteMemory for IbEngine {
     }
 
     fn waiting(&self) {
-        // The send thread looks for completions often while parts are in
-        // flight (see `IbSender::idle`).
-        self.wake_sender();
+        // The send thread looks for completions often (see
+        // `IbSender::idle`) for the next `WAITER_POLL`; a waiter still
+        // waiting by then asks again.
+        let until = self.started.elapsed() + WAITER_POLL;
+        let until = until.as_micros() as u64;
+        if self.poll_until_us.fetch_max(until, Ordering::AcqRel) < until {
+            self.wake_sender();
+        }
     }
 
     fn progress(&self, core: &Core) -> bool {
@@ -398,7 +416,7 @@ impl RemoteMemory for IbEngine {
             }
             st.outstanding += 1;
             if signal {
-                st.signalled(seq);
+                st.signalled(seq, conn);
             } else {
                 st.next_seq += 1;
                 st.unsignalled += 1;
@@ -420,7 +438,6 @@ impl RemoteMemory for IbEngine {
                 }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
-            self.one_sided_inflight.fetch_add(1, Ordering::AcqRel);
             // The send thread is not woken: the caller retires completions
             // while it waits, and asks for the send thread only when it
             // stops polling (`RemoteMemory::waiting`).

@@ -57,7 +57,7 @@ impl SendSide for IbSender {
         e.send_woken.store(false, Ordering::SeqCst);
         let pressure = e.outstanding_total.load(Ordering::Acquire) > 0
             && (e.sq_refused.swap(false, Ordering::AcqRel)
-                || e.one_sided_inflight.load(Ordering::Acquire) > 0
+                || e.polling_for_waiters()
                 || e.by_qpn.lock().values().any(|ic| ic.conn.orb.has_waiters()));
         let max = if pressure {
             Duration::from_micros(200)
@@ -319,7 +319,7 @@ impl IbEngine {
         );
         conn.orb.mark_posted(&mut st.consumer, total);
         st.outstanding += wrs;
-        st.signalled(seq);
+        st.signalled(seq, conn);
         st.chains.push_back(Chain {
             seq,
             bytes: total,
