@@ -159,8 +159,14 @@ pub struct IbConfig {
     pub port: u8,
     /// GID table index (RoCE v2 needs the index of the IPv4/IPv6 GID). Default 0.
     pub gid_index: u8,
-    /// Send-queue depth per queue pair. Default 20.
+    /// Message work requests in flight per queue pair (its send queue
+    /// holds these plus `rdma_depth`). Default 20.
     pub sq_size: u32,
+    /// One-sided work requests (RDMA WRITE/READ parts) in flight per queue
+    /// pair, on top of `sq_size`: one-sided traffic neither waits for
+    /// message sends nor holds them up. Every quarter of it (at most 16
+    /// parts in a row) one part asks for a completion. Default 64.
+    pub rdma_depth: u32,
     /// Shared receive queue depth. Default 200.
     pub srq_size: u32,
     /// Send completion queue size. Default 400.
@@ -193,6 +199,7 @@ impl Default for IbConfig {
             port: 1,
             gid_index: 0,
             sq_size: 20,
+            rdma_depth: 64,
             srq_size: 200,
             send_cq_size: 400,
             recv_cq_size: 400,
@@ -673,11 +680,13 @@ impl Config {
         }
         if self.ib.sges_per_recv == 0
             || self.ib.sq_size == 0
+            || self.ib.rdma_depth == 0
             || self.ib.srq_size == 0
             || self.ib.staging_slots == 0
         {
             return bad(
-                "ib: sges_per_recv, sq_size, srq_size and staging_slots must be > 0".into(),
+                "ib: sges_per_recv, sq_size, rdma_depth, srq_size and staging_slots must be > 0"
+                    .into(),
             );
         }
         Ok(())

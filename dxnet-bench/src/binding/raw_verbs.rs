@@ -23,10 +23,12 @@
 //!   [`ONE_SIDED_REGION`] bytes for remote reads and writes and sends its
 //!   address and remote key with its endpoint; a write is copied into a
 //!   send slot and posted as one RDMA WRITE, a read lands in a send slot
-//!   (one work request per slot-sized piece), with up to `tx_depth` in
-//!   flight and every `signal_every`-th signaled, as `ib_write_bw` and
-//!   `ib_read_bw` do; with a window of 1 each access is signaled and
-//!   awaited.
+//!   (one work request per slot-sized piece), with as many in flight as
+//!   the run's window (`params.rdma_window`, the in-flight count of
+//!   dxnet's binding too; at most `tx_depth`) and every
+//!   `min(signal_every, window)`-th signaled, as `ib_write_bw` and
+//!   `ib_read_bw` do with `-t`; with a window of 1 each access is
+//!   signaled and awaited.
 //! * Plain one-way messages carry no immediate data. Messages larger than
 //!   `recv_size` are sent as several work requests of at most `recv_size`
 //!   bytes with immediate data, the last one marked; the receiver
@@ -124,6 +126,9 @@ struct SendQ {
     completed: u64,
     /// `posted` after the last signaled request.
     signaled: u64,
+    /// Requests in flight at most now: `depth`, or a one-sided run's
+    /// window (then every `min(signal_every, limit)`-th is signaled).
+    limit: u64,
     chain: SendChain,
     wcs: Vec<WorkCompletion>,
 }
@@ -145,6 +150,7 @@ impl SendQ {
             posted: 0,
             completed: 0,
             signaled: 0,
+            limit: u64::from(depth),
             chain: SendChain::with_capacity(1, 1),
             wcs: vec![WorkCompletion::default(); 16],
         })
@@ -177,17 +183,18 @@ impl SendQ {
         timeout: Duration,
     ) -> Result<()> {
         let op = imm.map_or(SendOp::Send, SendOp::SendWithImm);
+        self.limit = self.depth;
         self.post_op(qp, op, data, data.len(), false, timeout)
     }
 
     /// Waits until a slot is free (reaping completions).
     fn wait_room(&mut self, timeout: Duration) -> Result<()> {
-        if self.posted - self.completed >= self.depth {
+        if self.posted - self.completed >= self.limit {
             // The clock only every 1024 empty polls: reading it can be a
             // system call (e.g. the HPET clocksource of an emulated VM).
             let mut start = None;
             let mut spins = 0u32;
-            while self.posted - self.completed >= self.depth {
+            while self.posted - self.completed >= self.limit {
                 if self.reap()? == 0 {
                     spins = spins.wrapping_add(1);
                     if spins % 1024 == 0 {
@@ -225,7 +232,7 @@ impl SendQ {
             sge = [self.buf.sge(off, len as u32)?];
             &sge
         };
-        let signal = signal || (self.posted + 1) % self.signal_every == 0;
+        let signal = signal || (self.posted + 1) % self.signal_every.min(self.limit) == 0;
         let flags = if signal {
             SendFlags::SIGNALED
         } else {
@@ -776,6 +783,9 @@ impl Binding for RawVerbs {
             qp, send, remote, ..
         } = &mut *c;
         let slot = send.slot;
+        // As many in flight as dxnet's binding keeps: `window`, within the
+        // queue's depth.
+        send.limit = (window.max(1) as u64).min(send.depth);
         let pieces = data.len().div_ceil(slot).max(1);
         for i in 0..pieces {
             let at = i * slot;

@@ -128,8 +128,12 @@ struct IbConn {
 struct SendState {
     /// The connection's ring-buffer consumer role.
     consumer: Consumer,
-    /// Work requests posted and not yet known complete.
+    /// Message work requests posted and not yet known complete (at most
+    /// `sq_size`).
     outstanding: u32,
+    /// One-sided work requests (parts, markers) likewise (at most
+    /// `rdma_depth`).
+    parts_outstanding: u32,
     /// Per chain, in post order.
     chains: VecDeque<Chain>,
     /// Sequence number of the next chain (from 1). A signalled completion
@@ -174,6 +178,8 @@ struct Chain {
     bytes: usize,
     /// Work requests it stands for.
     wrs: u32,
+    /// One-sided (a part or a marker): counted in `parts_outstanding`.
+    one_sided_wr: bool,
     posted: Instant,
     /// A one-sided part: what its completion completes.
     one_sided: Option<one_sided::PartWr>,
@@ -231,8 +237,10 @@ pub struct IbEngine {
     attr: ibv::ConnectAttr,
     gid_index: Option<u32>,
     sq_size: u32,
+    /// One-sided work requests in flight per queue pair (`ib.rdma_depth`).
+    rdma_depth: u32,
     /// Every this many one-sided parts in a row, one is signalled (a
-    /// quarter of the send queue, at most 16).
+    /// quarter of `rdma_depth`, at most 16).
     signal_every: u32,
     sges_per_recv: usize,
     /// Inline data asked for per queue pair (`ib.max_inline_data`).
@@ -345,7 +353,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         attr,
         gid_index: gid_index.map(u32::from),
         sq_size: ib.sq_size,
-        signal_every: (ib.sq_size / 4).clamp(1, 16),
+        rdma_depth: ib.rdma_depth,
+        signal_every: (ib.rdma_depth / 4).clamp(1, 16),
         sges_per_recv: sges,
         max_inline_data: ib.max_inline_data,
         max_recv_size: cfg.limits.recv_buffer_size * sges,
@@ -467,6 +476,7 @@ impl Transport for IbEngine {
                 }
                 conn.parts.lose_pending();
                 st.outstanding = 0;
+                st.parts_outstanding = 0;
                 self.outstanding_total
                     .fetch_sub(wrs as u64, Ordering::AcqRel);
             }
@@ -549,6 +559,7 @@ impl Transport for IbEngine {
                     seq,
                     bytes: 0,
                     wrs: 1,
+                    one_sided_wr: false,
                     posted: now,
                     one_sided: None,
                 });

@@ -196,7 +196,7 @@ impl RemoteMemory for IbEngine {
             if !pending || st.signalled_seq >= seq || conn.state() != ConnState::Open {
                 return;
             }
-            if st.outstanding < self.sq_size {
+            if st.parts_outstanding < self.rdma_depth {
                 break st;
             }
             // Full: signalled requests before the part free room.
@@ -224,12 +224,13 @@ impl RemoteMemory for IbEngine {
             core.close_connection(conn, &format!("posting a marker failed: {e}"), true);
             return;
         }
-        st.outstanding += 1;
+        st.parts_outstanding += 1;
         st.signalled(marker, conn);
         st.chains.push_back(Chain {
             seq: marker,
             bytes: 0,
             wrs: 1,
+            one_sided_wr: true,
             posted: Instant::now(),
             one_sided: None,
         });
@@ -355,7 +356,7 @@ impl RemoteMemory for IbEngine {
                 core.close_connection(conn, &format!("posting sends failed: {e}"), true);
                 return Err(give_back(lost()));
             }
-            if st.outstanding >= self.sq_size {
+            if st.parts_outstanding >= self.rdma_depth {
                 drop(guard);
                 self.sq_refused.store(true, Ordering::Release);
                 if let Err(e) = self.wait_for_room(core, deadline) {
@@ -414,7 +415,7 @@ impl RemoteMemory for IbEngine {
                 core.close_connection(conn, &format!("posting a one-sided part failed: {e}"), true);
                 return Err(give_back(lost()));
             }
-            st.outstanding += 1;
+            st.parts_outstanding += 1;
             if signal {
                 st.signalled(seq, conn);
             } else {
@@ -432,6 +433,7 @@ impl RemoteMemory for IbEngine {
                 seq,
                 bytes: 0,
                 wrs: 1,
+                one_sided_wr: true,
                 posted: Instant::now(),
                 one_sided: Some(PartWr {
                     slot: slot.filter(|_| !read),

@@ -180,7 +180,11 @@ impl IbEngine {
                     }
                     let c = st.chains.pop_front().expect("front exists");
                     ic.conn.orb.mark_completed(&mut st.consumer, c.bytes);
-                    st.outstanding -= c.wrs;
+                    if c.one_sided_wr {
+                        st.parts_outstanding -= c.wrs;
+                    } else {
+                        st.outstanding -= c.wrs;
+                    }
                     self.outstanding_total
                         .fetch_sub(c.wrs as u64, Ordering::AcqRel);
                     if let Some(p) = c.one_sided {
@@ -324,6 +328,7 @@ impl IbEngine {
             seq,
             bytes: total,
             wrs,
+            one_sided_wr: false,
             posted: Instant::now(),
             one_sided: None,
         });

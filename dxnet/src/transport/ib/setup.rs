@@ -26,7 +26,7 @@ impl IbEngine {
                 recv_cq: &self.recv_cq,
                 srq: Some(&self.srq),
                 caps: ibv::QpCaps {
-                    max_send_wr: self.sq_size,
+                    max_send_wr: self.sq_size + self.rdma_depth,
                     max_recv_wr: 1,
                     max_send_sge: 2,
                     max_recv_sge: 1,
@@ -91,6 +91,7 @@ impl IbEngine {
             send: Mutex::new(SendState {
                 consumer,
                 outstanding: 0,
+                parts_outstanding: 0,
                 chains: VecDeque::new(),
                 quarantined: Vec::new(),
                 destroyed: false,
