@@ -629,6 +629,9 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
     assert!(!json["rdma"].is_null(), "no remote key: {json}");
     let mut cfg = ib_config(1, 2, base);
     cfg.limits.request_timeout_ms = 15_000;
+    // Few staging slots: reads of up to 16 parts from 8 threads share 8
+    // of them, and they must come back whether or not anyone waits.
+    cfg.ib.staging_slots = 8;
     let node = Arc::new(Node::start(cfg).unwrap());
     until_reachable("owner", || node.read(&rw, 0, &mut [0u8; 1]));
 
@@ -718,6 +721,47 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
         assert!(Instant::now() < end && notes.ends_with(" 0"), "{notes}");
         std::thread::sleep(Duration::from_millis(20));
     }
+
+    // Accesses dropped without waiting (and a window of them in flight):
+    // their staging slots come back, the connection stays open, and later
+    // accesses see the dropped writes in place.
+    let closed = node.stats().connections_closed;
+    let at = 12u64 << 20;
+    for i in 0..200u64 {
+        drop(node.read_async(&rw, at, 64 << 10).unwrap());
+        drop(
+            node.write_async(&rw, at + (i % 8) * 300, &[i as u8; 300])
+                .unwrap(),
+        );
+        drop(
+            node.write_async(&rw, at + (1 << 20), &one_sided_pattern(5, i, 70_000))
+                .unwrap(),
+        );
+    }
+    let mut window = std::collections::VecDeque::new();
+    for i in 0..64u64 {
+        window.push_back(node.read_async(&rw, at + (2 << 20), 100_000).unwrap());
+        if i % 4 == 3 {
+            window.pop_front().unwrap().wait().unwrap();
+        }
+    }
+    drop(window);
+    let mut back = vec![0u8; 8 * 300];
+    node.read(&rw, at, &mut back).unwrap();
+    for k in 0..8u64 {
+        let last = 192 + k; // the last write to bytes k*300..
+        assert!(back[k as usize * 300..][..300]
+            .iter()
+            .all(|&b| b == last as u8));
+    }
+    let mut big = vec![0u8; 70_000];
+    node.read(&rw, at + (1 << 20), &mut big).unwrap();
+    assert_eq!(big, one_sided_pattern(5, 199, 70_000));
+    assert_eq!(
+        node.stats().connections_closed,
+        closed,
+        "no connection closed"
+    );
 
     // Refused before posting.
     let region_err = |r: dxnet::Result<()>| match r {

@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use super::connection::Connection;
@@ -38,7 +38,7 @@ use crate::proto::region::{
     NOTIFY_LEN, READ_LEN, WRITE_HEAD_LEN,
 };
 use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
-use crate::transport::{PostedPart, RdmaPart, RemoteMemory};
+use crate::transport::{RdmaPart, ReadBuf, RemoteMemory};
 use crate::{Error, NodeId, RegionError, Result};
 
 /// Largest part of a one-sided access sent as one request
@@ -569,10 +569,12 @@ impl Core {
         // Built first: if a post fails, dropping it frees what the parts
         // posted so far hold.
         let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len);
+        let read_buf: Option<ReadBuf> = read_len.map(|n| Arc::new(Mutex::new(vec![0u8; n])));
         op.device = Some(DeviceOp {
             conn: conn.clone(),
             deadline,
             uncovered: None,
+            read_buf: read_buf.clone(),
         });
         let mut at = 0usize;
         while at < len || op.parts.is_empty() {
@@ -591,16 +593,18 @@ impl Core {
                     len: n,
                     addr,
                     rkey: key.rkey,
+                    into: read_buf.as_ref().expect("a read has its buffer"),
+                    at,
                 },
             };
-            let posted = rm.post(self, &conn, part, deadline, blocking && last)?;
+            let seq = rm.post(self, &conn, part, deadline, blocking && last)?;
             if !blocking {
                 if let Some(d) = op.device.as_mut() {
-                    d.uncovered = Some(posted.seq);
+                    d.uncovered = Some(seq);
                 }
             }
             op.parts.push(Part {
-                wait: PartWait::Device(Some(posted)),
+                wait: PartWait::Device(seq),
                 at,
                 len: n,
             });
@@ -655,25 +659,14 @@ fn status_result(
 
 impl Drop for RegionOp {
     fn drop(&mut self) {
+        // Parts not waited for: their outcome must still be reported (a
+        // part left unreported would look stale to the engine's watchdog).
         let Some(dev) = &self.device else { return };
-        let holds = |p: &Part| matches!(p.wait, PartWait::Device(Some(p)) if p.slot.is_some());
-        let uncovered = dev.uncovered.filter(|&seq| !dev.conn.parts.reports(seq));
-        if uncovered.is_none() && !self.parts[self.next..].iter().any(holds) {
-            return;
-        }
-        let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) else {
+        let Some(seq) = dev.uncovered.filter(|&seq| !dev.conn.parts.reports(seq)) else {
             return;
         };
-        // Parts not waited for: their outcome must still be reported (a
-        // part left unreported would look stale to the engine's watchdog),
-        // and what they hold is freed once the device is done with them.
-        if let Some(seq) = uncovered {
+        if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
             rm.cover(&self.core, &dev.conn, seq, dev.deadline);
-        }
-        for part in &mut self.parts[self.next..] {
-            if let PartWait::Device(Some(p)) = part.wait.take_device() {
-                rm.release(&dev.conn, p);
-            }
         }
     }
 }
@@ -683,18 +676,8 @@ impl Drop for RegionOp {
 enum PartWait {
     /// An answer to a request (the emulation); taken once answered.
     Request(Option<PendingResponse>),
-    /// A device part's outcome in its connection's track; taken once
-    /// settled.
-    Device(Option<PostedPart>),
-}
-
-impl PartWait {
-    fn take_device(&mut self) -> PartWait {
-        match self {
-            PartWait::Device(p) => PartWait::Device(p.take()),
-            PartWait::Request(_) => PartWait::Device(None),
-        }
-    }
+    /// A device part: its number in its connection's track.
+    Device(u64),
 }
 
 /// One part of a one-sided access.
@@ -717,6 +700,8 @@ struct DeviceOp {
     /// (`RemoteMemory::cover`): posted unsignalled, by a caller that does
     /// not wait at once.
     uncovered: Option<u64>,
+    /// A read's bytes, filled by the engine as parts complete.
+    read_buf: Option<ReadBuf>,
 }
 
 /// A one-sided access in flight: its parts' outcomes, checked in order.
@@ -811,44 +796,28 @@ impl RegionOp {
         Ok(())
     }
 
-    /// Settles the next device part, whose outcome is `outcome` (not
-    /// pending): a read's bytes go to `dest` (the whole read's buffer).
-    fn settle_device(
-        &mut self,
-        rm: &dyn RemoteMemory,
-        outcome: InOrder,
-        dest: &mut [u8],
-    ) -> Result<()> {
+    /// Settles the next device part, whose outcome is `outcome`; once the
+    /// last one is done, a read's bytes go to `dest` (its length).
+    fn settle_device(&mut self, outcome: InOrder, dest: &mut [u8]) -> Result<()> {
         let dev = self.device.as_ref().expect("device parts have a device op");
-        let part = &mut self.parts[self.next];
         self.next += 1;
-        let PartWait::Device(Some(posted)) = part.wait.take_device() else {
-            unreachable!("unsettled device parts keep their post")
-        };
         match outcome {
             InOrder::Done => {
-                if posted.slot.is_some() {
-                    rm.take_read(&dev.conn, posted, &mut dest[part.at..part.at + part.len]);
+                if self.next == self.parts.len() {
+                    if let Some(buf) = &dev.read_buf {
+                        dest.copy_from_slice(&buf.lock());
+                    }
                 }
                 Ok(())
             }
-            InOrder::Pending => {
-                rm.release(&dev.conn, posted);
-                Err(Error::Timeout(Waited::Response))
-            }
-            InOrder::Refused => {
-                rm.release(&dev.conn, posted);
-                // The peer's device refused the key or range: a revoked
-                // region or a forged descriptor.
-                Err(Error::Region(RegionError::Revoked))
-            }
-            InOrder::Lost => {
-                rm.release(&dev.conn, posted);
-                Err(Error::Unreachable(
-                    dev.conn.peer,
-                    Unreachable::ConnectionLost(dev.conn.close_reason()),
-                ))
-            }
+            InOrder::Pending => Err(Error::Timeout(Waited::Response)),
+            // The peer's device refused the key or range: a revoked region
+            // or a forged descriptor.
+            InOrder::Refused => Err(Error::Region(RegionError::Revoked)),
+            InOrder::Lost => Err(Error::Unreachable(
+                dev.conn.peer,
+                Unreachable::ConnectionLost(dev.conn.close_reason()),
+            )),
         }
     }
 
@@ -895,10 +864,9 @@ impl RegionOp {
                 let dev = self.device.as_ref().expect("device op");
                 (dev.conn.clone(), dev.deadline)
             };
-            let PartWait::Device(Some(posted)) = &self.parts[self.next].wait else {
-                unreachable!("unsettled device parts keep their post")
+            let PartWait::Device(seq) = self.parts[self.next].wait else {
+                unreachable!("device accesses have device parts")
             };
-            let seq = posted.seq;
             let mut outcome = conn.parts.outcome(seq);
             if outcome == InOrder::Pending && spin_until.is_none() {
                 inline::before_blocking();
@@ -928,7 +896,7 @@ impl RegionOp {
                 let slice = Instant::now() + std::time::Duration::from_millis(5);
                 outcome = conn.parts.wait(seq, slice.min(deadline));
             }
-            self.settle_device(rm, outcome, dest)?;
+            self.settle_device(outcome, dest)?;
         }
         Ok(())
     }
@@ -982,8 +950,8 @@ impl RegionOp {
                         Poll::Pending => return Poll::Pending,
                     }
                 }
-                PartWait::Device(posted) => {
-                    let seq = posted.expect("unsettled device parts keep their post").seq;
+                PartWait::Device(seq) => {
+                    let seq = *seq;
                     let (Some(rm), Some(dev)) = (rm, &self.device) else {
                         return Poll::Ready(Err(Error::Shutdown));
                     };
@@ -997,13 +965,12 @@ impl RegionOp {
                         outcome = InOrder::Pending; // settled as a timeout
                     }
                     let mut dest = std::mem::take(&mut self.read);
-                    let res = self.settle_device(rm, outcome, &mut dest);
+                    let res = self.settle_device(outcome, &mut dest);
                     self.read = dest;
                     res
                 }
             };
             if let Err(e) = res {
-                // Later parts are freed by `Drop`.
                 return Poll::Ready(Err(e));
             }
         }

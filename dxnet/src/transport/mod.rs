@@ -143,7 +143,7 @@ pub enum RdmaPart<'a> {
         /// The region's remote key.
         rkey: u32,
     },
-    /// Read `len` bytes from there.
+    /// Read `len` bytes from there into `into[at..at + len]`.
     Read {
         /// How many.
         len: usize,
@@ -151,8 +151,18 @@ pub enum RdmaPart<'a> {
         addr: u64,
         /// The region's remote key.
         rkey: u32,
+        /// The whole read's bytes, filled by the engine as its parts
+        /// complete (before their outcome shows as done).
+        into: &'a ReadBuf,
+        /// Where this part goes in it.
+        at: usize,
     },
 }
+
+/// A device read's bytes. Shared with the engine, which copies each part
+/// in when it completes (its staging memory is free again at once, even
+/// if the caller never waits), so the caller may be gone by then.
+pub type ReadBuf = Arc<parking_lot::Mutex<Vec<u8>>>;
 
 /// An engine's one-sided operations in hardware (see
 /// [`Transport::remote_memory`]).
@@ -181,8 +191,8 @@ pub trait RemoteMemory: Send + Sync {
     /// waiting then calls again.
     fn waiting(&self);
     /// Posts `part` on the open connection `conn` after the data its ring
-    /// holds. Its outcome shows in `conn.parts` under the returned
-    /// sequence number. Waits for room (send queue, staging memory) until
+    /// holds. Its outcome shows in `conn.parts` (`Connection::parts`)
+    /// under the returned sequence number. Waits for room (send queue, staging memory) until
     /// `deadline`. Unless `signal` (the caller waits for it at once), the
     /// engine may leave its report to a later request's: a caller that
     /// waits for it calls [`RemoteMemory::cover`] first.
@@ -193,27 +203,11 @@ pub trait RemoteMemory: Send + Sync {
         part: RdmaPart<'_>,
         deadline: Instant,
         signal: bool,
-    ) -> Result<PostedPart>;
+    ) -> Result<u64>;
     /// Makes sure the outcome of part `seq` on `conn` gets reported
     /// (posts a signalled marker behind it if nothing signalled follows;
     /// waits for room in the send queue until `deadline`).
     fn cover(&self, core: &Core, conn: &Arc<Connection>, seq: u64, deadline: Instant);
-    /// Copies the bytes of a read part that is done (`conn.parts`) into
-    /// `dest` (its length) and frees its staging memory.
-    fn take_read(&self, conn: &Arc<Connection>, part: PostedPart, dest: &mut [u8]);
-    /// Frees what a part that is not taken holds (a read's staging
-    /// memory), once the device cannot touch it any more.
-    fn release(&self, conn: &Arc<Connection>, part: PostedPart);
-}
-
-/// A device part posted by [`RemoteMemory::post`].
-#[derive(Debug, Clone, Copy)]
-pub struct PostedPart {
-    /// Its number in its connection's [`Connection::parts`].
-    pub seq: u64,
-    /// A read's staging memory, which holds its bytes until
-    /// [`RemoteMemory::take_read`] or [`RemoteMemory::release`].
-    pub slot: Option<u32>,
 }
 
 /// The error of a connection set-up that failed (see

@@ -153,8 +153,6 @@ struct SendState {
     /// they completed: the device may still use them until the queue pair
     /// is destroyed (`CLOSE_LINGER`), then they are free again.
     quarantined: Vec<u32>,
-    /// The queue pair was destroyed: slots need no quarantine any more.
-    destroyed: bool,
 }
 
 impl SendState {

@@ -8,9 +8,10 @@
 //!   after the write is seen after the write's data.
 //! - Its bytes go through a registered staging slot (the caller's memory
 //!   is not registered): a write is copied in before the post (or sent
-//!   inline when small), a read lands there and the caller copies it out
-//!   once done. Waiting for a free slot or room in the send queue retires
-//!   send completions meanwhile.
+//!   inline when small), a read lands there and is copied into the read's
+//!   buffer when its chain is retired (so the slot is free again at once,
+//!   whether or not anyone waits). Waiting for a free slot or room in the
+//!   send queue retires send completions meanwhile.
 //! - Parts are numbered like every chain of the queue pair; the outcome of
 //!   each shows in the connection's [`InOrderTrack`] (`Connection::parts`),
 //!   which the caller checks, parks on or registers a waker with: no
@@ -29,8 +30,7 @@ use crossbeam::queue::ArrayQueue;
 
 use super::*;
 use crate::error::Waited;
-use crate::primitives::in_order::Outcome;
-use crate::transport::{PostedPart, RdmaPart, RemoteMemory};
+use crate::transport::{RdmaPart, ReadBuf, RemoteMemory};
 
 /// Bytes of one staging slot: the largest part of a one-sided access.
 pub(super) const SLOT_LEN: usize = 64 << 10;
@@ -38,9 +38,10 @@ pub(super) const SLOT_LEN: usize = 64 << 10;
 /// A posted one-sided part (see [`Chain::one_sided`]).
 #[derive(Debug)]
 pub(super) struct PartWr {
-    /// A staging slot to free when the part's chain is retired: a write's,
-    /// or a read's whose caller gave it up before it was done.
+    /// Its staging slot, freed when the part's chain is retired.
     pub(super) slot: Option<u32>,
+    /// A read's destination: the read's buffer and where in it.
+    pub(super) read: Option<(ReadBuf, usize, usize)>,
 }
 
 /// Registered memory for the bytes of one-sided parts in flight.
@@ -102,11 +103,83 @@ impl Staging {
 pub(super) const WAITER_POLL: Duration = Duration::from_millis(10);
 
 impl IbEngine {
+    /// Posts a marker on `ic` (send lock held as `st`, room in its part
+    /// budget): a signalled RDMA WRITE of no bytes, which the peer's device
+    /// does not check against its memory (IBA C9-88); its completion
+    /// reports every chain before it.
+    fn post_marker(&self, ic: &IbConn, st: &mut SendState) -> std::result::Result<(), String> {
+        let conn = &ic.conn;
+        let (remote_addr, rkey) = st.last_remote;
+        let marker = st.next_seq;
+        let mut chain = std::mem::take(&mut st.chain);
+        chain.clear();
+        chain.push(
+            send_wr_id(conn, marker),
+            ibv::SendOp::RdmaWrite { remote_addr, rkey },
+            &[],
+            ibv::SendFlags::SIGNALED,
+        );
+        let posted = ic.qp.post_send(&mut chain);
+        st.chain = chain;
+        posted.map_err(|e| e.to_string())?;
+        st.parts_outstanding += 1;
+        st.signalled(marker, conn);
+        st.chains.push_back(Chain {
+            seq: marker,
+            bytes: 0,
+            wrs: 1,
+            one_sided_wr: true,
+            posted: Instant::now(),
+            one_sided: None,
+        });
+        self.outstanding_total.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Staging slots ran out: has every connection's unsignalled parts
+    /// reported (a marker behind them where needed), so that the slots
+    /// they hold come back even if their callers never wait.
+    fn cover_all(&self, core: &Core) {
+        let conns: Vec<Arc<IbConn>> = self.by_qpn.lock().values().cloned().collect();
+        for ic in conns {
+            let mut st = ic.send.lock();
+            let last = st.next_seq - 1;
+            let uncovered = st.signalled_seq < last
+                && st
+                    .chains
+                    .back()
+                    .is_some_and(|c| c.seq == last && c.one_sided.is_some());
+            if uncovered
+                && st.parts_outstanding < self.rdma_depth
+                && ic.conn.state() == ConnState::Open
+            {
+                if let Err(e) = self.post_marker(&ic, &mut st) {
+                    drop(st);
+                    let why = format!("posting a marker failed: {e}");
+                    core.close_connection(&ic.conn, &why, true);
+                }
+            }
+        }
+    }
+
     /// Whether a waiter asked for completions to be retired lately (see
     /// [`WAITER_POLL`]).
     pub(super) fn polling_for_waiters(&self) -> bool {
         let now = self.started.elapsed().as_micros() as u64;
         now < self.poll_until_us.load(Ordering::Acquire)
+    }
+
+    /// Copies a retired read part's bytes from its slot into the read's
+    /// buffer. Called under the send lock, before the track shows the part
+    /// done.
+    pub(super) fn land_read(&self, p: &PartWr) {
+        if let (Some((buf, at, len)), Some(slot)) = (&p.read, p.slot) {
+            // SAFETY: the part's work request completed (its chain is being
+            // retired): the device wrote the slot and touches it no more;
+            // the slot is released only after this copy.
+            let bytes = unsafe { self.staged().bytes(slot, *len) };
+            buf.lock()[*at..*at + *len].copy_from_slice(bytes);
+        }
     }
 
     /// Frees what a retired part's chain holds.
@@ -136,12 +209,7 @@ impl IbEngine {
 
     /// Frees the staging slots of a destroyed queue pair.
     pub(super) fn release_quarantine(&self, ic: &IbConn) {
-        let slots = {
-            let mut st = ic.send.lock();
-            st.destroyed = true;
-            std::mem::take(&mut st.quarantined)
-        };
-        for slot in slots {
+        for slot in std::mem::take(&mut ic.send.lock().quarantined) {
             self.staged().release(slot);
         }
     }
@@ -205,85 +273,9 @@ impl RemoteMemory for IbEngine {
                 return; // the caller's wait times out
             }
         };
-        // A marker: a signalled RDMA WRITE of no bytes, which the peer's
-        // device does not check against its memory (IBA C9-88).
-        let (remote_addr, rkey) = st.last_remote;
-        let marker = st.next_seq;
-        let mut chain = std::mem::take(&mut st.chain);
-        chain.clear();
-        chain.push(
-            send_wr_id(conn, marker),
-            ibv::SendOp::RdmaWrite { remote_addr, rkey },
-            &[],
-            ibv::SendFlags::SIGNALED,
-        );
-        let posted = ic.qp.post_send(&mut chain);
-        st.chain = chain;
-        if let Err(e) = posted {
+        if let Err(e) = self.post_marker(&ic, &mut st) {
             drop(st);
             core.close_connection(conn, &format!("posting a marker failed: {e}"), true);
-            return;
-        }
-        st.parts_outstanding += 1;
-        st.signalled(marker, conn);
-        st.chains.push_back(Chain {
-            seq: marker,
-            bytes: 0,
-            wrs: 1,
-            one_sided_wr: true,
-            posted: Instant::now(),
-            one_sided: None,
-        });
-        self.outstanding_total.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn take_read(&self, conn: &Arc<Connection>, part: PostedPart, dest: &mut [u8]) {
-        debug_assert_eq!(conn.parts.outcome(part.seq), Outcome::Done);
-        let Some(slot) = part.slot else { return };
-        // SAFETY: the part is done: the device wrote the slot before its
-        // completion, which was seen before the track said so (release/
-        // acquire through the track), and touches it no more.
-        let bytes = unsafe { self.staged().bytes(slot, dest.len()) };
-        dest.copy_from_slice(bytes);
-        self.staged().release(slot);
-    }
-
-    fn release(&self, conn: &Arc<Connection>, part: PostedPart) {
-        let Some(slot) = part.slot else { return };
-        let Some(ic) = conn.engine::<IbConn>() else {
-            // Its queue pair is gone (destroyed with its last holder).
-            self.staged().release(slot);
-            return;
-        };
-        let mut st = ic.send.lock();
-        // Track updates happen under this lock: the outcome is final here.
-        match conn.parts.outcome(part.seq) {
-            Outcome::Done => {
-                drop(st);
-                self.staged().release(slot);
-            }
-            Outcome::Pending => {
-                // Still queued: its chain frees the slot when retired (or
-                // quarantines it when the connection closes).
-                if let Some(c) = st.chains.iter_mut().find(|c| c.seq == part.seq) {
-                    if let Some(p) = c.one_sided.as_mut() {
-                        p.slot = Some(slot);
-                        return;
-                    }
-                }
-                // Not found cannot happen (retiring updates the track under
-                // this lock); keep the slot out of use to be safe.
-                st.quarantined.push(slot);
-            }
-            Outcome::Refused | Outcome::Lost => {
-                // The device may use it until the queue pair is destroyed.
-                if st.destroyed {
-                    drop(st);
-                    self.staged().release(slot);
-                } else {
-                    st.quarantined.push(slot);
-                }
-            }
         }
     }
 
@@ -311,7 +303,7 @@ impl RemoteMemory for IbEngine {
         part: RdmaPart<'_>,
         deadline: Instant,
         signal: bool,
-    ) -> Result<PostedPart> {
+    ) -> Result<u64> {
         let lost = || {
             Error::Unreachable(
                 conn.peer,
@@ -332,6 +324,9 @@ impl RemoteMemory for IbEngine {
                 if let Some(s) = staging.free.pop() {
                     break Some(s);
                 }
+                // Slots held by unsignalled parts come back only once
+                // something reports them.
+                self.cover_all(core);
                 self.wait_for_room(core, deadline)?;
             },
         };
@@ -427,26 +422,23 @@ impl RemoteMemory for IbEngine {
                     (addr, rkey)
                 }
             };
-            // A read's slot stays with the caller, who copies from it.
-            let read = matches!(part, RdmaPart::Read { .. });
+            let read = match part {
+                RdmaPart::Read { into, at, len, .. } => Some((into.clone(), at, len)),
+                RdmaPart::Write { .. } => None,
+            };
             st.chains.push_back(Chain {
                 seq,
                 bytes: 0,
                 wrs: 1,
                 one_sided_wr: true,
                 posted: Instant::now(),
-                one_sided: Some(PartWr {
-                    slot: slot.filter(|_| !read),
-                }),
+                one_sided: Some(PartWr { slot, read }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
             // The send thread is not woken: the caller retires completions
             // while it waits, and asks for the send thread only when it
             // stops polling (`RemoteMemory::waiting`).
-            return Ok(PostedPart {
-                seq,
-                slot: slot.filter(|_| read),
-            });
+            return Ok(seq);
         }
     }
 }

@@ -188,6 +188,9 @@ impl IbEngine {
                     self.outstanding_total
                         .fetch_sub(c.wrs as u64, Ordering::AcqRel);
                     if let Some(p) = c.one_sided {
+                        // A read's bytes are in place before the track
+                        // says it is done.
+                        self.land_read(&p);
                         parts[n] = Some(p);
                         n += 1;
                     }

@@ -94,7 +94,6 @@ impl IbEngine {
                 parts_outstanding: 0,
                 chains: VecDeque::new(),
                 quarantined: Vec::new(),
-                destroyed: false,
                 next_seq: 1,
                 signalled_seq: 0,
                 unsignalled: 0,
