@@ -51,10 +51,18 @@
 //! 64 KiB, through registered staging memory of `ib.staging_slots`) on the
 //! connection's queue pair, posted after the data of the connection's
 //! ring; the owner's CPU takes no part (a write with notification is
-//! followed by a small message). An access the owner's device refuses
-//! (revoked region, descriptor claiming more than the region allows)
-//! fails with [`RegionError::Revoked`] and closes the connection, which
-//! the next access opens again. On TCP and loopback the engine emulates
+//! followed by a small message). Outcomes come from the connection's
+//! send completions, of which only some parts ask for one (see the
+//! README's InfiniBand section); a blocking wait retires them itself
+//! before it parks. A pending `Future` there is woken by completions and
+//! by the connection's end: it fails with [`Error::Timeout`] when polled
+//! after `limits.request_timeout_ms`, and an unresponsive peer's
+//! connection is closed by the send watchdog (`limits.send_timeout_ms`).
+//! An access the owner's device refuses (revoked region, descriptor
+//! claiming more than the region allows) fails with
+//! [`RegionError::Revoked`], the parts behind it with
+//! [`Error::Unreachable`], and closes the connection, which the next
+//! access opens again. On TCP and loopback the engine emulates
 //! the accesses with messages of dxnet's own type 0 (`proto::region`),
 //! applied at the owner by the runtime on the connection's handler
 //! thread. Accesses to the own node are applied at once.

@@ -38,7 +38,7 @@ use crate::proto::region::{
     NOTIFY_LEN, READ_LEN, WRITE_HEAD_LEN,
 };
 use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
-use crate::transport::{RdmaPart, ReadBuf, RemoteMemory};
+use crate::transport::{RdmaPart, ReadBuf, ReadBytes, RemoteMemory};
 use crate::{Error, NodeId, RegionError, Result};
 
 /// Largest part of a one-sided access sent as one request
@@ -569,7 +569,7 @@ impl Core {
         // Built first: if a post fails, dropping it frees what the parts
         // posted so far hold.
         let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len);
-        let read_buf: Option<ReadBuf> = read_len.map(|n| Arc::new(Mutex::new(vec![0u8; n])));
+        let read_buf: Option<ReadBuf> = read_len.map(|n| Arc::new(Mutex::new(ReadBytes::new(n))));
         op.device = Some(DeviceOp {
             conn: conn.clone(),
             deadline,
@@ -796,20 +796,12 @@ impl RegionOp {
         Ok(())
     }
 
-    /// Settles the next device part, whose outcome is `outcome`; once the
-    /// last one is done, a read's bytes go to `dest` (its length).
-    fn settle_device(&mut self, outcome: InOrder, dest: &mut [u8]) -> Result<()> {
+    /// Settles the next device part, whose outcome is `outcome`.
+    fn settle_device(&mut self, outcome: InOrder) -> Result<()> {
         let dev = self.device.as_ref().expect("device parts have a device op");
         self.next += 1;
         match outcome {
-            InOrder::Done => {
-                if self.next == self.parts.len() {
-                    if let Some(buf) = &dev.read_buf {
-                        dest.copy_from_slice(&buf.lock());
-                    }
-                }
-                Ok(())
-            }
+            InOrder::Done => Ok(()),
             InOrder::Pending => Err(Error::Timeout(Waited::Response)),
             // The peer's device refused the key or range: a revoked region
             // or a forged descriptor.
@@ -819,6 +811,19 @@ impl RegionOp {
                 Unreachable::ConnectionLost(dev.conn.close_reason()),
             )),
         }
+    }
+
+    /// A device read's bytes once every part is done (empty for a write).
+    fn device_bytes(&self) -> Result<Vec<u8>> {
+        let Some(buf) = self.device.as_ref().and_then(|d| d.read_buf.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        buf.lock().take().ok_or_else(|| {
+            Error::Transport(format!(
+                "one-sided read from {}: parts reported done without their bytes",
+                self.remote.node()
+            ))
+        })
     }
 
     /// Blocks until every part is answered (a write: applied at the
@@ -833,7 +838,11 @@ impl RegionOp {
             return res;
         }
         if self.device.is_some() {
-            return self.wait_device(dest);
+            self.wait_device()?;
+            if self.read_len.is_some() {
+                dest.copy_from_slice(&self.device_bytes()?);
+            }
+            return Ok(());
         }
         while self.next < self.parts.len() {
             let PartWait::Request(pending) = &mut self.parts[self.next].wait else {
@@ -851,7 +860,7 @@ impl RegionOp {
     /// are its own; a wake-up costs more than most of them take), then asks
     /// the engine to ([`RemoteMemory::waiting`]) and parks on the track
     /// until the deadline.
-    fn wait_device(&mut self, dest: &mut [u8]) -> Result<()> {
+    fn wait_device(&mut self) -> Result<()> {
         let core = self.core.clone();
         let Some(rm) = core.transport().and_then(|t| t.remote_memory()) else {
             return Err(Error::Shutdown);
@@ -896,7 +905,7 @@ impl RegionOp {
                 let slice = Instant::now() + std::time::Duration::from_millis(5);
                 outcome = conn.parts.wait(seq, slice.min(deadline));
             }
-            self.settle_device(outcome, dest)?;
+            self.settle_device(outcome)?;
         }
         Ok(())
     }
@@ -914,7 +923,12 @@ impl RegionOp {
     }
 
     /// [`RegionOp::wait_into`] into a new buffer (empty for a write).
-    pub fn wait(self) -> Result<Vec<u8>> {
+    pub fn wait(mut self) -> Result<Vec<u8>> {
+        if self.device.is_some() && self.done.is_none() {
+            // A read's buffer is handed over as it is.
+            self.wait_device()?;
+            return self.device_bytes();
+        }
         let mut buf = vec![0u8; self.read_len.unwrap_or(0)];
         self.wait_into(&mut buf).map(|()| buf)
     }
@@ -924,7 +938,7 @@ impl RegionOp {
         if let Some(res) = self.done.take() {
             return Poll::Ready(res.map(|()| std::mem::take(&mut self.read)));
         }
-        if self.read.len() != self.read_len.unwrap_or(0) {
+        if self.device.is_none() && self.read.len() != self.read_len.unwrap_or(0) {
             self.read = vec![0u8; self.read_len.unwrap_or(0)];
         }
         let core = self.core.clone();
@@ -964,15 +978,15 @@ impl RegionOp {
                         }
                         outcome = InOrder::Pending; // settled as a timeout
                     }
-                    let mut dest = std::mem::take(&mut self.read);
-                    let res = self.settle_device(outcome, &mut dest);
-                    self.read = dest;
-                    res
+                    self.settle_device(outcome)
                 }
             };
             if let Err(e) = res {
                 return Poll::Ready(Err(e));
             }
+        }
+        if self.device.is_some() {
+            return Poll::Ready(self.device_bytes());
         }
         Poll::Ready(Ok(std::mem::take(&mut self.read)))
     }

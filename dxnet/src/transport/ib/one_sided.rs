@@ -178,7 +178,7 @@ impl IbEngine {
             // retired): the device wrote the slot and touches it no more;
             // the slot is released only after this copy.
             let bytes = unsafe { self.staged().bytes(slot, *len) };
-            buf.lock()[*at..*at + *len].copy_from_slice(bytes);
+            buf.lock().fill(*at, bytes);
         }
     }
 
