@@ -19,18 +19,10 @@
 use std::task::Waker;
 use std::time::Instant;
 
-use super::sync::{self, fence, AtomicU64, AtomicUsize, Ordering};
-#[cfg(loom)]
-use loom::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(not(loom))]
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(loom)]
-    return sync::lock(m);
-    #[cfg(not(loom))]
-    return m.lock();
-}
+use super::sync::{
+    self, fence, sleep_lock as lock, sleep_until as wait_until, AtomicU64, AtomicUsize, Ordering,
+    SleepCondvar as Condvar, SleepMutex as Mutex,
+};
 
 /// How an item ended, as far as known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,24 +184,6 @@ impl InOrderTrack {
         }
         fence(Ordering::SeqCst);
         self.outcome(seq)
-    }
-}
-
-/// Sleeps on `cv` until notified or `deadline` (no timeout under loom).
-fn wait_until<'a, T>(
-    cv: &Condvar,
-    mut guard: MutexGuard<'a, T>,
-    deadline: Instant,
-) -> MutexGuard<'a, T> {
-    #[cfg(loom)]
-    {
-        let _ = &mut guard;
-        sync::wait_until(cv, guard, deadline)
-    }
-    #[cfg(not(loom))]
-    {
-        cv.wait_until(&mut guard, deadline);
-        guard
     }
 }
 

@@ -58,6 +58,43 @@ pub fn wait_until<'a, T>(
     cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A mutex and condition variable for threads that sleep on a primitive's
+/// state: parking_lot's normally (its condition variable moves the threads
+/// a `notify_all` wakes onto the mutex's queue instead of waking them all
+/// to fight for it: a release that wakes a dozen blocked senders then
+/// costs one wake-up at a time), loom's under loom, for the models.
+#[cfg(loom)]
+pub use loom::sync::{Condvar as SleepCondvar, Mutex as SleepMutex, MutexGuard as SleepGuard};
+#[cfg(not(loom))]
+pub use parking_lot::{Condvar as SleepCondvar, Mutex as SleepMutex, MutexGuard as SleepGuard};
+
+/// Locks a [`SleepMutex`].
+pub fn sleep_lock<T>(m: &SleepMutex<T>) -> SleepGuard<'_, T> {
+    #[cfg(loom)]
+    return lock(m);
+    #[cfg(not(loom))]
+    return m.lock();
+}
+
+/// Sleeps on `cv` until notified or `deadline` (no timeout under loom,
+/// see [`wait_until`]).
+pub fn sleep_until<'a, T>(
+    cv: &SleepCondvar,
+    mut guard: SleepGuard<'a, T>,
+    deadline: Instant,
+) -> SleepGuard<'a, T> {
+    #[cfg(loom)]
+    {
+        let _ = &mut guard;
+        wait_until(cv, guard, deadline)
+    }
+    #[cfg(not(loom))]
+    {
+        cv.wait_until(&mut guard, deadline);
+        guard
+    }
+}
+
 /// Bounded MPMC queue, allocated once: crossbeam's lock-free `ArrayQueue`
 /// normally (no allocation per push, unlike `SegQueue`); under loom a
 /// mutex-protected `VecDeque` (loom cannot see inside crossbeam) that also

@@ -28,41 +28,10 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::sync::{self, fence, Arc, AtomicBool, AtomicUsize, Ordering};
-// parking_lot's condition variable moves the threads a `notify_all` wakes
-// onto the mutex's queue instead of waking them all to fight for it (std's
-// wakes them all): a release that wakes a dozen blocked senders then costs
-// one wake-up at a time. Loom's under loom, for the models.
-#[cfg(loom)]
-use loom::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(not(loom))]
-use parking_lot::{Condvar, Mutex, MutexGuard};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(loom)]
-    return sync::lock(m);
-    #[cfg(not(loom))]
-    return m.lock();
-}
-
-/// Sleeps on `cv` until notified or `deadline` (no timeout under loom,
-/// see [`sync::wait_until`]).
-fn wait_until<'a, T>(
-    cv: &Condvar,
-    mut guard: MutexGuard<'a, T>,
-    deadline: Instant,
-) -> MutexGuard<'a, T> {
-    #[cfg(loom)]
-    {
-        let _ = &mut guard;
-        sync::wait_until(cv, guard, deadline)
-    }
-    #[cfg(not(loom))]
-    {
-        cv.wait_until(&mut guard, deadline);
-        guard
-    }
-}
+use super::sync::{
+    self, fence, sleep_lock as lock, sleep_until as wait_until, Arc, AtomicBool, AtomicUsize,
+    Ordering, SleepCondvar as Condvar, SleepGuard as MutexGuard, SleepMutex as Mutex,
+};
 
 /// Lost races after which a waiter makes the queue serve in order. (One
 /// under loom, so the models reach the starving mode.)
