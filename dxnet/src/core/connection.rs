@@ -292,7 +292,7 @@ pub struct Connection {
     engine: OnceLock<Weak<dyn Any + Send + Sync>>,
     /// Outcomes of the one-sided device parts posted on this connection,
     /// numbered by the engine (see `transport::RemoteMemory::post`).
-    pub parts: InOrderTrack,
+    pub parts: Box<InOrderTrack>,
 }
 
 impl Connection {
@@ -319,7 +319,7 @@ impl Connection {
             responses_stalled: AtomicBool::new(false),
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
-            parts: InOrderTrack::new(),
+            parts: Box::default(),
         }
     }
 
