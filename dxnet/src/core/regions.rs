@@ -661,14 +661,62 @@ impl Drop for RegionOp {
     fn drop(&mut self) {
         // Parts not waited for: their outcome must still be reported (a
         // part left unreported would look stale to the engine's watchdog).
-        let Some(dev) = &self.device else { return };
-        let Some(seq) = dev.uncovered.filter(|&seq| !dev.conn.parts.reports(seq)) else {
-            return;
-        };
-        if let Some(rm) = self.core.transport().and_then(|t| t.remote_memory()) {
-            rm.cover(&self.core, &dev.conn, seq, dev.deadline);
+        if self.device.as_ref().is_some_and(|d| d.uncovered.is_some()) {
+            if let Some(rm) = self
+                .core
+                .clone()
+                .transport()
+                .and_then(|t| t.remote_memory())
+            {
+                self.cover(rm);
+            }
         }
     }
+}
+
+/// Waits for device part `seq` of `dev` until it has an outcome or the
+/// deadline passes (then `Pending`). `spin_until` is the end of the
+/// access's spin (set at its first wait): retiring completions itself until
+/// then, parked on the track after.
+fn wait_part(
+    core: &Arc<Core>,
+    rm: &dyn RemoteMemory,
+    dev: &DeviceOp,
+    seq: u64,
+    spin_until: &mut Option<Instant>,
+) -> InOrder {
+    let track = &dev.conn.parts;
+    let mut outcome = track.outcome(seq);
+    if outcome != InOrder::Pending {
+        return outcome;
+    }
+    let until = *spin_until.get_or_insert_with(|| {
+        inline::before_blocking();
+        Instant::now() + std::time::Duration::from_micros(core.config.park.request_spin_max_us)
+    });
+    let mut n = 0u32;
+    let mut spinning = Instant::now() < until;
+    while outcome == InOrder::Pending && spinning {
+        if !rm.progress(core) {
+            std::hint::spin_loop();
+        }
+        outcome = track.outcome(seq);
+        n = n.wrapping_add(1);
+        if n % 64 == 0 && outcome == InOrder::Pending {
+            if Instant::now() >= until {
+                spinning = false;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+    while outcome == InOrder::Pending && Instant::now() < dev.deadline {
+        // The engine retires completions for a while per call.
+        rm.waiting();
+        let slice = Instant::now() + std::time::Duration::from_millis(5);
+        outcome = track.wait(seq, slice.min(dev.deadline));
+    }
+    outcome
 }
 
 /// How a part's outcome comes.
@@ -867,44 +915,12 @@ impl RegionOp {
         };
         self.cover(rm);
         let mut spin_until = None;
-        let mut spinning = true;
         while self.next < self.parts.len() {
-            let (conn, deadline) = {
-                let dev = self.device.as_ref().expect("device op");
-                (dev.conn.clone(), dev.deadline)
-            };
             let PartWait::Device(seq) = self.parts[self.next].wait else {
                 unreachable!("device accesses have device parts")
             };
-            let mut outcome = conn.parts.outcome(seq);
-            if outcome == InOrder::Pending && spin_until.is_none() {
-                inline::before_blocking();
-                spin_until = Some(
-                    Instant::now()
-                        + std::time::Duration::from_micros(core.config.park.request_spin_max_us),
-                );
-            }
-            let mut n = 0u32;
-            while outcome == InOrder::Pending && spinning {
-                if !rm.progress(&core) {
-                    std::hint::spin_loop();
-                }
-                outcome = conn.parts.outcome(seq);
-                n = n.wrapping_add(1);
-                if n % 64 == 0 && outcome == InOrder::Pending {
-                    if spin_until.is_some_and(|t| Instant::now() >= t) {
-                        spinning = false;
-                    } else {
-                        std::thread::yield_now();
-                    }
-                }
-            }
-            while outcome == InOrder::Pending && Instant::now() < deadline {
-                // The engine retires completions for a while per call.
-                rm.waiting();
-                let slice = Instant::now() + std::time::Duration::from_millis(5);
-                outcome = conn.parts.wait(seq, slice.min(deadline));
-            }
+            let dev = self.device.as_ref().expect("device op");
+            let outcome = wait_part(&core, rm, dev, seq, &mut spin_until);
             self.settle_device(outcome)?;
         }
         Ok(())
@@ -969,15 +985,13 @@ impl RegionOp {
                     let (Some(rm), Some(dev)) = (rm, &self.device) else {
                         return Poll::Ready(Err(Error::Shutdown));
                     };
-                    let mut outcome = dev.conn.parts.register(seq, cx.waker());
-                    if outcome == InOrder::Pending {
-                        if Instant::now() < dev.deadline {
-                            // Completions are retired by the engine now.
-                            rm.waiting();
-                            return Poll::Pending;
-                        }
-                        outcome = InOrder::Pending; // settled as a timeout
+                    let outcome = dev.conn.parts.register(seq, cx.waker());
+                    if outcome == InOrder::Pending && Instant::now() < dev.deadline {
+                        // Completions are retired by the engine now.
+                        rm.waiting();
+                        return Poll::Pending;
                     }
+                    // Still pending here: settled as a timeout.
                     self.settle_device(outcome)
                 }
             };

@@ -140,8 +140,6 @@ struct SendState {
     /// completes its chain and every earlier one: send completions come
     /// in post order per queue pair.
     next_seq: u64,
-    /// Sequence number of the last signalled chain posted.
-    signalled_seq: u64,
     /// One-sided parts posted unsignalled since then.
     unsignalled: u32,
     /// Remote address and key of the last one-sided part posted: a marker
@@ -157,11 +155,11 @@ struct SendState {
 
 impl SendState {
     /// Counts a chain of sequence number `seq` (the next one) as posted
-    /// signalled: it reports every chain up to it (`conn.parts`).
+    /// signalled: it reports every chain up to it (`conn.parts` keeps the
+    /// number: `InOrderTrack::reports`).
     fn signalled(&mut self, seq: u64, conn: &Connection) {
         debug_assert_eq!(seq, self.next_seq);
         self.next_seq += 1;
-        self.signalled_seq = seq;
         self.unsignalled = 0;
         conn.parts.will_report(seq);
     }

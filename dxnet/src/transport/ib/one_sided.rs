@@ -144,7 +144,7 @@ impl IbEngine {
         for ic in conns {
             let mut st = ic.send.lock();
             let last = st.next_seq - 1;
-            let uncovered = st.signalled_seq < last
+            let uncovered = !ic.conn.parts.reports(last)
                 && st
                     .chains
                     .back()
@@ -261,7 +261,7 @@ impl RemoteMemory for IbEngine {
         let mut st = loop {
             let st = ic.send.lock();
             let pending = st.chains.front().is_some_and(|c| c.seq <= seq);
-            if !pending || st.signalled_seq >= seq || conn.state() != ConnState::Open {
+            if !pending || conn.parts.reports(seq) || conn.state() != ConnState::Open {
                 return;
             }
             if st.parts_outstanding < self.rdma_depth {

@@ -95,7 +95,6 @@ impl IbEngine {
                 chains: VecDeque::new(),
                 quarantined: Vec::new(),
                 next_seq: 1,
-                signalled_seq: 0,
                 unsignalled: 0,
                 last_remote: (0, 0),
                 chain: ibv::SendChain::with_capacity(
