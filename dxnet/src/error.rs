@@ -79,6 +79,22 @@ pub enum RegionError {
     /// since the descriptor was made, or the descriptor is forged).
     #[error("the region is revoked or unknown at its node")]
     Revoked,
+    /// The range of the own region a write takes its bytes from, or a
+    /// read puts them in ([`crate::Node::write_from`],
+    /// [`crate::Node::read_into`]), is not inside it.
+    #[error("bytes {offset}..{offset}+{len} are outside the local region's {region_len} bytes")]
+    LocalOutOfBounds {
+        /// Start of the range.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The local region's length.
+        region_len: u64,
+    },
+    /// The region given as the local side of an access belongs to another
+    /// node (each node's regions are registered with its own engine).
+    #[error("the local region belongs to another node")]
+    NotOwnRegion,
     /// The memory for a new region could not be had (or its length is 0).
     #[error("cannot allocate a region of {0} bytes")]
     Allocation(usize),

@@ -74,7 +74,7 @@ use std::task::{Context, Poll};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::regions::{ExposedRegion, RegionOp};
+use crate::core::regions::{ExposedRegion, RegionOp, WriteSource};
 use crate::core::Core;
 use crate::{Error, Node, NodeId, RegionError, Result};
 
@@ -87,6 +87,11 @@ pub enum Access {
     WriteOnly,
     /// Others may read and write.
     ReadWrite,
+    /// Others may do nothing: the region is the local side of the own
+    /// node's accesses ([`Node::write_from`], [`Node::read_into`]), such as
+    /// an outgoing buffer. On InfiniBand it is registered for local access
+    /// only.
+    LocalOnly,
 }
 
 impl Access {
@@ -274,15 +279,18 @@ impl Drop for Region {
     }
 }
 
-/// A one-sided write in flight ([`Node::write_async`]): wait for it with
-/// [`WriteHandle::wait`] or `.await` it.
+/// A one-sided write in flight ([`Node::write_async`],
+/// [`Node::write_from_async`]), or a read into an own region
+/// ([`Node::read_into_async`]): wait for it with [`WriteHandle::wait`] or
+/// `.await` it.
 #[derive(Debug)]
 pub struct WriteHandle(RegionOp);
 
 impl WriteHandle {
-    /// Blocks until the data is in place at the owner.
+    /// Blocks until the data is in place (at the owner; for a read, in
+    /// the own region).
     pub fn wait(self) -> Result<()> {
-        self.0.wait_into(&mut [])
+        self.0.wait().map(drop)
     }
 }
 
@@ -327,7 +335,7 @@ impl Node {
     /// Writes `data` at `offset` of `remote`; returns once it is in place.
     pub fn write(&self, remote: &RemoteRegion, offset: u64, data: &[u8]) -> Result<()> {
         self.core()
-            .region_write(remote, offset, data, None, true)?
+            .region_write(remote, offset, WriteSource::Bytes(data), None, true)?
             .wait()
             .map(drop)
     }
@@ -343,7 +351,7 @@ impl Node {
         imm: u32,
     ) -> Result<()> {
         self.core()
-            .region_write(remote, offset, data, Some(imm), true)?
+            .region_write(remote, offset, WriteSource::Bytes(data), Some(imm), true)?
             .wait()
             .map(drop)
     }
@@ -356,10 +364,13 @@ impl Node {
         offset: u64,
         data: &[u8],
     ) -> Result<WriteHandle> {
-        Ok(WriteHandle(
-            self.core()
-                .region_write(remote, offset, data, None, false)?,
-        ))
+        Ok(WriteHandle(self.core().region_write(
+            remote,
+            offset,
+            WriteSource::Bytes(data),
+            None,
+            false,
+        )?))
     }
 
     /// Starts [`Node::write_with_notify`] (see [`Node::write_async`]).
@@ -373,7 +384,7 @@ impl Node {
         Ok(WriteHandle(self.core().region_write(
             remote,
             offset,
-            data,
+            WriteSource::Bytes(data),
             Some(imm),
             false,
         )?))
@@ -382,15 +393,152 @@ impl Node {
     /// Reads `buf.len()` bytes at `offset` of `remote` into `buf`.
     pub fn read(&self, remote: &RemoteRegion, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.core()
-            .region_read(remote, offset, buf.len(), true)?
+            .region_read(remote, offset, buf.len(), None, true)?
             .wait_into(buf)
     }
 
     /// Starts a read of `len` bytes at `offset` of `remote`.
     pub fn read_async(&self, remote: &RemoteRegion, offset: u64, len: usize) -> Result<ReadHandle> {
         Ok(ReadHandle(
-            self.core().region_read(remote, offset, len, false)?,
+            self.core().region_read(remote, offset, len, None, false)?,
         ))
+    }
+
+    /// Writes `len` bytes at `local_offset` of this node's region `local`
+    /// to `offset` of `remote`; returns once they are in place. On
+    /// InfiniBand the device reads them from `local` in place (no copy,
+    /// `local` is registered for it on first use); elsewhere they are
+    /// copied out before this returns. The bytes are those of `local`
+    /// while the access runs: change them only after it returned.
+    pub fn write_from(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        self.write_from_async_inner(remote, offset, local, local_offset, len, None, true)?
+            .wait()
+    }
+
+    /// Starts [`Node::write_from`]. `local` may be dropped meanwhile (the
+    /// access keeps its memory); the bytes written are those it holds
+    /// until the handle reports the write done.
+    pub fn write_from_async(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+    ) -> Result<WriteHandle> {
+        self.write_from_async_inner(remote, offset, local, local_offset, len, None, false)
+    }
+
+    /// [`Node::write_with_notify`] of bytes of this node's region `local`
+    /// (see [`Node::write_from`]).
+    pub fn write_with_notify_from(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+        imm: u32,
+    ) -> Result<()> {
+        self.write_from_async_inner(remote, offset, local, local_offset, len, Some(imm), true)?
+            .wait()
+    }
+
+    /// Starts [`Node::write_with_notify_from`] (see
+    /// [`Node::write_from_async`]).
+    pub fn write_with_notify_from_async(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+        imm: u32,
+    ) -> Result<WriteHandle> {
+        self.write_from_async_inner(remote, offset, local, local_offset, len, Some(imm), false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_from_async_inner(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+        notify: Option<u32>,
+        blocking: bool,
+    ) -> Result<WriteHandle> {
+        let core = self.own_region(local)?;
+        let src = WriteSource::Region {
+            region: &local.inner,
+            offset: local_offset,
+            len,
+        };
+        Ok(WriteHandle(
+            core.region_write(remote, offset, src, notify, blocking)?,
+        ))
+    }
+
+    /// Reads `len` bytes at `offset` of `remote` into this node's region
+    /// `local` at `local_offset`; returns once they are there. On
+    /// InfiniBand the device puts them there in place (`local` is
+    /// registered for it on first use); elsewhere they are copied in when
+    /// they arrive.
+    pub fn read_into(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let core = self.own_region(local)?;
+        core.region_read(
+            remote,
+            offset,
+            len,
+            Some((&local.inner, local_offset)),
+            true,
+        )?
+        .wait()
+        .map(drop)
+    }
+
+    /// Starts [`Node::read_into`]. `local` may be dropped meanwhile (the
+    /// access keeps its memory).
+    pub fn read_into_async(
+        &self,
+        remote: &RemoteRegion,
+        offset: u64,
+        local: &Region,
+        local_offset: usize,
+        len: usize,
+    ) -> Result<WriteHandle> {
+        let core = self.own_region(local)?;
+        Ok(WriteHandle(core.region_read(
+            remote,
+            offset,
+            len,
+            Some((&local.inner, local_offset)),
+            false,
+        )?))
+    }
+
+    /// This node's core, if `local` is one of its regions.
+    fn own_region(&self, local: &Region) -> Result<&Arc<Core>> {
+        let core = self.core();
+        if local.core.as_ptr() != Arc::as_ptr(core) {
+            return Err(Error::Region(RegionError::NotOwnRegion));
+        }
+        Ok(core)
     }
 
     /// Sets the receiver of writes with notification to this node's

@@ -832,6 +832,95 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
     assert_eq!(failures.load(Ordering::Relaxed), 4);
 }
 
+/// In-place accesses on real RDMA: 8 threads write from and read into
+/// slices of a registered own region (`write_from`, `read_into`, async,
+/// with notification), every byte checked at both ends; a source region
+/// dropped while its write is in flight still gives its bytes (the access
+/// keeps the memory), a destination dropped before its read completes
+/// costs nothing; accesses from own memory and the copying ones share the
+/// connection without closing it.
+#[test]
+fn ib_in_place_write_read() {
+    use dxnet::RemoteRegion;
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(2);
+    let mut owner = spawn_ib_child("child_ib_region_owner", &[("BASE", base.to_string())]);
+    let rw_line = owner.wait_line("RW ", 60);
+    let rw: RemoteRegion = serde_json::from_str(&rw_line[3..]).unwrap();
+    let mut cfg = ib_config(1, 2, base);
+    cfg.limits.request_timeout_ms = 15_000;
+    let node = Arc::new(Node::start(cfg).unwrap());
+    until_reachable("owner", || node.read(&rw, 0, &mut [0u8; 1]));
+    const SLICE: usize = 2 << 20;
+    const THREADS: u64 = 8;
+    const OPS: u64 = 24;
+    let local = node
+        .expose(THREADS as usize * SLICE, dxnet::Access::LocalOnly)
+        .unwrap();
+    let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (node, local) = (node.clone(), &local);
+                let at = t as usize * SLICE;
+                s.spawn(move || in_place_phase(&node, &rw, local, t, (at, at, SLICE), OPS))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mark = owner.mark();
+    owner.command("sum");
+    assert_eq!(
+        owner.wait_line_since(mark, "SUM ", 60),
+        format!("SUM {}", fnv(&shadows.concat()))
+    );
+    let expect = THREADS * (0..OPS).filter(|i| i % 3 == 2).count() as u64;
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mark = owner.mark();
+        owner.command("notes");
+        let notes = owner.wait_line_since(mark, "NOTES ", 60);
+        let n: u64 = notes.split(' ').nth(1).unwrap().parse().unwrap();
+        if n == expect {
+            break;
+        }
+        assert!(
+            Instant::now() < end && n < expect,
+            "{notes}, {expect} expected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let closed = node.stats().connections_closed;
+    for i in 0..20u64 {
+        let src = node.expose(300_000, dxnet::Access::LocalOnly).unwrap();
+        let data = one_sided_pattern(4, i, 300_000);
+        src.write(0, &data).unwrap();
+        let h = node
+            .write_from_async(&rw, 1000, &src, 0, data.len())
+            .unwrap();
+        drop(src);
+        h.wait().unwrap();
+        let mut back = vec![0u8; data.len()];
+        node.read(&rw, 1000, &mut back).unwrap();
+        assert!(back == data, "round {i}: a dropped source's write");
+        let dst = node.expose(300_000, dxnet::Access::LocalOnly).unwrap();
+        let h = node.read_into_async(&rw, 1000, &dst, 0, 300_000).unwrap();
+        drop(dst);
+        if i % 2 == 0 {
+            h.wait().unwrap();
+        } else {
+            drop(h);
+        }
+    }
+    node.write(&rw, 0, b"still here").unwrap();
+    assert_eq!(
+        node.stats().connections_closed,
+        closed,
+        "no connection closed"
+    );
+}
+
 /// `ib_config` for node `id` (0 or 1) that knows only its own address and
 /// probes `seeds` (ports on 127.0.0.1) for the rest: discovery over the
 /// engine's UDP handshake socket.

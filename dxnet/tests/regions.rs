@@ -149,6 +149,119 @@ fn write_read_many_threads_tcp() {
     write_read_many_threads(Kind::Tcp);
 }
 
+/// Accesses in place between an own region and a remote one
+/// (`write_from`, `read_into` and their async and notifying forms) from
+/// more threads than cores, every byte checked at both ends; the local
+/// side's bounds, ownership and rights; a source or destination dropped
+/// while its access runs.
+fn in_place(kind: Kind) {
+    const THREADS: u64 = 12;
+    const OPS: u64 = 30;
+    let nodes = start_all(cluster_configs(kind, 2, |c| {
+        c.limits.request_timeout_ms = 60_000;
+        c.limits.send_timeout_ms = 60_000;
+    }));
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let region = a
+        .expose(THREADS as usize * SLICE, Access::ReadWrite)
+        .unwrap();
+    let remote = region.descriptor();
+    let local = b
+        .expose(THREADS as usize * SLICE, Access::LocalOnly)
+        .unwrap();
+    let notified = Arc::new(AtomicU64::new(0));
+    let n = notified.clone();
+    a.on_region_write(move |w: RegionWrite| {
+        assert_eq!(w.from, NodeId(1));
+        n.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let shadows: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (b, local) = (b.clone(), &local);
+                let at = t as usize * SLICE;
+                s.spawn(move || in_place_phase(&b, &remote, local, t, (at, at, SLICE), OPS))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(region.to_vec() == shadows.concat(), "owner's bytes differ");
+    let expect = THREADS * (0..OPS).filter(|i| i % 3 == 2).count() as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while notified.load(Ordering::SeqCst) < expect && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(notified.load(Ordering::SeqCst), expect, "one per write");
+
+    // The local side: bounds, ownership; a LocalOnly region refuses others.
+    let region_err = |r: dxnet::Result<()>| match r {
+        Err(Error::Region(e)) => e,
+        other => panic!("expected a region error, got {other:?}"),
+    };
+    let len = local.len();
+    assert!(matches!(
+        region_err(b.write_from(&remote, 0, &local, len - 1, 2)),
+        RegionError::LocalOutOfBounds { offset, len: 2, region_len } if offset == len as u64 - 1 && region_len == len as u64
+    ));
+    assert!(matches!(
+        region_err(b.read_into(&remote, 0, &local, usize::MAX, 2)),
+        RegionError::LocalOutOfBounds { .. }
+    ));
+    assert_eq!(
+        region_err(b.write_from(&remote, 0, &region, 0, 1)),
+        RegionError::NotOwnRegion
+    );
+    assert_eq!(
+        region_err(a.write(&local.descriptor(), 0, b"x")),
+        RegionError::WriteNotPermitted
+    );
+    assert_eq!(
+        region_err(a.read(&local.descriptor(), 0, &mut [0; 1])),
+        RegionError::ReadNotPermitted
+    );
+    // The remote side's checks hold as for copying accesses.
+    assert!(matches!(
+        region_err(b.write_from(&remote, remote.len(), &local, 0, 1)),
+        RegionError::OutOfBounds { .. }
+    ));
+    // The own node, from and into its own region (overlapping ranges).
+    region.write(0, b"abcdef").unwrap();
+    a.write_from(&remote, 2, &region, 0, 4).unwrap();
+    assert_eq!(&region.to_vec()[..6], b"ababcd");
+    a.read_into(&remote, 0, &region, 1, 3).unwrap();
+    assert_eq!(&region.to_vec()[..6], b"aabacd");
+    // A source dropped right after its write started: the write carries
+    // the bytes it held; a destination dropped before its read completes.
+    let src = b.expose(300_000, Access::LocalOnly).unwrap();
+    let data = pattern(5, 5, 5, 300_000);
+    src.write(0, &data).unwrap();
+    let h = b
+        .write_from_async(&remote, 1000, &src, 0, data.len())
+        .unwrap();
+    drop(src);
+    h.wait().unwrap();
+    let mut back = vec![0u8; data.len()];
+    region.read(1000, &mut back).unwrap();
+    assert!(back == data, "a dropped source's write");
+    let dst = b.expose(300_000, Access::LocalOnly).unwrap();
+    let h = b
+        .read_into_async(&remote, 1000, &dst, 0, data.len())
+        .unwrap();
+    drop(dst);
+    h.wait().unwrap();
+}
+
+#[test]
+fn in_place_loopback() {
+    in_place(Kind::Loopback);
+}
+
+#[test]
+fn in_place_tcp() {
+    in_place(Kind::Tcp);
+}
+
 #[derive(Serialize, Deserialize, Debug)]
 struct AfterWrite {
     offset: u64,

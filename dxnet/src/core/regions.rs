@@ -38,7 +38,9 @@ use crate::proto::region::{
     NOTIFY_LEN, READ_LEN, WRITE_HEAD_LEN,
 };
 use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
-use crate::transport::{RdmaPart, ReadBuf, ReadBytes, RemoteMemory};
+use crate::transport::{
+    LocalBytes, PartDest, PartSource, RdmaPart, ReadBuf, ReadBytes, RemoteMemory,
+};
 use crate::{Error, NodeId, RegionError, Result};
 
 /// Largest part of a one-sided access sent as one request
@@ -60,6 +62,11 @@ pub struct ExposedRegion {
     /// The device registration; dropped at revocation (and, being declared
     /// before `mem`, always before the memory is freed).
     registration: parking_lot::Mutex<Option<Registration>>,
+    /// The registration for the own node's accesses from or into the
+    /// region in place (`Node::write_from`, `read_into`), local access
+    /// only: made on first use, kept until the memory is freed (parts in
+    /// flight keep the region alive, revocation does not end them).
+    local_registration: OnceLock<Registration>,
     /// Closed when revoked: accesses that found the region before fail
     /// once they get its lock.
     mem: MemBlock,
@@ -105,6 +112,34 @@ impl ExposedRegion {
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         self.mem.len() as u64
+    }
+
+    /// The registration for in-place accesses by the own node, made now if
+    /// it is the first.
+    fn local_registration(&self, rm: &dyn RemoteMemory) -> Result<&Registration> {
+        if let Some(r) = self.local_registration.get() {
+            return Ok(r);
+        }
+        // SAFETY: the registration lives in the region next to `mem` and
+        // is dropped before it (field order); the block's bytes are only
+        // ever reached through raw copies, which tolerates device accesses.
+        let (_, reg) = unsafe { rm.register(self.mem.as_ptr(), self.mem.len(), false, false) }?;
+        // A racing first user may have won: its registration is used.
+        let _ = self.local_registration.set(reg);
+        Ok(self.local_registration.get().expect("just set"))
+    }
+
+    /// Checks a range of the own node's access from or into the region.
+    fn check_local(&self, offset: usize, len: usize) -> Result<()> {
+        if in_bounds(offset as u64, len as u64, self.len()) {
+            Ok(())
+        } else {
+            Err(Error::Region(RegionError::LocalOutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                region_len: self.len(),
+            }))
+        }
     }
 
     fn check(&self, offset: u64, len: u64, write: bool) -> Status {
@@ -234,6 +269,8 @@ impl Core {
         }
         let mem = MemBlock::new(len).ok_or(Error::Region(RegionError::Allocation(len)))?;
         let (rdma, registration) = match self.transport().and_then(|t| t.remote_memory()) {
+            // Registered for local use when first used so.
+            Some(_) if access == Access::LocalOnly => (None, None),
             Some(rm) => {
                 // SAFETY: the registration is kept next to `mem` in the
                 // region and dropped before it (revocation, or field
@@ -263,6 +300,7 @@ impl Core {
             access,
             rdma,
             registration: parking_lot::Mutex::new(registration),
+            local_registration: OnceLock::new(),
             mem,
         });
         map.insert(id, region.clone());
@@ -372,7 +410,7 @@ impl Core {
 
     // ----- caller side ---------------------------------------------------
 
-    /// Starts a write of `data` at `offset` of `remote` (with a
+    /// Starts a write of `src` at `offset` of `remote` (with a
     /// notification carrying `notify`, if given, once all of it is in
     /// place). Every part is sent before this returns. `blocking`: the
     /// caller waits for it at once.
@@ -380,11 +418,20 @@ impl Core {
         self: &Arc<Self>,
         remote: &RemoteRegion,
         offset: u64,
-        data: &[u8],
+        src: WriteSource<'_>,
         notify: Option<u32>,
         blocking: bool,
     ) -> Result<RegionOp> {
-        check_remote(remote, offset, data.len() as u64, true)?;
+        let len = src.len();
+        check_remote(remote, offset, len as u64, true)?;
+        if let WriteSource::Region {
+            region,
+            offset,
+            len,
+        } = src
+        {
+            region.check_local(offset, len)?;
+        }
         let target = RegionRef {
             id: remote.id(),
             key: remote.key(),
@@ -395,33 +442,42 @@ impl Core {
                 offset,
                 notify: notify.map(|imm| Notify { imm, start: offset }),
             };
-            let res = status_result(
-                self.write_own(&head, data),
-                true,
-                remote,
-                offset,
-                data.len(),
-            );
+            let status = match src {
+                WriteSource::Bytes(data) => self.write_own(&head, data),
+                WriteSource::Region {
+                    region,
+                    offset,
+                    len,
+                } => {
+                    // Source and target may be the same region.
+                    let mut data = vec![0u8; len];
+                    match region.mem().read(offset, &mut data) {
+                        Ok(()) => self.write_own(&head, &data),
+                        Err(_) => return Err(Error::Region(RegionError::Revoked)),
+                    }
+                }
+            };
+            let res = status_result(status, true, remote, offset, len);
             if let (Ok(()), Some(imm)) = (&res, notify) {
                 self.notify_write(RegionWrite {
                     from: self.own,
                     region: target.id,
                     offset,
-                    len: data.len() as u64,
+                    len: len as u64,
                     imm,
                 });
             }
             return Ok(RegionOp::done(self, remote, offset, res));
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            let op = self.post_parts(rm, remote, key, offset, data.len(), Some(data), blocking)?;
+            let op = self.post_parts(rm, remote, key, offset, Parts::Write(src), blocking)?;
             if let Some(imm) = notify {
                 // Behind the write's work requests on the same queue pair:
                 // the owner sees it after the data.
                 let frame = NotifyFrame {
                     region: target,
                     start: offset,
-                    len: data.len() as u64,
+                    len: len as u64,
                     imm,
                 }
                 .encode();
@@ -440,21 +496,17 @@ impl Core {
             return Ok(op);
         }
         let timeout = self.config.request_timeout();
-        let mut parts = Vec::with_capacity(data.len().div_ceil(PART_MAX).max(1));
-        let mut chunks: Vec<&[u8]> = data.chunks(PART_MAX).collect();
-        if chunks.is_empty() {
-            chunks.push(&[]);
-        }
-        let last = chunks.len() - 1;
+        let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
         let mut at = 0usize;
-        for (i, chunk) in chunks.into_iter().enumerate() {
+        while at < len || parts.is_empty() {
+            let n = (len - at).min(PART_MAX);
             let head = WriteHead {
                 region: target,
                 offset: offset + at as u64,
                 // One notification, with the last part: the parts are
                 // applied in order, so all data is in place by then.
                 notify: notify
-                    .filter(|_| i == last)
+                    .filter(|_| at + n >= len)
                     .map(|imm| Notify { imm, start: offset }),
             }
             .encode();
@@ -462,33 +514,44 @@ impl Core {
                 remote.node(),
                 wire::MSG_TYPE,
                 wire::SUBTYPE_WRITE,
-                WRITE_HEAD_LEN + chunk.len(),
+                WRITE_HEAD_LEN + n,
                 timeout,
                 |w| {
                     w.write_all(&head)?;
-                    w.write_all(chunk)
+                    match src {
+                        WriteSource::Bytes(data) => w.write_all(&data[at..at + n]),
+                        WriteSource::Region { region, offset, .. } => region
+                            .mem()
+                            .with_bytes(offset + at, n, |b| w.write_all(b))
+                            .map_err(|_| std::io::Error::other("the source region is revoked"))?,
+                    }
                 },
             )?;
             parts.push(Part {
                 wait: PartWait::Request(Some(pending)),
                 at,
-                len: chunk.len(),
+                len: n,
             });
-            at += chunk.len();
+            at += n;
         }
         Ok(RegionOp::in_flight(self, remote, offset, parts, None))
     }
 
-    /// Starts a read of `len` bytes at `offset` of `remote` (`blocking`:
-    /// the caller waits for it at once).
+    /// Starts a read of `len` bytes at `offset` of `remote`, into a new
+    /// buffer or, with `into`, into the own region `into.0` at `into.1`
+    /// (`blocking`: the caller waits for it at once).
     pub fn region_read(
         self: &Arc<Self>,
         remote: &RemoteRegion,
         offset: u64,
         len: usize,
+        into: Option<(&Arc<ExposedRegion>, usize)>,
         blocking: bool,
     ) -> Result<RegionOp> {
         check_remote(remote, offset, len as u64, false)?;
+        if let Some((region, at)) = into {
+            region.check_local(at, len)?;
+        }
         let target = RegionRef {
             id: remote.id(),
             key: remote.key(),
@@ -503,10 +566,11 @@ impl Core {
             let mut op = RegionOp::done(self, remote, offset, res);
             op.read_len = Some(len);
             op.read = out;
+            op.into = into.map(|(r, at)| (r.clone(), at));
             return Ok(op);
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            return self.post_parts(rm, remote, key, offset, len, None, blocking);
+            return self.post_parts(rm, remote, key, offset, Parts::Read(len, into), blocking);
         }
         let timeout = self.config.request_timeout();
         let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
@@ -534,8 +598,45 @@ impl Core {
             });
             at += n;
         }
-        Ok(RegionOp::in_flight(self, remote, offset, parts, Some(len)))
+        let mut op = RegionOp::in_flight(self, remote, offset, parts, Some(len));
+        op.into = into.map(|(r, at)| (r.clone(), at));
+        Ok(op)
     }
+}
+
+/// The bytes a one-sided write carries.
+#[derive(Debug, Clone, Copy)]
+pub enum WriteSource<'a> {
+    /// The caller's bytes (copied before the call returns).
+    Bytes(&'a [u8]),
+    /// `len` bytes at `offset` of one of the own node's regions: on an
+    /// engine with remote memory access the device reads them in place.
+    Region {
+        /// The region.
+        region: &'a Arc<ExposedRegion>,
+        /// Where the bytes start in it.
+        offset: usize,
+        /// How many.
+        len: usize,
+    },
+}
+
+impl WriteSource<'_> {
+    fn len(&self) -> usize {
+        match *self {
+            WriteSource::Bytes(d) => d.len(),
+            WriteSource::Region { len, .. } => len,
+        }
+    }
+}
+
+/// What an access posted as device work requests moves.
+#[derive(Clone, Copy)]
+enum Parts<'a> {
+    Write(WriteSource<'a>),
+    /// A read of this many bytes, into a new buffer or in place into an
+    /// own region at an offset.
+    Read(usize, Option<(&'a Arc<ExposedRegion>, usize)>),
 }
 
 impl Core {
@@ -547,29 +648,44 @@ impl Core {
     }
 
     /// Posts an access as device work requests of at most `part_max` bytes
-    /// each (`data`: a write's bytes; `None`: a read of `len`). With
-    /// `blocking` the last part asks for its completion; otherwise the
-    /// waiter has it covered ([`RemoteMemory::cover`]) when it waits.
-    #[allow(clippy::too_many_arguments)]
+    /// each. With `blocking` the last part asks for its completion;
+    /// otherwise the waiter has it covered ([`RemoteMemory::cover`]) when
+    /// it waits.
     fn post_parts(
         self: &Arc<Self>,
         rm: &dyn RemoteMemory,
         remote: &RemoteRegion,
         key: RdmaKey,
         offset: u64,
-        len: usize,
-        data: Option<&[u8]>,
+        what: Parts<'_>,
         blocking: bool,
     ) -> Result<RegionOp> {
         let deadline = Instant::now() + self.config.request_timeout();
         let conn = self.connection(remote.node(), deadline)?;
         let step = rm.part_max();
-        let read_len = data.is_none().then_some(len);
+        let (len, read_len) = match what {
+            Parts::Write(src) => (src.len(), None),
+            // In place: nothing to hand back.
+            Parts::Read(n, into) => (n, into.is_none().then_some(n)),
+        };
+        // An own region read or filled in place: its registration, and a
+        // handle that keeps it alive while the device uses it.
+        let local = match what {
+            Parts::Write(WriteSource::Region { region, offset, .. })
+            | Parts::Read(_, Some((region, offset))) => {
+                let keep: Arc<dyn std::any::Any + Send + Sync> = region.clone();
+                Some((region.local_registration(rm)?, offset, keep))
+            }
+            _ => None,
+        };
         let parts = Vec::with_capacity(len.div_ceil(step).max(1));
         // Built first: if a post fails, dropping it frees what the parts
         // posted so far hold.
         let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len);
-        let read_buf: Option<ReadBuf> = read_len.map(|n| Arc::new(Mutex::new(ReadBytes::new(n))));
+        let read_buf: Option<ReadBuf> = match what {
+            Parts::Read(n, None) => Some(Arc::new(Mutex::new(ReadBytes::new(n)))),
+            _ => None,
+        };
         op.device = Some(DeviceOp {
             conn: conn.clone(),
             deadline,
@@ -583,19 +699,41 @@ impl Core {
             // A forged descriptor may name any address: wrapping, the
             // device refuses what is not registered.
             let addr = key.addr.wrapping_add(offset).wrapping_add(at as u64);
-            let part = match data {
-                Some(d) => RdmaPart::Write {
-                    data: &d[at..at + n],
+            let in_place = local.as_ref().map(|(reg, base, keep)| LocalBytes {
+                registration: &***reg,
+                offset: base + at,
+                len: n,
+                keep,
+            });
+            let part = match (what, in_place) {
+                (Parts::Write(_), Some(l)) => RdmaPart::Write {
+                    src: PartSource::Local(l),
                     addr,
                     rkey: key.rkey,
                 },
-                None => RdmaPart::Read {
+                (Parts::Write(WriteSource::Bytes(d)), None) => RdmaPart::Write {
+                    src: PartSource::Bytes(&d[at..at + n]),
+                    addr,
+                    rkey: key.rkey,
+                },
+                (Parts::Read(..), Some(l)) => RdmaPart::Read {
                     len: n,
                     addr,
                     rkey: key.rkey,
-                    into: read_buf.as_ref().expect("a read has its buffer"),
-                    at,
+                    into: PartDest::Local(l),
                 },
+                (Parts::Read(..), None) => RdmaPart::Read {
+                    len: n,
+                    addr,
+                    rkey: key.rkey,
+                    into: PartDest::Buf {
+                        buf: read_buf.as_ref().expect("a read has its buffer"),
+                        at,
+                    },
+                },
+                (Parts::Write(WriteSource::Region { .. }), None) => {
+                    unreachable!("a region source is registered")
+                }
             };
             let seq = rm.post(self, &conn, part, deadline, blocking && last)?;
             if !blocking {
@@ -654,6 +792,20 @@ fn status_result(
         } else {
             RegionError::ReadNotPermitted
         })),
+    }
+}
+
+/// A read's bytes, or, for a read into an own region (`into`), nothing
+/// once they are there (or the region is gone).
+fn deliver(into: Option<(Arc<ExposedRegion>, usize)>, bytes: Vec<u8>) -> Result<Vec<u8>> {
+    match into {
+        None => Ok(bytes),
+        Some((region, at)) => {
+            // Revoked meanwhile (its handle dropped): the bytes go with it,
+            // as the device's would.
+            let _ = region.mem().write(at, &bytes);
+            Ok(Vec::new())
+        }
     }
 }
 
@@ -771,6 +923,9 @@ pub struct RegionOp {
     read: Vec<u8>,
     /// The parts are device work requests.
     device: Option<DeviceOp>,
+    /// A read into an own region that the engine does not fill in place:
+    /// the bytes go there once all are here.
+    into: Option<(Arc<ExposedRegion>, usize)>,
 }
 
 impl RegionOp {
@@ -791,6 +946,7 @@ impl RegionOp {
             read_len,
             read: Vec::new(),
             device: None,
+            into: None,
         }
     }
 
@@ -805,6 +961,7 @@ impl RegionOp {
             read_len: None,
             read: Vec::new(),
             device: None,
+            into: None,
         }
     }
 
@@ -879,6 +1036,7 @@ impl RegionOp {
     /// ends the wait; parts sent after the failing one may have been
     /// applied or not.
     pub fn wait_into(mut self, dest: &mut [u8]) -> Result<()> {
+        debug_assert!(self.into.is_none(), "reads into a region end in wait()");
         if let Some(res) = self.done.take() {
             if res.is_ok() && self.read_len.is_some() {
                 dest.copy_from_slice(&self.read);
@@ -938,19 +1096,32 @@ impl RegionOp {
         }
     }
 
-    /// [`RegionOp::wait_into`] into a new buffer (empty for a write).
+    /// [`RegionOp::wait_into`] into a new buffer (empty for a write, and
+    /// for a read into an own region, which has its bytes then).
     pub fn wait(mut self) -> Result<Vec<u8>> {
-        if self.device.is_some() && self.done.is_none() {
+        let into = self.into.take();
+        let bytes = if self.device.is_some() && self.done.is_none() {
             // A read's buffer is handed over as it is.
             self.wait_device()?;
-            return self.device_bytes();
-        }
-        let mut buf = vec![0u8; self.read_len.unwrap_or(0)];
-        self.wait_into(&mut buf).map(|()| buf)
+            self.device_bytes()?
+        } else {
+            let mut buf = vec![0u8; self.read_len.unwrap_or(0)];
+            self.wait_into(&mut buf)?;
+            buf
+        };
+        deliver(into, bytes)
     }
 
     /// `Future` support: [`RegionOp::wait`] without blocking.
     pub fn poll_wait(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        match self.poll_bytes(cx) {
+            Poll::Ready(Ok(bytes)) => Poll::Ready(deliver(self.into.take(), bytes)),
+            other => other,
+        }
+    }
+
+    /// [`RegionOp::poll_wait`] up to the read's bytes.
+    fn poll_bytes(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
         if let Some(res) = self.done.take() {
             return Poll::Ready(res.map(|()| std::mem::take(&mut self.read)));
         }

@@ -134,16 +134,16 @@ pub trait Transport: Send + Sync + 'static {
 // Read only by the InfiniBand engine.
 #[cfg_attr(not(feature = "ib"), allow(dead_code))]
 pub enum RdmaPart<'a> {
-    /// Write `data` there.
+    /// Write the bytes of `src` there.
     Write {
         /// The bytes.
-        data: &'a [u8],
+        src: PartSource<'a>,
         /// The peer's address of the first byte.
         addr: u64,
         /// The region's remote key.
         rkey: u32,
     },
-    /// Read `len` bytes from there into `into[at..at + len]`.
+    /// Read `len` bytes from there into `into`.
     Read {
         /// How many.
         len: usize,
@@ -151,12 +151,63 @@ pub enum RdmaPart<'a> {
         addr: u64,
         /// The region's remote key.
         rkey: u32,
-        /// The whole read's bytes, filled by the engine as its parts
-        /// complete (before their outcome shows as done).
-        into: &'a ReadBuf,
+        /// Where they go.
+        into: PartDest<'a>,
+    },
+}
+
+/// The bytes a write part carries.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "ib"), allow(dead_code))]
+pub enum PartSource<'a> {
+    /// The caller's bytes: the engine copies them (into staging memory, or
+    /// inline into the work request) before `post` returns.
+    Bytes(&'a [u8]),
+    /// `len` bytes of the caller's own registered region: the device reads
+    /// them in place, no copy.
+    Local(LocalBytes<'a>),
+}
+
+/// Where a read part's bytes go.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "ib"), allow(dead_code))]
+pub enum PartDest<'a> {
+    /// The whole read's buffer, at `at`: filled by the engine as the part
+    /// completes (before its outcome shows as done).
+    Buf {
+        /// The read's buffer.
+        buf: &'a ReadBuf,
         /// Where this part goes in it.
         at: usize,
     },
+    /// The caller's own registered region: the device writes there.
+    Local(LocalBytes<'a>),
+}
+
+/// A range of one of this node's regions, registered with the device
+/// ([`RemoteMemory::register`]), that a part reads or fills in place.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "ib"), allow(dead_code))]
+pub struct LocalBytes<'a> {
+    /// The registration (what [`RemoteMemory::register`] returned).
+    pub registration: &'a (dyn std::any::Any + Send + Sync),
+    /// Offset of the first byte in the registered memory.
+    pub offset: usize,
+    /// How many bytes.
+    pub len: usize,
+    /// Keeps the memory and the registration alive: the engine holds a
+    /// clone until the device is done with the part (its completion, or the
+    /// end of its queue pair), whatever the caller does meanwhile.
+    pub keep: &'a Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for LocalBytes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBytes")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A device read's bytes. Shared with the engine, which copies each part

@@ -478,3 +478,71 @@ pub fn start_all(cfgs: Vec<Config>) -> Vec<Arc<Node>> {
         .map(|c| Arc::new(Node::start(c).unwrap()))
         .collect()
 }
+
+/// A thread's random in-place accesses (`write_from`, `read_into`, their
+/// async forms and the notifying write) between its slice
+/// `[local_base, local_base + slice)` of the own region `local` and its
+/// slice `[base, base + slice)` of `remote`: each write's bytes are staged
+/// in `local` first, each read-back lands in another part of `local` and
+/// is checked byte for byte. Returns the remote slice as the thread wrote
+/// it.
+pub fn in_place_phase(
+    node: &Node,
+    remote: &dxnet::RemoteRegion,
+    local: &dxnet::Region,
+    t: u64,
+    (base, local_base, slice): (usize, usize, usize),
+    ops: u64,
+) -> Vec<u8> {
+    let half = slice / 2;
+    let mut shadow = vec![0u8; slice];
+    let mut x = (t + 77).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..ops {
+        let len = match next() % 6 {
+            0 => 1,
+            1 => 1 + (next() % (half as u64)) as usize,
+            _ => 1 + (next() % 9000) as usize,
+        };
+        let off = (next() % (slice - len + 1) as u64) as usize;
+        // The source: somewhere in the first half of the local slice.
+        let src = local_base + (next() % (half - len + 1) as u64) as usize;
+        let data = pattern(9, t as u16, i, len);
+        local.write(src, &data).unwrap();
+        let at = (base + off) as u64;
+        match i % 3 {
+            0 => node.write_from(remote, at, local, src, len).unwrap(),
+            1 => node
+                .write_from_async(remote, at, local, src, len)
+                .unwrap()
+                .wait()
+                .unwrap(),
+            _ => node
+                .write_with_notify_from(remote, at, local, src, len, i as u32)
+                .unwrap(),
+        }
+        shadow[off..off + len].copy_from_slice(&data);
+        // The read-back: into the second half.
+        let dst = local_base + half + (next() % (half - len + 1) as u64) as usize;
+        if i % 2 == 0 {
+            node.read_into(remote, at, local, dst, len).unwrap();
+        } else {
+            node.read_into_async(remote, at, local, dst, len)
+                .unwrap()
+                .wait()
+                .unwrap();
+        }
+        let mut back = vec![0u8; len];
+        local.read(dst, &mut back).unwrap();
+        assert!(
+            back == data,
+            "thread {t} op {i}: in-place read-back of {len} B at {off}"
+        );
+    }
+    shadow
+}

@@ -147,10 +147,11 @@ struct SendState {
     /// them (see `RemoteMemory::cover`).
     last_remote: (u64, u32),
     chain: ibv::SendChain,
-    /// Staging slots of one-sided parts whose queue pair closed before
-    /// they completed: the device may still use them until the queue pair
-    /// is destroyed (`CLOSE_LINGER`), then they are free again.
-    quarantined: Vec<u32>,
+    /// One-sided parts whose queue pair closed before they completed: the
+    /// device may still use their staging slots and the memory they name
+    /// until the queue pair is destroyed (`CLOSE_LINGER`); then the slots
+    /// are free again and the memory is let go.
+    quarantined: Vec<one_sided::PartWr>,
 }
 
 impl SendState {
@@ -463,11 +464,10 @@ impl Transport for IbEngine {
                 for c in drained {
                     wrs += c.wrs;
                     // Their parts are lost with the connection; their
-                    // staging slots wait for the queue pair's end.
+                    // staging slots and the memory they read or fill in
+                    // place wait for the queue pair's end.
                     if let Some(p) = c.one_sided {
-                        if let Some(slot) = p.slot {
-                            st.quarantined.push(slot);
-                        }
+                        st.quarantined.push(p);
                     }
                 }
                 conn.parts.lose_pending();

@@ -6,12 +6,16 @@
 //!   data its ring holds, so a thread's earlier messages reach the peer
 //!   before its write (RC queue pairs keep order), and a message posted
 //!   after the write is seen after the write's data.
-//! - Its bytes go through a registered staging slot (the caller's memory
-//!   is not registered): a write is copied in before the post (or sent
-//!   inline when small), a read lands there and is copied into the read's
-//!   buffer when its chain is retired (so the slot is free again at once,
-//!   whether or not anyone waits). Waiting for a free slot or room in the
-//!   send queue retires send completions meanwhile.
+//! - A part of the caller's bytes goes through a registered staging slot
+//!   (the caller's memory is not registered): a write is copied in before
+//!   the post (or sent inline when small), a read lands there and is
+//!   copied into the read's buffer when its chain is retired (so the slot
+//!   is free again at once, whether or not anyone waits). A part from or
+//!   into one of the caller's own regions (`Node::write_from`,
+//!   `read_into`) names that registered memory in place, no copy; its
+//!   chain keeps the region alive until the device is done. Waiting for a
+//!   free slot or room in the send queue retires send completions
+//!   meanwhile.
 //! - Parts are numbered like every chain of the queue pair; the outcome of
 //!   each shows in the connection's [`InOrderTrack`] (`Connection::parts`),
 //!   which the caller checks, parks on or registers a waker with: no
@@ -30,18 +34,31 @@ use crossbeam::queue::ArrayQueue;
 
 use super::*;
 use crate::error::Waited;
-use crate::transport::{RdmaPart, ReadBuf, RemoteMemory};
+use crate::transport::{LocalBytes, PartDest, PartSource, RdmaPart, ReadBuf, RemoteMemory};
 
 /// Bytes of one staging slot: the largest part of a one-sided access.
 pub(super) const SLOT_LEN: usize = 64 << 10;
 
 /// A posted one-sided part (see [`Chain::one_sided`]).
-#[derive(Debug)]
 pub(super) struct PartWr {
     /// Its staging slot, freed when the part's chain is retired.
     pub(super) slot: Option<u32>,
-    /// A read's destination: the read's buffer and where in it.
+    /// A staged read's destination: the read's buffer and where in it.
     pub(super) read: Option<(ReadBuf, usize, usize)>,
+    /// The caller's registered memory the part reads or fills in place:
+    /// held until the device is done with it (the chain is retired, or its
+    /// queue pair destroyed).
+    pub(super) keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PartWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartWr")
+            .field("slot", &self.slot)
+            .field("read", &self.read.as_ref().map(|(_, at, len)| (at, len)))
+            .field("in_place", &self.keep.is_some())
+            .finish()
+    }
 }
 
 /// Registered memory for the bytes of one-sided parts in flight.
@@ -93,6 +110,16 @@ impl Staging {
             )
         };
     }
+}
+
+/// The scatter/gather element of a part in the caller's registered memory.
+fn local_sge(l: LocalBytes<'_>) -> Result<ibv::Sge> {
+    let mr = l
+        .registration
+        .downcast_ref::<ibv::MemoryRegion>()
+        .ok_or_else(|| Error::Transport("a local region registered by another engine".into()))?;
+    let len = u32::try_from(l.len).map_err(|_| Error::Transport("part too long".into()))?;
+    mr.sge(l.offset, len).map_err(verbs_err)
 }
 
 /// How long the send thread retires completions often after a caller
@@ -182,7 +209,8 @@ impl IbEngine {
         }
     }
 
-    /// Frees what a retired part's chain holds.
+    /// Frees what a retired part's chain holds (its staging slot; the
+    /// caller's memory it kept alive).
     pub(super) fn retire_part(&self, p: PartWr) {
         if let Some(slot) = p.slot {
             self.staged().release(slot);
@@ -207,10 +235,10 @@ impl IbEngine {
         Ok(self.staging.get().expect("just set"))
     }
 
-    /// Frees the staging slots of a destroyed queue pair.
+    /// Frees what the parts of a destroyed queue pair held.
     pub(super) fn release_quarantine(&self, ic: &IbConn) {
-        for slot in std::mem::take(&mut ic.send.lock().quarantined) {
-            self.staged().release(slot);
+        for p in std::mem::take(&mut ic.send.lock().quarantined) {
+            self.retire_part(p);
         }
     }
 
@@ -311,13 +339,41 @@ impl RemoteMemory for IbEngine {
             )
         };
         let ic = conn.engine::<IbConn>().ok_or_else(lost)?;
+        // The caller's registered memory, read or filled in place.
+        let local = match part {
+            RdmaPart::Write {
+                src: PartSource::Local(l),
+                ..
+            }
+            | RdmaPart::Read {
+                into: PartDest::Local(l),
+                ..
+            } => Some(l),
+            _ => None,
+        };
         let (len, inline) = match part {
-            RdmaPart::Write { data, .. } => (data.len(), data.len() <= ic.max_inline),
+            RdmaPart::Write {
+                src: PartSource::Bytes(data),
+                ..
+            } => (data.len(), data.len() <= ic.max_inline),
+            RdmaPart::Write {
+                src: PartSource::Local(l),
+                ..
+            } => (l.len, false),
             RdmaPart::Read { len, .. } => (len, false),
         };
         assert!(len <= SLOT_LEN, "parts are at most part_max() bytes");
-        // A staging slot (not for inline writes: copied at post time).
-        let staging = if inline { None } else { Some(self.staging()?) };
+        let local_sge = match local {
+            Some(l) => Some(local_sge(l)?),
+            None => None,
+        };
+        // A staging slot (not for inline writes: copied at post time; not
+        // for parts in the caller's registered memory).
+        let staging = if inline || local.is_some() {
+            None
+        } else {
+            Some(self.staging()?)
+        };
         let slot = match staging {
             None => None,
             Some(staging) => loop {
@@ -336,7 +392,14 @@ impl RemoteMemory for IbEngine {
             }
             e
         };
-        if let (Some(s), RdmaPart::Write { data, .. }) = (slot, part) {
+        if let (
+            Some(s),
+            RdmaPart::Write {
+                src: PartSource::Bytes(data),
+                ..
+            },
+        ) = (slot, part)
+        {
             self.staged().fill(s, data);
         }
         loop {
@@ -379,7 +442,7 @@ impl RemoteMemory for IbEngine {
                         .sge(s as usize * SLOT_LEN, len as u32)
                         .map_err(|e| give_back(verbs_err(e)))?,
                 ),
-                None => None,
+                None => local_sge,
             };
             let op = match part {
                 RdmaPart::Write { addr, rkey, .. } => ibv::SendOp::RdmaWrite {
@@ -392,9 +455,13 @@ impl RemoteMemory for IbEngine {
                 },
             };
             let posted = match (part, sge) {
-                (RdmaPart::Write { data, .. }, None) => {
-                    ic.qp.post_send_inline(wr_id, op, data, signal)
-                }
+                (
+                    RdmaPart::Write {
+                        src: PartSource::Bytes(data),
+                        ..
+                    },
+                    None,
+                ) => ic.qp.post_send_inline(wr_id, op, data, signal),
                 (_, Some(sge)) => {
                     let mut chain = std::mem::take(&mut st.chain);
                     chain.clear();
@@ -403,7 +470,7 @@ impl RemoteMemory for IbEngine {
                     st.chain = chain;
                     r
                 }
-                (RdmaPart::Read { .. }, None) => unreachable!("reads always stage"),
+                (_, None) => unreachable!("only inline writes go without an SGE"),
             };
             if let Err(e) = posted {
                 drop(guard);
@@ -423,8 +490,12 @@ impl RemoteMemory for IbEngine {
                 }
             };
             let read = match part {
-                RdmaPart::Read { into, at, len, .. } => Some((into.clone(), at, len)),
-                RdmaPart::Write { .. } => None,
+                RdmaPart::Read {
+                    into: PartDest::Buf { buf, at },
+                    len,
+                    ..
+                } => Some((buf.clone(), at, len)),
+                _ => None,
             };
             st.chains.push_back(Chain {
                 seq,
@@ -432,7 +503,11 @@ impl RemoteMemory for IbEngine {
                 wrs: 1,
                 one_sided_wr: true,
                 posted: Instant::now(),
-                one_sided: Some(PartWr { slot, read }),
+                one_sided: Some(PartWr {
+                    slot,
+                    read,
+                    keep: local.map(|l| l.keep.clone()),
+                }),
             });
             self.outstanding_total.fetch_add(1, Ordering::AcqRel);
             // The send thread is not woken: the caller retires completions
