@@ -29,6 +29,9 @@
 #               trips) per run instead of the suite's
 #   --rdma-window N  one-sided accesses in flight per thread (dxnet-bench's
 #               params.rdma_window, default 16)
+#   --rdma-copy one-sided accesses copy the application's bytes (dxnet's
+#               write/read of slices) instead of using registered memory in
+#               place (write_from/read_into; what perftest does)
 #   --modes L   throughput and one-sided modes, e.g. uni,bi (default: the
 #               suite's, uni)
 #
@@ -78,6 +81,7 @@ OPERATIONS=
 SIZES=
 COUNT=
 WINDOW=
+RDMA_COPY=0
 MODES=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -94,13 +98,14 @@ while [ $# -gt 0 ]; do
         --sizes) SIZES=$2; shift 2 ;;
         --count) COUNT=$2; shift 2 ;;
         --rdma-window) WINDOW=$2; shift 2 ;;
+        --rdma-copy) RDMA_COPY=1; shift ;;
         --modes) MODES=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] [--modes L] OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] [--rdma-copy] [--modes L] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -122,6 +127,7 @@ run_suite() {
     [ -n "$SIZES" ] && extra+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && extra+=(--count "$COUNT")
     [ -n "$WINDOW" ] && extra+=(--rdma-window "$WINDOW")
+    [ "$RDMA_COPY" = 1 ] && extra+=(--rdma-copy)
     [ -n "$MODES" ] && extra+=(--modes "$MODES")
     rxe() {
         local c
@@ -205,6 +211,7 @@ else
     [ -n "$SIZES" ] && args+=(--sizes "$SIZES")
     [ -n "$COUNT" ] && args+=(--count "$COUNT")
     [ -n "$WINDOW" ] && args+=(--rdma-window "$WINDOW")
+    [ "$RDMA_COPY" = 1 ] && args+=(--rdma-copy)
     [ -n "$MODES" ] && args+=(--modes "$MODES")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.

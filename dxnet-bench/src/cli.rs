@@ -203,6 +203,11 @@ pub struct RunArgs {
     /// `rdma_read`); default 16.
     #[arg(long)]
     rdma_window: Option<usize>,
+    /// One-sided accesses copy the application's bytes instead of using
+    /// registered memory in place (dxnet `write`/`read` of slices instead
+    /// of `write_from`/`read_into`).
+    #[arg(long)]
+    rdma_copy: bool,
     /// Work per received message or request, in nanoseconds of hashing
     /// (every binding).
     #[arg(long)]
@@ -385,6 +390,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if let Some(v) = a.rdma_window {
         p.rdma_window = v;
+    }
+    if a.rdma_copy {
+        p.rdma_copy = true;
     }
     if let Some(v) = a.handler_work_ns {
         p.handler_work_ns = v;

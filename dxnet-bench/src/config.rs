@@ -305,6 +305,12 @@ pub struct Params {
     /// One-sided accesses in flight per sender thread in `rdma_write` and
     /// `rdma_read` (the queue depth of a verbs benchmark).
     pub rdma_window: usize,
+    /// One-sided accesses copy the application's bytes (dxnet's `write`
+    /// and `read` of slices; raw verbs through its send slots) instead of
+    /// using registered memory in place (dxnet's `write_from` and
+    /// `read_into` of an own region; raw verbs' send slots as they are),
+    /// which is what perftest and Observatory's verbs binding measure.
+    pub rdma_copy: bool,
     /// Work every received message and request costs its handler, in
     /// nanoseconds of hashing (counted in iterations calibrated once per
     /// process, so a preempted handler still does all of it); 0: none. The
@@ -425,6 +431,7 @@ impl Default for Params {
             rdma: RdmaParams::default(),
             raw_verbs: RawVerbsParams::default(),
             rdma_window: 16,
+            rdma_copy: false,
             handler_work_ns: 0,
             handler_block_us: 0,
             parallel_handlers: false,

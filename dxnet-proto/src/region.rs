@@ -275,6 +275,92 @@ pub enum FrameError {
     UnknownStatus(u8),
 }
 
+/// What other nodes may do with an exposed region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Access {
+    /// Others may only read.
+    ReadOnly,
+    /// Others may only write.
+    WriteOnly,
+    /// Others may read and write.
+    ReadWrite,
+    /// Others may do nothing: the region is the local side of its own
+    /// node's accesses (writes from it, reads into it), such as an
+    /// outgoing buffer.
+    LocalOnly,
+}
+
+impl Access {
+    /// Whether others may read.
+    pub fn can_read(self) -> bool {
+        matches!(self, Access::ReadOnly | Access::ReadWrite)
+    }
+
+    /// Whether others may write.
+    pub fn can_write(self) -> bool {
+        matches!(self, Access::WriteOnly | Access::ReadWrite)
+    }
+}
+
+/// A region descriptor as it travels between nodes (in any message, with
+/// the payload codec): it names a region and says what it allows. A
+/// receiver trusts none of it beyond the checks here: the owner checks
+/// every access again against the region itself (its device does, on
+/// InfiniBand), and a wrong key names nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Descriptor {
+    /// The owner's node id.
+    pub node: u16,
+    /// The region's id at the owner.
+    pub id: u32,
+    /// The region's random key.
+    pub key: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// What others may do.
+    pub access: Access,
+    /// Address and remote key for the device path (InfiniBand).
+    pub rdma: Option<RdmaKey>,
+}
+
+/// Where a region lies for an RDMA device: the owner's address of its
+/// first byte and its remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct RdmaKey {
+    /// The owner's address of the region's first byte.
+    pub addr: u64,
+    /// The region's remote key.
+    pub rkey: u32,
+}
+
+/// Why a descriptor does not allow an access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not with the descriptor's rights.
+    NotPermitted,
+    /// Not inside its length.
+    OutOfBounds,
+}
+
+impl Descriptor {
+    /// Checks a write (`write`) or read of `len` bytes at `offset` against
+    /// the rights and length the descriptor claims.
+    pub fn check(&self, offset: u64, len: u64, write: bool) -> Result<(), Refusal> {
+        let allowed = if write {
+            self.access.can_write()
+        } else {
+            self.access.can_read()
+        };
+        if !allowed {
+            Err(Refusal::NotPermitted)
+        } else if !in_bounds(offset, len, self.len) {
+            Err(Refusal::OutOfBounds)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// Whether `[offset, offset + len)` lies inside a region of `region_len`
 /// bytes (without overflow).
 pub fn in_bounds(offset: u64, len: u64, region_len: u64) -> bool {
@@ -284,6 +370,56 @@ pub fn in_bounds(offset: u64, len: u64, region_len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn descriptor_checks_rights_then_bounds_without_overflow() {
+        let d = |access| Descriptor {
+            node: 1,
+            id: 2,
+            key: 3,
+            len: 100,
+            access,
+            rdma: None,
+        };
+        let rw = d(Access::ReadWrite);
+        assert_eq!(rw.check(0, 100, true), Ok(()));
+        assert_eq!(rw.check(100, 0, false), Ok(()));
+        assert_eq!(rw.check(99, 2, true), Err(Refusal::OutOfBounds));
+        assert_eq!(rw.check(u64::MAX, 2, false), Err(Refusal::OutOfBounds));
+        assert_eq!(
+            d(Access::ReadOnly).check(0, 1, true),
+            Err(Refusal::NotPermitted)
+        );
+        assert_eq!(
+            d(Access::WriteOnly).check(0, 1, false),
+            Err(Refusal::NotPermitted)
+        );
+        for write in [false, true] {
+            assert_eq!(
+                d(Access::LocalOnly).check(0, 1, write),
+                Err(Refusal::NotPermitted)
+            );
+        }
+        // Rights first: an access without them is refused as such even
+        // when it is out of bounds too.
+        assert_eq!(
+            d(Access::ReadOnly).check(500, 1, true),
+            Err(Refusal::NotPermitted)
+        );
+        let with_key = Descriptor {
+            rdma: Some(RdmaKey {
+                addr: 1 << 40,
+                rkey: 9,
+            }),
+            ..rw
+        };
+        let mut bytes = Vec::new();
+        crate::codec::encode_into(&mut bytes, &with_key).unwrap();
+        assert_eq!(
+            crate::codec::decode::<Descriptor>(&bytes).unwrap(),
+            with_key
+        );
+    }
 
     #[test]
     fn write_head_round_trip_with_and_without_notify() {

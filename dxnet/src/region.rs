@@ -45,10 +45,23 @@
 //!   waiting for the receiver), so a protocol that reuses memory waits for
 //!   the owner's word first, as a circular buffer with a tail does.
 //!
+//! - In place: [`Node::write_from`] and [`Node::read_into`] (and their
+//!   `_async` and notifying forms) move bytes between a range of one of the
+//!   caller's own regions and a remote one, instead of the caller's
+//!   slices. On InfiniBand the device reads or fills the own region
+//!   directly, no copy. An access in flight keeps that region's memory
+//!   (and registration) alive, so dropping its [`Region`] meanwhile is
+//!   safe: a write still carries the bytes the range holds until it
+//!   completes, a read's bytes go to memory nobody sees any more. The own
+//!   range is checked first ([`RegionError::LocalOutOfBounds`]; a region
+//!   of another node is [`RegionError::NotOwnRegion`]). A region exposed
+//!   [`Access::LocalOnly`] serves only as such a local side.
+//!
 //! **How.** On InfiniBand a region is registered with the device when
 //! exposed and its descriptor carries the address and remote key: an
 //! access is a series of RDMA WRITE or READ work requests (parts of up to
-//! 64 KiB, through registered staging memory of `ib.staging_slots`) on the
+//! 64 KiB, through registered staging memory of `ib.staging_slots`, or in
+//! place from or into an own region) on the
 //! connection's queue pair, posted after the data of the connection's
 //! ring; the owner's CPU takes no part (a write with notification is
 //! followed by a small message). Outcomes come from the connection's
@@ -78,93 +91,76 @@ use crate::core::regions::{ExposedRegion, RegionOp, WriteSource};
 use crate::core::Core;
 use crate::{Error, Node, NodeId, RegionError, Result};
 
-/// What other nodes may do with an exposed region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Access {
-    /// Others may only read.
-    ReadOnly,
-    /// Others may only write.
-    WriteOnly,
-    /// Others may read and write.
-    ReadWrite,
-    /// Others may do nothing: the region is the local side of the own
-    /// node's accesses ([`Node::write_from`], [`Node::read_into`]), such as
-    /// an outgoing buffer. On InfiniBand it is registered for local access
-    /// only.
-    LocalOnly,
-}
-
-impl Access {
-    /// Whether others may read.
-    pub fn can_read(self) -> bool {
-        matches!(self, Access::ReadOnly | Access::ReadWrite)
-    }
-
-    /// Whether others may write.
-    pub fn can_write(self) -> bool {
-        matches!(self, Access::WriteOnly | Access::ReadWrite)
-    }
-}
+/// What other nodes may do with an exposed region ([`Access::LocalOnly`]:
+/// nothing; the region is the local side of the own node's
+/// [`Node::write_from`] and [`Node::read_into`], such as an outgoing
+/// buffer; on InfiniBand it is registered for local access only).
+pub use crate::proto::region::Access;
+pub(crate) use crate::proto::region::RdmaKey;
+use crate::proto::region::{Descriptor, Refusal};
 
 /// Names an exposed region to other nodes: send it in any message; the
 /// receiver uses it with [`Node::write`] and [`Node::read`].
 ///
 /// The key is random per region: a descriptor of a revoked region, or of
 /// a node that restarted since, names nothing there (accesses fail with
-/// [`RegionError::Revoked`]).
+/// [`RegionError::Revoked`]). Nothing in it is trusted beyond the checks
+/// before sending: the owner checks every access against the region
+/// itself (on InfiniBand its device does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RemoteRegion {
-    node: NodeId,
-    id: u32,
-    key: u64,
-    len: u64,
-    access: Access,
-    /// Address and remote key for the device path (InfiniBand).
-    rdma: Option<RdmaKey>,
-}
-
-/// Where a region lies for an RDMA device: the owner's address of its
-/// first byte and its remote key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(crate) struct RdmaKey {
-    pub(crate) addr: u64,
-    pub(crate) rkey: u32,
-}
+#[serde(transparent)]
+pub struct RemoteRegion(Descriptor);
 
 impl RemoteRegion {
     /// The owner.
     pub fn node(&self) -> NodeId {
-        self.node
+        NodeId(self.0.node)
     }
 
     /// The region's id at its owner.
     pub fn id(&self) -> u32 {
-        self.id
+        self.0.id
     }
 
     /// The region's random key.
     pub(crate) fn key(&self) -> u64 {
-        self.key
+        self.0.key
     }
 
     /// Length in bytes.
     pub fn len(&self) -> u64 {
-        self.len
+        self.0.len
     }
 
     /// Whether the region is empty (never: regions have at least a byte).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.0.len == 0
     }
 
     /// What others may do.
     pub fn access(&self) -> Access {
-        self.access
+        self.0.access
     }
 
     /// Address and remote key for the device path.
     pub(crate) fn rdma(&self) -> Option<RdmaKey> {
-        self.rdma
+        self.0.rdma
+    }
+
+    /// Checks an access against the descriptor before anything is sent.
+    pub(crate) fn check(&self, offset: u64, len: u64, write: bool) -> Result<()> {
+        match self.0.check(offset, len, write) {
+            Ok(()) => Ok(()),
+            Err(Refusal::NotPermitted) if write => {
+                Err(Error::Region(RegionError::WriteNotPermitted))
+            }
+            Err(Refusal::NotPermitted) => Err(Error::Region(RegionError::ReadNotPermitted)),
+            Err(Refusal::OutOfBounds) => Err(Error::Region(RegionError::OutOfBounds {
+                offset,
+                len,
+                region_len: self.0.len,
+            })),
+        }
     }
 }
 
@@ -222,14 +218,14 @@ impl Region {
 
     /// The descriptor to hand to other nodes.
     pub fn descriptor(&self) -> RemoteRegion {
-        RemoteRegion {
-            node: self.node,
+        RemoteRegion(Descriptor {
+            node: self.node.0,
             id: self.inner.id(),
             key: self.inner.key(),
             len: self.inner.len(),
             access: self.inner.access(),
             rdma: self.inner.rdma(),
-        }
+        })
     }
 
     /// Copies `buf.len()` bytes at `offset` into `buf`.

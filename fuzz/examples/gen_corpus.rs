@@ -6,7 +6,9 @@ use std::path::Path;
 use dxnet_fuzz::{make_split_input, sample, Item};
 use dxnet_proto::codec::encode_into;
 use dxnet_proto::header::{MessageHeader, FLAG_ERROR, FLAG_REQUEST, FLAG_RESPONSE, HEADER_LEN};
-use dxnet_proto::region::{Notify, NotifyFrame, ReadRequest, RegionRef, WriteHead};
+use dxnet_proto::region::{
+    Access, Descriptor, Notify, NotifyFrame, RdmaKey, ReadRequest, RegionRef, WriteHead,
+};
 use dxnet_proto::wire::{
     encode_chunk_header, CloseNotice, DatagramHeader, HandshakeMsg, Hello, Status, ENDPOINT_LEN,
 };
@@ -237,6 +239,45 @@ fn main() {
     let mut v = vec![0u8];
     v.extend_from_slice(&probe.encode(None, None)[..40]);
     write(&dir, "discovery_datagram", "truncated", &v);
+
+    // region_descriptor: [offset u64][len u64][write u8][descriptor].
+    let desc = |access, rdma| Descriptor {
+        node: 3,
+        id: 7,
+        key: 0x0123_4567_89ab_cdef,
+        len: 1 << 20,
+        access,
+        rdma,
+    };
+    let rdma = Some(RdmaKey {
+        addr: 0x7f00_0000_0000,
+        rkey: 0x1234,
+    });
+    for (name, offset, len, is_write, d) in [
+        (
+            "write_in",
+            4096u64,
+            64u64,
+            1u8,
+            desc(Access::ReadWrite, rdma),
+        ),
+        (
+            "read_end",
+            (1 << 20) - 8,
+            8,
+            0,
+            desc(Access::ReadOnly, None),
+        ),
+        ("write_ro", 0, 1, 1, desc(Access::ReadOnly, rdma)),
+        ("overflow", u64::MAX, 2, 0, desc(Access::ReadWrite, None)),
+        ("local_only", 0, 1, 0, desc(Access::LocalOnly, None)),
+    ] {
+        let mut v = offset.to_le_bytes().to_vec();
+        v.extend_from_slice(&len.to_le_bytes());
+        v.push(is_write);
+        v.extend_from_slice(&enc(&d));
+        write(&dir, "region_descriptor", name, &v);
+    }
 
     // region_frames: [selector][frame].
     let target = RegionRef {

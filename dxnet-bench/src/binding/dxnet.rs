@@ -77,6 +77,10 @@ struct OneSidedThread {
     /// The last destination's region (a map lookup per access would be
     /// measured as part of the access).
     last: Option<(u16, RemoteRegion)>,
+    /// The own region accesses go from and into in place (unless
+    /// `params.rdma_copy`): as large as the largest access so far, holding
+    /// the first payload of that size.
+    local: Option<Region>,
 }
 
 /// A dxnet node driven through the lean interface.
@@ -90,6 +94,9 @@ pub struct DxnetBinding {
     one_sided: Vec<Mutex<OneSidedThread>>,
     /// This node's benchmark region, exposed when a peer first asks.
     _region: Arc<OnceLock<Region>>,
+    /// One-sided accesses copy the payload (`write`/`read` of slices)
+    /// instead of using an own region in place.
+    rdma_copy: bool,
     timeout: Duration,
 }
 
@@ -206,8 +213,60 @@ impl DxnetBinding {
             remotes: RwLock::default(),
             one_sided: (0..threads).map(|_| Mutex::default()).collect(),
             _region: region,
+            rdma_copy: setup.params.rdma_copy,
             timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
         })
+    }
+
+    /// [`Binding::one_sided`] from and into the thread's own region in
+    /// place (`write_from`, `read_into`).
+    fn one_sided_in_place(
+        &self,
+        st: &mut OneSidedThread,
+        remote: &RemoteRegion,
+        read: bool,
+        offset: u64,
+        data: &[u8],
+        window: usize,
+    ) -> Result<()> {
+        let dest = remote.node();
+        let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
+        let len = data.len();
+        if st.local.as_ref().map_or(true, |r| r.len() < len) {
+            // Finished first: accesses in flight keep their memory anyway.
+            while let Some(op) = st.inflight.pop_front() {
+                op.wait().map_err(fail)?;
+            }
+            let r = self
+                .node
+                .expose(len.max(1), Access::LocalOnly)
+                .map_err(fail)?;
+            r.write(0, data).map_err(fail)?;
+            st.local = Some(r);
+        }
+        let local = st.local.as_ref().expect("made above");
+        if window <= 1 {
+            return if read {
+                self.node.read_into(remote, offset, local, 0, len)
+            } else {
+                self.node.write_from(remote, offset, local, 0, len)
+            }
+            .map_err(fail);
+        }
+        while st.inflight.len() >= window {
+            st.inflight
+                .pop_front()
+                .expect("non-empty")
+                .wait()
+                .map_err(fail)?;
+        }
+        let h = if read {
+            self.node.read_into_async(remote, offset, local, 0, len)
+        } else {
+            self.node.write_from_async(remote, offset, local, 0, len)
+        };
+        st.inflight.push_back(InFlight::Write(h.map_err(fail)?));
+        Ok(())
     }
 
     /// `dest`'s benchmark region (asked for once).
@@ -281,9 +340,10 @@ impl Binding for DxnetBinding {
         data: &[u8],
         window: usize,
     ) -> Result<()> {
-        let mut st = self.one_sided[thread % self.one_sided.len()]
+        let mut guard = self.one_sided[thread % self.one_sided.len()]
             .lock()
             .unwrap();
+        let st = &mut *guard;
         let remote = match st.last {
             Some((d, r)) if d == dest => r,
             _ => {
@@ -293,6 +353,9 @@ impl Binding for DxnetBinding {
             }
         };
         let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
+        if !self.rdma_copy {
+            return self.one_sided_in_place(st, &remote, read, offset, data, window);
+        }
         if window <= 1 {
             return if read {
                 st.scratch.resize(data.len(), 0);

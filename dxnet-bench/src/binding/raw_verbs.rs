@@ -21,8 +21,9 @@
 //!   response, so a ping-pong is one message each way.
 //! * **One-sided** (`rdma_*`): every node registers a region of
 //!   [`ONE_SIDED_REGION`] bytes for remote reads and writes and sends its
-//!   address and remote key with its endpoint; a write is copied into a
-//!   send slot and posted as one RDMA WRITE, a read lands in a send slot
+//!   address and remote key with its endpoint; a write is posted as one
+//!   RDMA WRITE from a send slot (its bytes copied in first only with
+//!   `params.rdma_copy`), a read lands in a send slot
 //!   (one work request per slot-sized piece), with as many in flight as
 //!   the run's window (`params.rdma_window`, the in-flight count of
 //!   dxnet's binding too; at most `tx_depth`) and every
@@ -805,7 +806,12 @@ impl Binding for RawVerbs {
                         remote_addr: addr,
                         rkey: remote.1,
                     },
-                    &data[at..at + len],
+                    // In place: the slot's bytes as they are (perftest).
+                    if self.setup.params.rdma_copy {
+                        &data[at..at + len]
+                    } else {
+                        &[][..]
+                    },
                 )
             };
             let last = i + 1 == pieces;

@@ -423,7 +423,7 @@ impl Core {
         blocking: bool,
     ) -> Result<RegionOp> {
         let len = src.len();
-        check_remote(remote, offset, len as u64, true)?;
+        remote.check(offset, len as u64, true)?;
         if let WriteSource::Region {
             region,
             offset,
@@ -548,7 +548,7 @@ impl Core {
         into: Option<(&Arc<ExposedRegion>, usize)>,
         blocking: bool,
     ) -> Result<RegionOp> {
-        check_remote(remote, offset, len as u64, false)?;
+        remote.check(offset, len as u64, false)?;
         if let Some((region, at)) = into {
             region.check_local(at, len)?;
         }
@@ -750,25 +750,6 @@ impl Core {
         }
         Ok(op)
     }
-}
-
-/// Checks an access against the descriptor before anything is sent (the
-/// owner checks again against the region itself).
-fn check_remote(remote: &RemoteRegion, offset: u64, len: u64, write: bool) -> Result<()> {
-    if write && !remote.access().can_write() {
-        return Err(Error::Region(RegionError::WriteNotPermitted));
-    }
-    if !write && !remote.access().can_read() {
-        return Err(Error::Region(RegionError::ReadNotPermitted));
-    }
-    if !in_bounds(offset, len, remote.len()) {
-        return Err(Error::Region(RegionError::OutOfBounds {
-            offset,
-            len,
-            region_len: remote.len(),
-        }));
-    }
-    Ok(())
 }
 
 fn status_result(
