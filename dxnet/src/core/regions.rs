@@ -828,7 +828,8 @@ fn wait_part(
         Instant::now() + std::time::Duration::from_micros(core.config.park.request_spin_max_us)
     });
     let mut n = 0u32;
-    let mut spinning = Instant::now() < until;
+    // `until` was just set, or this access spun before and ran out.
+    let mut spinning = core.config.park.request_spin_max_us > 0;
     while outcome == InOrder::Pending && spinning {
         if !rm.progress(core) {
             std::hint::spin_loop();

@@ -293,7 +293,7 @@ impl Core {
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, kind, &deadline, now, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, kind, &deadline, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -313,7 +313,6 @@ impl Core {
         total: usize,
         kind: MessageKind,
         deadline: &Deadline,
-        now: Option<Instant>,
         fill: F,
     ) -> Result<()>
     where
@@ -370,8 +369,7 @@ impl Core {
                     window_back(total);
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
-                let now = now.unwrap_or_else(Instant::now);
-                if t.send_standalone(self, conn, &small[..total], now) {
+                if t.send_standalone(self, conn, &small[..total]) {
                     self.stats.msgs_sent.add(1);
                     self.stats.bytes_sent.add(total as u64);
                     return Ok(());

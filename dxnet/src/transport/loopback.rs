@@ -293,13 +293,7 @@ impl Transport for LoopbackEngine {
     /// has no unsent ring-buffer bytes (under the link's send lock, which
     /// the send thread's round holds too: earlier messages were delivered
     /// before).
-    fn send_standalone(
-        &self,
-        _core: &Core,
-        conn: &Arc<Connection>,
-        frame: &[u8],
-        _now: Instant,
-    ) -> bool {
+    fn send_standalone(&self, _core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
         let Some(link) = self.links.lock().get(&conn.peer.0).cloned() else {
             return false;
         };

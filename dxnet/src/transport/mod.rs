@@ -97,15 +97,8 @@ pub trait Transport: Send + Sync + 'static {
     /// buffer holds no unsent bytes) and without its send thread (idle).
     /// False: nothing was sent; the caller writes the frame into the ring
     /// buffer as usual. Saves the ring-buffer round on a latency-bound
-    /// request/response (see the InfiniBand engine). `now`: the caller's
-    /// clock reading (taken for the send anyway).
-    fn send_standalone(
-        &self,
-        _core: &Core,
-        _conn: &Arc<Connection>,
-        _frame: &[u8],
-        _now: Instant,
-    ) -> bool {
+    /// request/response (see the InfiniBand engine).
+    fn send_standalone(&self, _core: &Core, _conn: &Arc<Connection>, _frame: &[u8]) -> bool {
         false
     }
     /// The calling thread waits for a response (`done()` tells when it is

@@ -147,6 +147,9 @@ struct SendState {
     /// them (see `RemoteMemory::cover`).
     last_remote: (u64, u32),
     chain: ibv::SendChain,
+    /// The oldest chain's number when the watchdog first saw it at the
+    /// front, and when (chains carry no time: no clock read per post).
+    front_seen: Option<(u64, Instant)>,
     /// One-sided parts whose queue pair closed before they completed: the
     /// device may still use their staging slots and the memory they name
     /// until the queue pair is destroyed (`CLOSE_LINGER`); then the slots
@@ -177,7 +180,6 @@ struct Chain {
     wrs: u32,
     /// One-sided (a part or a marker): counted in `parts_outstanding`.
     one_sided_wr: bool,
-    posted: Instant,
     /// A one-sided part: what its completion completes.
     one_sided: Option<one_sided::PartWr>,
 }
@@ -519,13 +521,7 @@ impl Transport for IbEngine {
     /// message the ring has split across posts cannot have this frame
     /// land between its parts in the peer's stream (it is not part of the
     /// stream).
-    fn send_standalone(
-        &self,
-        core: &Core,
-        conn: &Arc<Connection>,
-        frame: &[u8],
-        now: Instant,
-    ) -> bool {
+    fn send_standalone(&self, core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
         let Some(ic) = self.inline_poster(core, conn.peer) else {
             return false;
         };
@@ -556,7 +552,6 @@ impl Transport for IbEngine {
                     bytes: 0,
                     wrs: 1,
                     one_sided_wr: false,
-                    posted: now,
                     one_sided: None,
                 });
                 self.outstanding_total.fetch_add(1, Ordering::AcqRel);

@@ -156,7 +156,6 @@ impl IbEngine {
             bytes: 0,
             wrs: 1,
             one_sided_wr: true,
-            posted: Instant::now(),
             one_sided: None,
         });
         self.outstanding_total.fetch_add(1, Ordering::AcqRel);
@@ -502,7 +501,6 @@ impl RemoteMemory for IbEngine {
                 bytes: 0,
                 wrs: 1,
                 one_sided_wr: true,
-                posted: Instant::now(),
                 one_sided: Some(PartWr {
                     slot,
                     read,

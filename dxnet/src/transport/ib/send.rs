@@ -88,13 +88,27 @@ impl IbEngine {
                 .max(core.config().limits.connect_timeout_ms),
         );
         let conns: Vec<_> = self.by_qpn.lock().values().cloned().collect();
+        let now = Instant::now();
         for ic in conns {
-            let stale = ic
-                .send
-                .lock()
-                .chains
-                .front()
-                .is_some_and(|c| c.posted.elapsed() > limit);
+            // Stale: the same chain at the front since longer than `limit`
+            // (as the watchdog saw it; it runs often compared to `limit`).
+            let stale = {
+                let mut st = ic.send.lock();
+                let front = st.chains.front().map(|c| c.seq);
+                match (front, st.front_seen) {
+                    (Some(seq), Some((seen, since))) if seq == seen => {
+                        now.duration_since(since) > limit
+                    }
+                    (Some(seq), _) => {
+                        st.front_seen = Some((seq, now));
+                        false
+                    }
+                    (None, _) => {
+                        st.front_seen = None;
+                        false
+                    }
+                }
+            };
             if stale {
                 core.close_connection(
                     &ic.conn,
@@ -332,7 +346,6 @@ impl IbEngine {
             bytes: total,
             wrs,
             one_sided_wr: false,
-            posted: Instant::now(),
             one_sided: None,
         });
         self.outstanding_total

@@ -94,6 +94,7 @@ impl IbEngine {
                 parts_outstanding: 0,
                 chains: VecDeque::new(),
                 quarantined: Vec::new(),
+                front_seen: None,
                 next_seq: 1,
                 unsignalled: 0,
                 last_remote: (0, 0),
