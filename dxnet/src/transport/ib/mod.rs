@@ -122,6 +122,8 @@ struct IbConn {
     orb_mr: ibv::MemoryRegion,
     local: ibv::Endpoint,
     remote: Mutex<Option<ibv::Endpoint>>,
+    /// Declared after `qp`: the memory its chains keep alive (one-sided
+    /// parts in place) is let go only after the queue pair is destroyed.
     send: Mutex<SendState>,
 }
 
