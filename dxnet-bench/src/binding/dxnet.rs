@@ -83,6 +83,17 @@ struct OneSidedThread {
     local: Option<Region>,
 }
 
+impl OneSidedThread {
+    /// Waits for the oldest accesses until fewer than `window` are in
+    /// flight.
+    fn make_room(&mut self, window: usize) -> dxnet::Result<()> {
+        while self.inflight.len() >= window {
+            self.inflight.pop_front().expect("non-empty").wait()?;
+        }
+        Ok(())
+    }
+}
+
 /// A dxnet node driven through the lean interface.
 pub struct DxnetBinding {
     node: Arc<Node>,
@@ -233,10 +244,8 @@ impl DxnetBinding {
         let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
         let len = data.len();
         if st.local.as_ref().map_or(true, |r| r.len() < len) {
-            // Finished first: accesses in flight keep their memory anyway.
-            while let Some(op) = st.inflight.pop_front() {
-                op.wait().map_err(fail)?;
-            }
+            // Finished first (accesses in flight keep their memory anyway).
+            st.make_room(1).map_err(fail)?;
             let r = self
                 .node
                 .expose(len.max(1), Access::LocalOnly)
@@ -244,8 +253,8 @@ impl DxnetBinding {
             r.write(0, data).map_err(fail)?;
             st.local = Some(r);
         }
-        let local = st.local.as_ref().expect("made above");
         if window <= 1 {
+            let local = st.local.as_ref().expect("made above");
             return if read {
                 self.node.read_into(remote, offset, local, 0, len)
             } else {
@@ -253,13 +262,8 @@ impl DxnetBinding {
             }
             .map_err(fail);
         }
-        while st.inflight.len() >= window {
-            st.inflight
-                .pop_front()
-                .expect("non-empty")
-                .wait()
-                .map_err(fail)?;
-        }
+        st.make_room(window).map_err(fail)?;
+        let local = st.local.as_ref().expect("made above");
         let h = if read {
             self.node.read_into_async(remote, offset, local, 0, len)
         } else {
@@ -366,13 +370,7 @@ impl Binding for DxnetBinding {
                 self.node.write(&remote, offset, data).map_err(fail)
             };
         }
-        while st.inflight.len() >= window {
-            st.inflight
-                .pop_front()
-                .expect("non-empty")
-                .wait()
-                .map_err(fail)?;
-        }
+        st.make_room(window).map_err(fail)?;
         let op = if read {
             InFlight::Read(
                 self.node
@@ -390,11 +388,8 @@ impl Binding for DxnetBinding {
         let mut st = self.one_sided[thread % self.one_sided.len()]
             .lock()
             .unwrap();
-        while let Some(op) = st.inflight.pop_front() {
-            op.wait()
-                .map_err(|e| anyhow!("one-sided access in flight: {e}"))?;
-        }
-        Ok(())
+        st.make_room(1)
+            .map_err(|e| anyhow!("one-sided access in flight: {e}"))
     }
 
     fn shutdown(&self) {

@@ -7,8 +7,11 @@ impl Core {
     /// The open connection to `dest`, creating it on first use. Waits at most
     /// until `deadline` (and the connect timeout) for it to open.
     pub fn connection(&self, dest: NodeId, deadline: Instant) -> Result<Arc<Connection>> {
-        let connect_deadline = deadline
-            .min(Instant::now() + Duration::from_millis(self.config.limits.connect_timeout_ms));
+        // Read the clock only when the connection is not open yet.
+        let connect_deadline = || {
+            deadline
+                .min(Instant::now() + Duration::from_millis(self.config.limits.connect_timeout_ms))
+        };
         loop {
             if let Some(c) = self.connections.get(dest) {
                 match c.state() {
@@ -16,7 +19,7 @@ impl Core {
                     ConnState::Connecting => {
                         inline::before_blocking();
                         c.state_changed
-                            .wait_until(&self.config.park, connect_deadline, || {
+                            .wait_until(&self.config.park, connect_deadline(), || {
                                 c.state() != ConnState::Connecting
                             });
                         match c.state() {
@@ -57,7 +60,7 @@ impl Core {
             let Some(t) = self.transport() else {
                 return Err(Error::Shutdown);
             };
-            match t.connect(&conn, connect_deadline) {
+            match t.connect(&conn, connect_deadline()) {
                 Ok(()) if conn.state() == ConnState::Open => {
                     // Removed while connecting: the removal may have missed
                     // this connection.
