@@ -89,6 +89,22 @@ enum Sub {
         #[arg(long)]
         seed_only: bool,
     },
+    /// dxshuffle: an all-to-all shuffle among processes × threads, the
+    /// one-sided mode against the messages mode on the same transport
+    /// (alternating rounds; records/s, MB/s, CPU per record, time blocked).
+    Shuffle {
+        #[command(flatten)]
+        args: ShuffleCli,
+    },
+    /// A process of `shuffle` (internal).
+    #[command(hide = true)]
+    ShuffleNode {
+        /// This process's index.
+        #[arg(long)]
+        proc: usize,
+        #[command(flatten)]
+        args: ShuffleCli,
+    },
     /// Redraw plots, CSV and the summary table from a results.json; several
     /// files (e.g. rounds of the same suite) are merged into one
     /// results.json in the output directory, repetitions renumbered.
@@ -103,6 +119,66 @@ enum Sub {
         #[arg(long)]
         no_plots: bool,
     },
+}
+
+/// The shape of a `shuffle` run.
+#[derive(Debug, clap::Args)]
+struct ShuffleCli {
+    /// Processes (one dxnet node each).
+    #[arg(long, default_value_t = 4)]
+    procs: usize,
+    /// Workers (threads) per process.
+    #[arg(long, default_value_t = 8)]
+    threads: usize,
+    /// Records each worker pushes.
+    #[arg(long, default_value_t = 20_000)]
+    records: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 100)]
+    size: usize,
+    /// Probability that a record goes to worker 0 (0: uniform).
+    #[arg(long, default_value_t = 0.0)]
+    skew: f64,
+    /// `tcp` (127.0.0.1) or `ib` (the device in RDMA_DEV).
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// Modes, e.g. `one-sided,messages`.
+    #[arg(long, value_delimiter = ',', default_value = "one-sided,messages")]
+    mode: Vec<String>,
+    /// Bytes of each sender's segment at each receiver.
+    #[arg(long, default_value_t = 65536)]
+    segment: usize,
+    /// Pending bytes per destination that make a pusher write or send.
+    #[arg(long, default_value_t = 16384)]
+    batch: usize,
+    /// Rounds (modes alternate within each).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// First port of the node map (127.0.0.1).
+    #[arg(long, default_value_t = 24600)]
+    base_port: u16,
+}
+
+impl ShuffleCli {
+    fn to_args(&self) -> Result<crate::shuffle::ShuffleArgs> {
+        Ok(crate::shuffle::ShuffleArgs {
+            procs: self.procs,
+            threads: self.threads,
+            records: self.records,
+            size: self.size,
+            skew: self.skew,
+            transport: self.transport.clone(),
+            modes: self
+                .mode
+                .iter()
+                .map(|m| crate::shuffle::parse_mode(m))
+                .collect::<Result<_>>()?,
+            segment: self.segment,
+            batch: self.batch,
+            rounds: self.rounds,
+            base_port: self.base_port,
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -488,6 +564,17 @@ pub fn main() -> Result<i32> {
             seed_only,
         }) => {
             crate::membership::node_main(id, &addresses, interval_ms, stream_to, seed_only)?;
+            Ok(0)
+        }
+        Some(Sub::Shuffle { args }) => {
+            crate::shuffle::run(&args.to_args()?)?;
+            Ok(0)
+        }
+        Some(Sub::ShuffleNode { proc, args }) => {
+            crate::shuffle::node_main(&crate::shuffle::NodeArgs {
+                proc,
+                run: args.to_args()?,
+            })?;
             Ok(0)
         }
         Some(Sub::Netns { action }) => {

@@ -28,3 +28,4 @@ pub mod node;
 pub mod ops;
 pub mod output;
 pub mod proto;
+pub mod shuffle;

@@ -61,6 +61,8 @@ impl Default for InOrderTrack {
     }
 }
 
+// The reporting side is the InfiniBand engine's.
+#[cfg_attr(not(feature = "ib"), allow(dead_code))]
 impl InOrderTrack {
     /// A track with nothing finished.
     pub fn new() -> Self {

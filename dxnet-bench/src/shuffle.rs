@@ -1,0 +1,362 @@
+//! `dxnet-bench shuffle`: a dxshuffle all-to-all among P processes × T
+//! threads, one-sided against messages mode on the same transport, in
+//! alternating rounds.
+//!
+//! Every worker pushes `records` records of `size` bytes to destinations
+//! drawn uniformly (or, with `skew` > 0, to worker 0 with that
+//! probability) and pulls what is addressed to it. Each process is a
+//! child (`dxnet-bench shuffle-node`) with one dxnet node; all start
+//! together once the shuffle is set up everywhere, and the clock of a
+//! process stops when its pullers saw every worker finish. Reported per mode: records/s and
+//! payload bytes/s over the slowest process's time, CPU time per record
+//! (all processes), and the average time a pusher was blocked.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use dxnet::{Config, Node, NodeId, TransportKind};
+use dxshuffle::{Mode, Shuffle, ShuffleConfig};
+
+use crate::metrics::process_cpu_s;
+
+/// What `shuffle` runs.
+#[derive(Debug, Clone)]
+pub struct ShuffleArgs {
+    /// Processes.
+    pub procs: usize,
+    /// Workers per process.
+    pub threads: usize,
+    /// Records each worker pushes.
+    pub records: u64,
+    /// Bytes per record.
+    pub size: usize,
+    /// Probability that a record goes to worker 0.
+    pub skew: f64,
+    /// `tcp` or `ib`.
+    pub transport: String,
+    /// Modes, each run per round.
+    pub modes: Vec<Mode>,
+    /// Segment bytes (dxshuffle's `segment_bytes`).
+    pub segment: usize,
+    /// Batch bytes (dxshuffle's `batch_bytes`).
+    pub batch: usize,
+    /// Rounds (modes alternate within each).
+    pub rounds: u32,
+    /// First port of the node map (127.0.0.1).
+    pub base_port: u16,
+}
+
+/// One process's result line.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcResult {
+    pushed: u64,
+    received: u64,
+    bytes: u64,
+    elapsed_s: f64,
+    cpu_s: f64,
+    blocked_s: f64,
+}
+
+/// A round's result for one mode.
+#[derive(Debug, Clone, Copy)]
+struct RunResult {
+    records_per_s: f64,
+    bytes_per_s: f64,
+    cpu_us_per_record: f64,
+    blocked_ms_per_pusher: f64,
+    elapsed_s: f64,
+}
+
+/// Parses `one-sided` / `messages`.
+pub fn parse_mode(s: &str) -> Result<Mode> {
+    match s {
+        "one-sided" | "one_sided" => Ok(Mode::OneSided),
+        "messages" => Ok(Mode::Messages),
+        other => bail!("mode {other}: one-sided or messages"),
+    }
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::OneSided => "one-sided",
+        _ => "messages",
+    }
+}
+
+/// Runs the rounds and prints a table and the medians.
+pub fn run(a: &ShuffleArgs) -> Result<()> {
+    if a.procs < 1 || a.threads < 1 || a.modes.is_empty() {
+        bail!("shuffle: at least 1 process, 1 thread and 1 mode");
+    }
+    println!(
+        "shuffle: {} processes x {} threads, {} records of {} B per worker, skew {}, {} transport, segments {} B, batches {} B",
+        a.procs, a.threads, a.records, a.size, a.skew, a.transport, a.segment, a.batch
+    );
+    println!(
+        "{:>5} {:>10} {:>12} {:>10} {:>12} {:>14} {:>10}",
+        "round", "mode", "records/s", "MB/s", "cpu_us/rec", "blocked_ms/p", "time_s"
+    );
+    let mut all: Vec<(Mode, RunResult)> = Vec::new();
+    for round in 0..a.rounds {
+        // Alternate the order of the modes between rounds.
+        let mut modes = a.modes.clone();
+        if round % 2 == 1 {
+            modes.reverse();
+        }
+        for &m in &modes {
+            let r = one_run(a, m, round)?;
+            println!(
+                "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.2} {:>14.1} {:>10.2}",
+                round,
+                mode_name(m),
+                r.records_per_s,
+                r.bytes_per_s / 1e6,
+                r.cpu_us_per_record,
+                r.blocked_ms_per_pusher,
+                r.elapsed_s
+            );
+            all.push((m, r));
+        }
+    }
+    println!("medians:");
+    let mut medians = Vec::new();
+    for &m in &a.modes {
+        let pick = |f: fn(&RunResult) -> f64| {
+            let mut v: Vec<f64> = all
+                .iter()
+                .filter(|(x, _)| *x == m)
+                .map(|(_, r)| f(r))
+                .collect();
+            v.sort_by(|x, y| x.partial_cmp(y).expect("no NaN"));
+            v[v.len() / 2]
+        };
+        let rate = pick(|r| r.records_per_s);
+        println!(
+            "{:>10} {:>12.0} records/s {:>10.1} MB/s {:>8.2} cpu_us/rec {:>8.1} blocked_ms/pusher",
+            mode_name(m),
+            rate,
+            pick(|r| r.bytes_per_s) / 1e6,
+            pick(|r| r.cpu_us_per_record),
+            pick(|r| r.blocked_ms_per_pusher)
+        );
+        medians.push((m, rate));
+    }
+    if let (Some(o), Some(s)) = (
+        medians.iter().find(|(m, _)| *m == Mode::OneSided),
+        medians.iter().find(|(m, _)| *m == Mode::Messages),
+    ) {
+        println!("one-sided / messages (records/s): {:.2}x", o.1 / s.1);
+    }
+    Ok(())
+}
+
+fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
+    let exe = std::env::current_exe().context("own executable")?;
+    let base = a.base_port
+        + (round as u16 % 8) * (a.procs as u16 + 1) * 2
+        + if mode == Mode::OneSided {
+            0
+        } else {
+            a.procs as u16 + 1
+        };
+    let mut children: Vec<Child> = (0..a.procs)
+        .map(|p| {
+            Command::new(&exe)
+                .arg("shuffle-node")
+                .args(["--proc", &p.to_string()])
+                .args(["--procs", &a.procs.to_string()])
+                .args(["--threads", &a.threads.to_string()])
+                .args(["--records", &a.records.to_string()])
+                .args(["--size", &a.size.to_string()])
+                .args(["--skew", &a.skew.to_string()])
+                .args(["--transport", &a.transport])
+                .args(["--mode", mode_name(mode)])
+                .args(["--segment", &a.segment.to_string()])
+                .args(["--batch", &a.batch.to_string()])
+                .args(["--base-port", &base.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a shuffle process")
+        })
+        .collect::<Result<_>>()?;
+    let mut outs: Vec<_> = children
+        .iter_mut()
+        .map(|c| BufReader::new(c.stdout.take().expect("piped")))
+        .collect();
+    let wait_for = |r: &mut BufReader<std::process::ChildStdout>, prefix: &str| -> Result<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                bail!("a shuffle process ended before {prefix}");
+            }
+            if let Some(rest) = line.trim().strip_prefix(prefix) {
+                return Ok(rest.to_string());
+            }
+        }
+    };
+    // Set up everywhere, then all start at once.
+    for r in outs.iter_mut() {
+        wait_for(r, "READY")?;
+    }
+    for c in children.iter_mut() {
+        writeln!(c.stdin.as_mut().expect("piped"), "go")?;
+    }
+    let mut results = Vec::new();
+    for r in outs.iter_mut() {
+        results.push(parse_result(&wait_for(r, "RESULT ")?)?);
+    }
+    // Every process has its records: all may exit now.
+    for c in children.iter_mut() {
+        if let Some(mut i) = c.stdin.take() {
+            let _ = writeln!(i, "exit");
+        }
+    }
+    for mut c in children {
+        let st = c.wait()?;
+        if !st.success() {
+            bail!("a shuffle process failed: {st}");
+        }
+    }
+    let pushed: u64 = results.iter().map(|r| r.pushed).sum();
+    let received: u64 = results.iter().map(|r| r.received).sum();
+    if pushed != received {
+        bail!("{pushed} records pushed, {received} received");
+    }
+    let elapsed = results.iter().map(|r| r.elapsed_s).fold(0.0, f64::max);
+    let bytes: u64 = results.iter().map(|r| r.bytes).sum();
+    let cpu: f64 = results.iter().map(|r| r.cpu_s).sum();
+    let blocked: f64 = results.iter().map(|r| r.blocked_s).sum();
+    Ok(RunResult {
+        records_per_s: received as f64 / elapsed,
+        bytes_per_s: bytes as f64 / elapsed,
+        cpu_us_per_record: cpu * 1e6 / received.max(1) as f64,
+        blocked_ms_per_pusher: blocked * 1e3 / (a.procs * a.threads) as f64,
+        elapsed_s: elapsed,
+    })
+}
+
+fn parse_result(s: &str) -> Result<ProcResult> {
+    let mut r = ProcResult::default();
+    for kv in s.split_whitespace() {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("bad result {s}"))?;
+        match k {
+            "pushed" => r.pushed = v.parse()?,
+            "received" => r.received = v.parse()?,
+            "bytes" => r.bytes = v.parse()?,
+            "elapsed_s" => r.elapsed_s = v.parse()?,
+            "cpu_s" => r.cpu_s = v.parse()?,
+            "blocked_s" => r.blocked_s = v.parse()?,
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+/// What one `shuffle-node` process runs.
+#[derive(Debug, Clone)]
+pub struct NodeArgs {
+    /// This process's index.
+    pub proc: usize,
+    /// The run's shape (the mode in `modes[0]`).
+    pub run: ShuffleArgs,
+}
+
+/// One process of a shuffle run: prints `READY` once set up, starts on a
+/// line on stdin, prints `RESULT ...`, then waits for `exit` on stdin (its
+/// peers may still read from it until then).
+pub fn node_main(n: &NodeArgs) -> Result<()> {
+    let a = &n.run;
+    let procs = a.procs as u16;
+    let mut c = Config::tcp_localhost(n.proc as u16, procs, a.base_port);
+    if a.transport == "ib" {
+        c.transport = TransportKind::Ib;
+        c.ib.device = std::env::var("RDMA_DEV").unwrap_or_default();
+        c.ib.gid_index = std::env::var("RDMA_GID_INDEX")
+            .ok()
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(0);
+    } else if a.transport != "tcp" {
+        bail!("transport {}: tcp or ib (processes)", a.transport);
+    }
+    c.limits.request_timeout_ms = 60_000;
+    c.limits.send_timeout_ms = 60_000;
+    let node = Arc::new(Node::start(c)?);
+    let mut cfg = ShuffleConfig::new((0..procs).map(NodeId).collect(), a.threads);
+    cfg.mode = a.modes[0];
+    cfg.segment_bytes = a.segment;
+    cfg.batch_bytes = a.batch;
+    cfg.timeout = Duration::from_secs(120);
+    let shuffle = Shuffle::new(node, cfg)?;
+    let workers = shuffle.workers();
+    println!("READY");
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let cpu0 = process_cpu_s();
+    let start = Instant::now();
+    let payload = vec![0x5au8; a.size];
+    let (pushed, received, bytes, blocked) = std::thread::scope(|s| -> Result<_> {
+        let mut pushers = Vec::new();
+        let mut pullers = Vec::new();
+        for t in 0..a.threads {
+            let mut p = shuffle.pusher(t)?;
+            let me = shuffle.worker(t) as u64;
+            let payload = &payload;
+            pushers.push(s.spawn(move || -> Result<(u64, Duration)> {
+                let mut x = (me + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for _ in 0..a.records {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let to = if a.skew > 0.0 && (x >> 11) as f64 / (1u64 << 53) as f64 <= a.skew {
+                        0
+                    } else {
+                        (x % workers as u64) as usize
+                    };
+                    p.push_bytes(to, payload)?;
+                }
+                p.finish()?;
+                Ok((a.records, p.blocked()))
+            }));
+            let mut q = shuffle.puller(t)?;
+            pullers.push(s.spawn(move || -> Result<(u64, u64)> {
+                let (mut n, mut b) = (0u64, 0u64);
+                for r in q.by_ref() {
+                    let r = r?;
+                    n += 1;
+                    b += r.bytes().len() as u64;
+                }
+                Ok((n, b))
+            }));
+        }
+        let (mut pushed, mut blocked) = (0, Duration::ZERO);
+        for h in pushers {
+            let (n, b) = h.join().map_err(|_| anyhow!("a pusher panicked"))??;
+            pushed += n;
+            blocked += b;
+        }
+        let (mut received, mut bytes) = (0, 0);
+        for h in pullers {
+            let (n, b) = h.join().map_err(|_| anyhow!("a puller panicked"))??;
+            received += n;
+            bytes += b;
+        }
+        Ok((pushed, received, bytes, blocked))
+    })?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_s() - cpu0;
+    println!(
+        "RESULT pushed={pushed} received={received} bytes={bytes} elapsed_s={elapsed} cpu_s={cpu} blocked_s={}",
+        blocked.as_secs_f64()
+    );
+    std::io::stdout().flush()?;
+    let _ = std::io::stdin().read_line(&mut line);
+    Ok(())
+}

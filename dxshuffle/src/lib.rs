@@ -1,0 +1,151 @@
+//! Push-based data shuffle among the threads of many processes on dxnet's
+//! one-sided operations (the RDMA middleware design of
+//! `../shared/papers`: writers push, nobody pulls remote memory).
+//!
+//! Every process of a shuffle (a list of dxnet node ids, one per process)
+//! runs `threads` workers. Worker `w = p * threads + t` is thread `t` of
+//! process `p`. Each worker pushes records to any worker with a
+//! [`Pusher`] and reads the records addressed to it with a [`Puller`].
+//!
+//! ```no_run
+//! # fn demo(node: std::sync::Arc<dxnet::Node>) -> Result<(), dxshuffle::ShuffleError> {
+//! use dxshuffle::{Shuffle, ShuffleConfig};
+//! let nodes = vec![dxnet::NodeId(0), dxnet::NodeId(1)];
+//! let shuffle = Shuffle::new(node, ShuffleConfig::new(nodes, 4))?;
+//! // On each of the 4 threads t of this process:
+//! let t = 0;
+//! let mut pusher = shuffle.pusher(t)?;
+//! pusher.push(5, &("key", 42u64))?;        // to worker 5
+//! pusher.finish()?;                        // this worker's stream ends
+//! for record in shuffle.puller(t)? {       // until every worker finished
+//!     let (key, value): (String, u64) = record?.decode()?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! **One-sided mode** ([`Mode::OneSided`], the default). Every worker
+//! exposes one incoming region with a circular segment of
+//! `segment_bytes` per sending worker (so each segment has one writer).
+//! A pusher lays records into a registered mirror of each destination's
+//! segment (its outgoing buffer) and, once `batch_bytes` are pending (or at
+//! `flush`/`finish`), writes the pending range straight into the remote
+//! segment with [`dxnet::Node::write_with_notify_from_async`]: on
+//! InfiniBand an RDMA WRITE from the pusher's registered memory, followed
+//! by a notification. The puller reads records out of its segments as
+//! notifications arrive and tells each writer how far it has read (a small
+//! message), which frees remote room.
+//!
+//! **Back-pressure.** A push never waits for a remote segment: while it is
+//! full, records stay in the pusher's outgoing buffer and are written at
+//! the pusher's next call once the puller made room. A push waits only for
+//! room in its own outgoing buffer for that destination (`segment_bytes`),
+//! up to `timeout` ([`ShuffleError::Timeout`]).
+//!
+//! **Messages mode** ([`Mode::Messages`]): the same API over plain dxnet
+//! messages (batches of `batch_bytes`), the sockets-style push design the
+//! paper compares with; dxnet's flow control is its back-pressure.
+//!
+//! **Guarantees.** Every record pushed reaches its destination worker
+//! exactly once, and records of one pusher to one destination in order. A
+//! record larger than [`Shuffle::max_record`] (the segment's size less a
+//! 4-byte header) is refused with [`ShuffleError::RecordTooLarge`]. A
+//! puller that sees no record for `timeout` while some senders have not
+//! finished ends with [`ShuffleError::Timeout`] (a dead peer, or a worker
+//! that never finished); a pusher whose destination died fails with
+//! [`ShuffleError::Net`]. Memory: per process, `threads` incoming regions
+//! and up to `threads` outgoing buffers of `workers × segment_bytes` each.
+//!
+//! A shuffle takes its node's receiver of region-write notifications and
+//! its message types (201, 1..=4): one shuffle per node.
+
+mod frame;
+mod shuffle;
+
+pub use shuffle::{Puller, Pusher, Record, Shuffle};
+
+use std::time::Duration;
+
+use dxnet::NodeId;
+
+/// How records travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Remote writes into the destination's circular segments.
+    OneSided,
+    /// Plain dxnet messages.
+    Messages,
+}
+
+/// A shuffle's shape and sizes; the same at every process.
+#[derive(Debug, Clone)]
+pub struct ShuffleConfig {
+    /// The processes, one dxnet node each, in worker order.
+    pub nodes: Vec<NodeId>,
+    /// Workers (threads) per process.
+    pub threads: usize,
+    /// Bytes of the circular segment each sender has at each receiver
+    /// (and of a pusher's outgoing buffer per destination); a multiple of
+    /// 8, at least 64. The largest record is this less 4.
+    pub segment_bytes: usize,
+    /// Pending bytes per destination that make a pusher write (one-sided)
+    /// or send a batch (messages).
+    pub batch_bytes: usize,
+    /// How long a push waits for room, a flush for its writes, a puller
+    /// for the next record, and set-up for the other processes.
+    pub timeout: Duration,
+    /// How records travel.
+    pub mode: Mode,
+}
+
+impl ShuffleConfig {
+    /// `threads` workers on each of `nodes`, one-sided, 64 KiB segments,
+    /// 16 KiB batches, 30 s timeout.
+    pub fn new(nodes: Vec<NodeId>, threads: usize) -> ShuffleConfig {
+        ShuffleConfig {
+            nodes,
+            threads,
+            segment_bytes: 64 << 10,
+            batch_bytes: 16 << 10,
+            timeout: Duration::from_secs(30),
+            mode: Mode::OneSided,
+        }
+    }
+}
+
+/// Why a shuffle operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShuffleError {
+    /// The configuration cannot work (the text says why).
+    #[error("shuffle configuration: {0}")]
+    Config(String),
+    /// A record larger than the segment allows.
+    #[error("record of {len} bytes is larger than the {max} bytes a segment takes")]
+    RecordTooLarge {
+        /// The record's length.
+        len: usize,
+        /// The largest record.
+        max: usize,
+    },
+    /// No room, no writes done or no record within the timeout.
+    #[error("shuffle timed out waiting for {0}")]
+    Timeout(&'static str),
+    /// dxnet failed (a peer unreachable, a send timed out, ...).
+    #[error(transparent)]
+    Net(#[from] dxnet::Error),
+    /// A peer wrote something that is not a frame.
+    #[error("bad data from worker {from}: {why}")]
+    Corrupt {
+        /// The writing worker.
+        from: usize,
+        /// What was wrong.
+        why: String,
+    },
+    /// A record did not decode as the type asked for.
+    #[error("record does not decode: {0}")]
+    Decode(String),
+    /// The pusher or puller of this thread was handed out already, or the
+    /// pusher finished.
+    #[error("{0}")]
+    State(&'static str),
+}

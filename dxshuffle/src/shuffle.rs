@@ -1,0 +1,976 @@
+//! The shuffle: set-up (regions exposed, descriptors exchanged, receivers
+//! registered), the pushers and the pullers of both modes.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{self, Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use dxnet::region::{Access, RegionWrite, WriteHandle};
+use dxnet::{Node, NodeId, Region, RemoteRegion};
+
+use crate::frame::{self, Frame};
+use crate::{Mode, ShuffleConfig, ShuffleError};
+
+type Result<T> = std::result::Result<T, ShuffleError>;
+
+/// A puller's word to a writer: it has read the writer's segment up to
+/// `tail` (the writer may reuse the room before it).
+#[derive(Serialize, Deserialize, Debug)]
+struct TailUpdate {
+    sender: u32,
+    receiver: u32,
+    tail: u64,
+}
+dxnet::message!(TailUpdate, 201, 1);
+
+/// Set-up: a process's incoming regions (empty until it is ready).
+#[derive(Serialize, Deserialize, Debug)]
+struct RegionsQuery;
+#[derive(Serialize, Deserialize, Debug)]
+struct RegionsAnswer {
+    ready: bool,
+    regions: Vec<RemoteRegion>,
+}
+dxnet::message!(RegionsAnswer, 201, 3);
+dxnet::request!(RegionsQuery, 201, 2 => RegionsAnswer);
+
+/// Messages mode: a batch of frames, `[to u32][from u32][frames]`.
+const MSG_TYPE: u8 = 201;
+const SUB_BATCH: u8 = 4;
+
+/// What a puller's inbox carries.
+enum Note {
+    /// Bytes `[off, off + len)` of the segment of sender `seg` are written.
+    Written { seg: usize, off: usize, len: usize },
+    /// A batch of frames from worker `from` (messages mode).
+    Batch { from: usize, bytes: Vec<u8> },
+}
+
+/// What the node's receivers reach: inboxes, writers' tails.
+struct Routes {
+    threads: usize,
+    workers: usize,
+    seg: usize,
+    me: usize,
+    inboxes: Vec<Sender<Note>>,
+    /// Region id → local thread.
+    region_thread: OnceLock<HashMap<u32, usize>>,
+    /// Tail reported by each destination, per local pusher:
+    /// `[t * workers + dest]`.
+    tails: Vec<AtomicU64>,
+    /// Per local pusher: rung when a tail moves.
+    signals: Vec<(Mutex<u64>, Condvar)>,
+    /// This process's incoming regions, once set up.
+    descriptors: OnceLock<Vec<RemoteRegion>>,
+}
+
+impl Routes {
+    fn on_written(&self, w: RegionWrite) {
+        let Some(&t) = self.region_thread.get().and_then(|m| m.get(&w.region)) else {
+            return;
+        };
+        let seg = (w.offset / self.seg as u64) as usize;
+        let off = (w.offset % self.seg as u64) as usize;
+        // A write straddling two segments is not ours: dropped (the
+        // puller times out on the sender whose data never comes).
+        if seg >= self.workers || off as u64 + w.len > self.seg as u64 {
+            return;
+        }
+        let _ = self.inboxes[t].send(Note::Written {
+            seg,
+            off,
+            len: w.len as usize,
+        });
+    }
+
+    fn on_tail(&self, u: TailUpdate) {
+        let (sender, receiver) = (u.sender as usize, u.receiver as usize);
+        if sender / self.threads != self.me || receiver >= self.workers {
+            return;
+        }
+        let t = sender % self.threads;
+        self.tails[t * self.workers + receiver].fetch_max(u.tail, Ordering::AcqRel);
+        let (m, c) = &self.signals[t];
+        *m.lock() += 1;
+        c.notify_all();
+    }
+
+    fn on_batch(&self, payload: &[u8]) {
+        if payload.len() < 8 {
+            return;
+        }
+        let to = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+        let from = u32::from_le_bytes(payload[4..8].try_into().expect("4 bytes")) as usize;
+        if to / self.threads != self.me || from >= self.workers {
+            return;
+        }
+        let _ = self.inboxes[to % self.threads].send(Note::Batch {
+            from,
+            bytes: payload[8..].to_vec(),
+        });
+    }
+}
+
+struct Inner {
+    node: Arc<Node>,
+    cfg: ShuffleConfig,
+    routes: Arc<Routes>,
+    /// Per local thread: its incoming region (one-sided mode).
+    incoming: Vec<Region>,
+    /// Per worker: its incoming region (one-sided mode).
+    remotes: Vec<RemoteRegion>,
+    inboxes: Vec<Receiver<Note>>,
+    /// Pushers and pullers handed out, per local thread.
+    taken: Mutex<(Vec<bool>, Vec<bool>)>,
+}
+
+/// One process's part of a shuffle (see the [crate docs](crate)).
+#[derive(Clone)]
+pub struct Shuffle {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Shuffle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shuffle")
+            .field("node", &self.inner.node.id())
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shuffle {
+    /// Sets up this process's part: exposes its incoming regions,
+    /// registers its receivers, and waits (up to `timeout`) until every
+    /// other process of `config.nodes` has done the same.
+    pub fn new(node: Arc<Node>, config: ShuffleConfig) -> Result<Shuffle> {
+        let cfg = config;
+        let bad = |why: String| Err(ShuffleError::Config(why));
+        let procs = cfg.nodes.len();
+        let Some(me) = cfg.nodes.iter().position(|&n| n == node.id()) else {
+            return bad(format!("node {} is not among {:?}", node.id(), cfg.nodes));
+        };
+        let mut sorted = cfg.nodes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != procs {
+            return bad("a node is listed twice".into());
+        }
+        if cfg.threads == 0 {
+            return bad("threads must be at least 1".into());
+        }
+        let seg = cfg.segment_bytes;
+        if seg < 64 || seg % frame::ALIGN != 0 || seg > u32::MAX as usize {
+            return bad(format!(
+                "segment_bytes {seg}: a multiple of 8 from 64 to 4 GiB"
+            ));
+        }
+        let workers = procs * cfg.threads;
+        if workers > u32::MAX as usize || workers.checked_mul(seg).is_none() {
+            return bad("too many workers for the segment size".into());
+        }
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..cfg.threads).map(|_| channel::unbounded()).unzip();
+        let routes = Arc::new(Routes {
+            threads: cfg.threads,
+            workers,
+            seg,
+            me,
+            inboxes: senders,
+            region_thread: OnceLock::new(),
+            tails: (0..cfg.threads * workers)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            signals: (0..cfg.threads)
+                .map(|_| (Mutex::new(0), Condvar::new()))
+                .collect(),
+            descriptors: OnceLock::new(),
+        });
+        let incoming = match cfg.mode {
+            Mode::OneSided => (0..cfg.threads)
+                .map(|_| node.expose(workers * seg, Access::WriteOnly))
+                .collect::<dxnet::Result<Vec<Region>>>()?,
+            Mode::Messages => Vec::new(),
+        };
+        let _ = routes.region_thread.set(
+            incoming
+                .iter()
+                .enumerate()
+                .map(|(t, r)| (r.id(), t))
+                .collect(),
+        );
+        let r = routes.clone();
+        node.register_request(move |_src, RegionsQuery| match r.descriptors.get() {
+            Some(d) => RegionsAnswer {
+                ready: true,
+                regions: d.clone(),
+            },
+            None => RegionsAnswer {
+                ready: false,
+                regions: Vec::new(),
+            },
+        })?;
+        let r = routes.clone();
+        node.register(move |_src: NodeId, u: TailUpdate| r.on_tail(u))?;
+        let r = routes.clone();
+        node.on_region_write(move |w| r.on_written(w))?;
+        let r = routes.clone();
+        node.register_raw(MSG_TYPE, SUB_BATCH, move |_src, p| r.on_batch(p))?;
+        let own: Vec<RemoteRegion> = incoming.iter().map(Region::descriptor).collect();
+        let _ = routes.descriptors.set(own.clone());
+
+        // Every process's incoming regions (and that it is ready).
+        let deadline = Instant::now() + cfg.timeout;
+        let mut remotes = Vec::with_capacity(workers);
+        for (p, &peer) in cfg.nodes.iter().enumerate() {
+            let regions = if p == me {
+                own.clone()
+            } else {
+                query_regions(&node, peer, deadline)?
+            };
+            let expect = match cfg.mode {
+                Mode::OneSided => cfg.threads,
+                Mode::Messages => 0,
+            };
+            if regions.len() != expect || regions.iter().any(|r| r.len() != (workers * seg) as u64)
+            {
+                return bad(format!(
+                    "node {peer} runs a shuffle of another shape (mode, threads or sizes differ)"
+                ));
+            }
+            remotes.extend(regions);
+        }
+        Ok(Shuffle {
+            inner: Arc::new(Inner {
+                node,
+                routes,
+                incoming,
+                remotes,
+                inboxes: receivers,
+                taken: Mutex::new((vec![false; cfg.threads], vec![false; cfg.threads])),
+                cfg,
+            }),
+        })
+    }
+
+    /// Workers in the shuffle (processes × threads).
+    pub fn workers(&self) -> usize {
+        self.inner.routes.workers
+    }
+
+    /// The worker id of thread `thread` of this process.
+    pub fn worker(&self, thread: usize) -> usize {
+        self.inner.routes.me * self.inner.cfg.threads + thread
+    }
+
+    /// The largest record (bytes) a pusher takes.
+    pub fn max_record(&self) -> usize {
+        frame::max_record(self.inner.cfg.segment_bytes)
+    }
+
+    /// The pusher of this process's thread `thread` (once).
+    pub fn pusher(&self, thread: usize) -> Result<Pusher> {
+        self.take(thread, true)?;
+        let inner = self.inner.clone();
+        let workers = self.workers();
+        let out = match inner.cfg.mode {
+            Mode::OneSided => Some(
+                inner
+                    .node
+                    .expose(workers * inner.cfg.segment_bytes, Access::LocalOnly)?,
+            ),
+            Mode::Messages => None,
+        };
+        let me = self.worker(thread);
+        Ok(Pusher {
+            dests: (0..workers)
+                .map(|d| Dest {
+                    batch: batch_head(d, me),
+                    ..Dest::default()
+                })
+                .collect(),
+            me,
+            thread,
+            out,
+            finished: false,
+            waker: Waker::from(Arc::new(NoWake)),
+            scratch: Vec::new(),
+            blocked: Duration::ZERO,
+            inner,
+        })
+    }
+
+    /// The puller of this process's thread `thread` (once).
+    pub fn puller(&self, thread: usize) -> Result<Puller> {
+        self.take(thread, false)?;
+        let workers = self.workers();
+        Ok(Puller {
+            inner: self.inner.clone(),
+            thread,
+            me: self.worker(thread),
+            segs: (0..workers).map(|_| SegIn::default()).collect(),
+            ready: VecDeque::new(),
+            open: workers,
+            batches: VecDeque::new(),
+        })
+    }
+
+    fn take(&self, thread: usize, pusher: bool) -> Result<()> {
+        if thread >= self.inner.cfg.threads {
+            return Err(ShuffleError::Config(format!(
+                "thread {thread} of {}",
+                self.inner.cfg.threads
+            )));
+        }
+        let mut taken = self.inner.taken.lock();
+        let slot = if pusher {
+            &mut taken.0[thread]
+        } else {
+            &mut taken.1[thread]
+        };
+        if std::mem::replace(slot, true) {
+            return Err(ShuffleError::State(
+                "this thread's pusher or puller was taken",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Asks `peer` for its incoming regions until it is ready or `deadline`.
+fn query_regions(node: &Node, peer: NodeId, deadline: Instant) -> Result<Vec<RemoteRegion>> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ShuffleError::Timeout("the other processes to set up"));
+        }
+        match node.request(peer, &RegionsQuery, left.min(Duration::from_secs(2))) {
+            Ok(RegionsAnswer {
+                ready: true,
+                regions,
+            }) => return Ok(regions),
+            // Not ready, not started, or not yet registered: again.
+            Ok(_) | Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// The first 8 bytes of a batch from `from` to `to`.
+fn batch_head(to: usize, from: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(&(to as u32).to_le_bytes());
+    b.extend_from_slice(&(from as u32).to_le_bytes());
+    b
+}
+
+struct NoWake;
+impl Wake for NoWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// A pusher's state towards one destination. Positions as in
+/// [`frame`]: `completed <= posted <= head`; the outgoing mirror holds
+/// `[completed, head)`; the destination has read its segment up to the
+/// tail it reported.
+#[derive(Default)]
+struct Dest {
+    /// End of the last frame laid into the mirror.
+    head: u64,
+    /// Written to the destination (or being written) up to here.
+    posted: u64,
+    /// Writes done up to here: the mirror's room before it is free.
+    completed: u64,
+    /// Writes in flight and the position each ends at.
+    inflight: VecDeque<(WriteHandle, u64)>,
+    /// Messages mode: the batch being filled (with its 8-byte head).
+    batch: Vec<u8>,
+}
+
+/// A worker's sending side (see [`Shuffle::pusher`]). Dropping it
+/// finishes its stream ([`Pusher::finish`]; errors are lost then).
+pub struct Pusher {
+    inner: Arc<Inner>,
+    thread: usize,
+    /// This worker's id (the segment it writes at every destination).
+    me: usize,
+    dests: Vec<Dest>,
+    /// The outgoing mirror of every destination's segment (one-sided).
+    out: Option<Region>,
+    finished: bool,
+    waker: Waker,
+    scratch: Vec<u8>,
+    /// Time spent waiting (see [`Pusher::blocked`]).
+    blocked: Duration,
+}
+
+impl std::fmt::Debug for Pusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pusher")
+            .field("worker", &self.me)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pusher {
+    /// Pushes a serde record to worker `dest`.
+    pub fn push<T: Serialize + ?Sized>(&mut self, dest: usize, record: &T) -> Result<()> {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        let encoded = dxnet::proto::codec::encode_into(&mut buf, record)
+            .map_err(|e| ShuffleError::Decode(e.to_string()));
+        let res = encoded.and_then(|()| self.push_bytes(dest, &buf));
+        self.scratch = buf;
+        res
+    }
+
+    /// Pushes `bytes` as one record to worker `dest`. Waits only for room
+    /// in this pusher's outgoing buffer for `dest` (never for the
+    /// destination), up to the shuffle's timeout.
+    pub fn push_bytes(&mut self, dest: usize, bytes: &[u8]) -> Result<()> {
+        if self.finished {
+            return Err(ShuffleError::State("the pusher finished"));
+        }
+        if dest >= self.dests.len() {
+            return Err(ShuffleError::Config(format!(
+                "worker {dest} of {}",
+                self.dests.len()
+            )));
+        }
+        let max = frame::max_record(self.inner.cfg.segment_bytes);
+        if bytes.len() > max {
+            return Err(ShuffleError::RecordTooLarge {
+                len: bytes.len(),
+                max,
+            });
+        }
+        self.append(dest, Some(bytes))
+    }
+
+    /// Writes every record pushed so far and waits until they are at
+    /// their destinations (up to the timeout while a destination's
+    /// segment stays full).
+    pub fn flush(&mut self) -> Result<()> {
+        for d in 0..self.dests.len() {
+            self.flush_dest(d)?;
+        }
+        Ok(())
+    }
+
+    /// Ends this worker's stream at every destination (after flushing);
+    /// their pullers end once every worker finished.
+    pub fn finish(&mut self) -> Result<()> {
+        if self.finished {
+            return Ok(());
+        }
+        for d in 0..self.dests.len() {
+            self.append(d, None)?;
+        }
+        self.finished = true;
+        self.flush()
+    }
+
+    /// Time this pusher spent waiting so far: for room in its outgoing
+    /// buffer and for writes to finish (one-sided), in sends (messages:
+    /// dxnet's flow control, and the send itself).
+    pub fn blocked(&self) -> Duration {
+        self.blocked
+    }
+
+    /// Lays one frame (a record, or the end with `None`) for `dest`.
+    fn append(&mut self, dest: usize, record: Option<&[u8]>) -> Result<()> {
+        let batch_bytes = self.inner.cfg.batch_bytes.max(1);
+        let header = match record {
+            Some(b) => b.len() as u32,
+            None => frame::END,
+        };
+        let payload = record.unwrap_or(&[]);
+        if self.out.is_none() {
+            let d = &mut self.dests[dest];
+            d.batch.extend_from_slice(&header.to_le_bytes());
+            d.batch.extend_from_slice(payload);
+            if d.batch.len() >= batch_bytes {
+                self.send_batch(dest)?;
+            }
+            return Ok(());
+        }
+        let seg = self.inner.cfg.segment_bytes;
+        let len = frame::frame_len(payload.len());
+        let (wrap, start) = frame::place(self.dests[dest].head, seg, len);
+        let base = dest * seg;
+        let at = |pos: u64| base + (pos % seg as u64) as usize;
+        if let Some(w) = wrap {
+            // The marker takes the rest of the segment, `[w, start)`.
+            self.make_room(dest, start)?;
+            let out = self.out.as_ref().expect("one-sided");
+            out.write(at(w), &frame::WRAP.to_le_bytes())?;
+            self.dests[dest].head = start;
+        }
+        let end = start + len as u64;
+        self.make_room(dest, end)?;
+        let out = self.out.as_ref().expect("one-sided");
+        out.write(at(start), &header.to_le_bytes())?;
+        out.write(at(start) + frame::HEADER, payload)?;
+        let d = &mut self.dests[dest];
+        d.head = end;
+        if d.head - d.posted >= batch_bytes as u64 {
+            self.post(dest)?;
+        }
+        self.reap(dest)
+    }
+
+    /// Messages mode: sends `dest`'s batch, if it holds frames.
+    fn send_batch(&mut self, dest: usize) -> Result<()> {
+        let d = &mut self.dests[dest];
+        if d.batch.len() <= 8 {
+            return Ok(());
+        }
+        let node = self.inner.cfg.nodes[dest / self.inner.cfg.threads];
+        let t = Instant::now();
+        let sent = self
+            .inner
+            .node
+            .send_raw(node, MSG_TYPE, SUB_BATCH, &d.batch);
+        self.blocked += t.elapsed();
+        sent?;
+        d.batch.truncate(8);
+        Ok(())
+    }
+
+    /// Writes what the destination has room for: `[posted, tail + seg)`.
+    fn post(&mut self, dest: usize) -> Result<()> {
+        let seg = self.inner.cfg.segment_bytes;
+        let workers = self.dests.len();
+        let tail = self.inner.routes.tails[self.thread * workers + dest].load(Ordering::Acquire);
+        let out = self.out.as_ref().expect("one-sided");
+        let d = &mut self.dests[dest];
+        let end = d.head.min(tail + seg as u64);
+        while d.posted < end {
+            let off = (d.posted % seg as u64) as usize;
+            let n = ((end - d.posted) as usize).min(seg - off);
+            let h = self.inner.node.write_with_notify_from_async(
+                &self.inner.remotes[dest],
+                (self.me * seg + off) as u64,
+                out,
+                dest * seg + off,
+                n,
+                self.me as u32,
+            )?;
+            d.posted += n as u64;
+            d.inflight.push_back((h, d.posted));
+        }
+        Ok(())
+    }
+
+    /// Takes the writes to `dest` that are done, without waiting.
+    fn reap(&mut self, dest: usize) -> Result<()> {
+        let mut cx = Context::from_waker(&self.waker);
+        let d = &mut self.dests[dest];
+        while let Some((h, end)) = d.inflight.front_mut() {
+            match Pin::new(h).poll(&mut cx) {
+                Poll::Ready(r) => {
+                    d.completed = *end;
+                    d.inflight.pop_front();
+                    r?;
+                }
+                Poll::Pending => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the mirror for `dest` has room up to `end` (the bytes
+    /// from `completed` on are live).
+    fn make_room(&mut self, dest: usize, end: u64) -> Result<()> {
+        let seg = self.inner.cfg.segment_bytes as u64;
+        if end - self.dests[dest].completed <= seg {
+            return Ok(());
+        }
+        self.wait_dest(
+            dest,
+            |d| end - d.completed <= seg,
+            "room in the outgoing buffer",
+        )
+    }
+
+    fn flush_dest(&mut self, dest: usize) -> Result<()> {
+        if self.out.is_none() {
+            return self.send_batch(dest);
+        }
+        self.wait_dest(dest, |d| d.completed == d.head, "writes to finish")
+    }
+
+    /// Posts and retires `dest`'s writes until `done`: waits for the
+    /// oldest write in flight, or, with none, for the destination to make
+    /// room (a tail update), up to the timeout.
+    fn wait_dest(
+        &mut self,
+        dest: usize,
+        done: impl Fn(&Dest) -> bool,
+        what: &'static str,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let res = self.wait_dest_inner(dest, done, what, started + self.inner.cfg.timeout);
+        self.blocked += started.elapsed();
+        res
+    }
+
+    fn wait_dest_inner(
+        &mut self,
+        dest: usize,
+        done: impl Fn(&Dest) -> bool,
+        what: &'static str,
+        deadline: Instant,
+    ) -> Result<()> {
+        loop {
+            self.post(dest)?;
+            self.reap(dest)?;
+            if done(&self.dests[dest]) {
+                return Ok(());
+            }
+            let d = &mut self.dests[dest];
+            if let Some((h, end)) = d.inflight.pop_front() {
+                h.wait()?;
+                self.dests[dest].completed = end;
+                continue;
+            }
+            // Nothing in flight: the destination's segment is full.
+            let (m, c) = &self.inner.routes.signals[self.thread];
+            let mut rung = m.lock();
+            let seen = *rung;
+            let workers = self.dests.len();
+            let tail = &self.inner.routes.tails[self.thread * workers + dest];
+            let seg = self.inner.cfg.segment_bytes as u64;
+            if tail.load(Ordering::Acquire) + seg > self.dests[dest].posted {
+                continue; // room came meanwhile
+            }
+            if Instant::now() >= deadline {
+                return Err(ShuffleError::Timeout(what));
+            }
+            while *rung == seen && Instant::now() < deadline {
+                c.wait_until(&mut rung, deadline);
+            }
+        }
+    }
+}
+
+impl Drop for Pusher {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// A record a puller got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The worker that pushed it.
+    pub from: usize,
+    bytes: Vec<u8>,
+}
+
+impl Record {
+    /// The record's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The record's bytes, owned.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// Decodes a record pushed with [`Pusher::push`].
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
+        dxnet::proto::codec::decode(&self.bytes).map_err(|e| ShuffleError::Decode(e.to_string()))
+    }
+}
+
+/// A puller's view of one sender's segment.
+#[derive(Default)]
+struct SegIn {
+    /// Read up to here.
+    read: u64,
+    /// Written (notified, without gaps) up to here.
+    avail: u64,
+    /// Notified ranges beyond `avail`: start → end.
+    later: BTreeMap<u64, u64>,
+    /// Read since the last tail update sent.
+    unreported: u64,
+    /// In the ready queue.
+    queued: bool,
+    /// The sender's stream ended.
+    done: bool,
+}
+
+/// A worker's receiving side (see [`Shuffle::puller`]): an iterator over
+/// the records addressed to it, ending once every worker finished.
+pub struct Puller {
+    inner: Arc<Inner>,
+    thread: usize,
+    me: usize,
+    segs: Vec<SegIn>,
+    /// Segments with unread notified bytes.
+    ready: VecDeque<usize>,
+    /// Senders whose stream has not ended.
+    open: usize,
+    /// Messages mode: batches not read to the end, with the read offset.
+    batches: VecDeque<(usize, Vec<u8>, usize)>,
+}
+
+impl std::fmt::Debug for Puller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Puller")
+            .field("worker", &self.me)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Puller {
+    /// The next record; `None` once every worker finished. Waits up to the
+    /// shuffle's timeout for one.
+    pub fn next_record(&mut self) -> Result<Option<Record>> {
+        let mut deadline = None;
+        loop {
+            self.drain_inbox()?;
+            if let Some(r) = self.parse()? {
+                return Ok(Some(r));
+            }
+            if self.open == 0 {
+                return Ok(None);
+            }
+            // About to wait: every writer learns how far it was read (a
+            // writer may wait for that room).
+            self.report_all()?;
+            let dl = *deadline.get_or_insert_with(|| Instant::now() + self.inner.cfg.timeout);
+            match self.inner.inboxes[self.thread].recv_deadline(dl) {
+                Ok(n) => self.apply(n)?,
+                Err(_) => return Err(ShuffleError::Timeout("records from unfinished workers")),
+            }
+        }
+    }
+
+    /// A record if one is here now (`Ok(None)`: none yet, or the end: see
+    /// [`Puller::is_finished`]).
+    pub fn try_next(&mut self) -> Result<Option<Record>> {
+        self.drain_inbox()?;
+        let r = self.parse()?;
+        if r.is_none() {
+            self.report_all()?;
+        }
+        Ok(r)
+    }
+
+    /// Whether every worker finished and every record was read.
+    pub fn is_finished(&self) -> bool {
+        self.open == 0 && self.ready.is_empty() && self.batches.is_empty()
+    }
+
+    fn drain_inbox(&mut self) -> Result<()> {
+        while let Ok(n) = self.inner.inboxes[self.thread].try_recv() {
+            self.apply(n)?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, note: Note) -> Result<()> {
+        match note {
+            Note::Batch { from, bytes } => {
+                self.batches.push_back((from, bytes, 0));
+                Ok(())
+            }
+            Note::Written { seg, off, len } => {
+                let size = self.inner.cfg.segment_bytes as u64;
+                let s = &mut self.segs[seg];
+                // The position of `off` in [avail, avail + size).
+                let mut pos = s.avail - s.avail % size + off as u64;
+                if pos < s.avail {
+                    pos += size;
+                }
+                if s.done || pos + len as u64 > s.read + size {
+                    return Err(corrupt(seg, "a write beyond the segment's free room"));
+                }
+                s.later.insert(pos, pos + len as u64);
+                while let Some(end) = s.later.remove(&s.avail) {
+                    s.avail = end;
+                }
+                if s.avail > s.read && !s.queued {
+                    s.queued = true;
+                    self.ready.push_back(seg);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The next record of any ready segment or batch.
+    fn parse(&mut self) -> Result<Option<Record>> {
+        while let Some((from, bytes, at)) = self.batches.front_mut() {
+            let from = *from;
+            if *at == bytes.len() {
+                self.batches.pop_front();
+                continue;
+            }
+            let rest = &bytes[*at..];
+            if rest.len() < frame::HEADER {
+                return Err(corrupt(from, "a batch ends inside a header"));
+            }
+            let h = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
+            if h == frame::END {
+                *at += frame::HEADER;
+                self.end_of(from)?;
+                continue;
+            }
+            let n = h as usize;
+            if h > frame::MAX_LEN || rest.len() - frame::HEADER < n {
+                return Err(corrupt(from, "a record runs past its batch"));
+            }
+            let record = rest[frame::HEADER..frame::HEADER + n].to_vec();
+            *at += frame::HEADER + n;
+            return Ok(Some(Record {
+                from,
+                bytes: record,
+            }));
+        }
+        while let Some(&seg) = self.ready.front() {
+            match self.parse_segment(seg)? {
+                Some(r) => {
+                    // Round-robin over the senders with data.
+                    self.ready.pop_front();
+                    if self.segs[seg].avail > self.segs[seg].read && !self.segs[seg].done {
+                        self.ready.push_back(seg);
+                    } else {
+                        self.segs[seg].queued = false;
+                    }
+                    return Ok(Some(r));
+                }
+                None => {
+                    self.ready.pop_front();
+                    self.segs[seg].queued = false;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next record of `seg`'s segment, if a whole one is written.
+    fn parse_segment(&mut self, seg: usize) -> Result<Option<Record>> {
+        let size = self.inner.cfg.segment_bytes;
+        let inner = self.inner.clone();
+        let region = &inner.incoming[self.thread];
+        loop {
+            let s = &self.segs[seg];
+            if s.done || s.avail - s.read < frame::ALIGN as u64 {
+                return Ok(None);
+            }
+            let read = s.read;
+            let at = seg * size + (read % size as u64) as usize;
+            let mut h = [0u8; 4];
+            region.read(at, &mut h)?;
+            match frame::parse(u32::from_le_bytes(h), read, size) {
+                Err(e) => return Err(corrupt(seg, &e.to_string())),
+                Ok(Frame::Wrap) => {
+                    // The skipped rest of the segment is written (with
+                    // stale bytes) before the next frame.
+                    let next = frame::after_wrap(read, size);
+                    if s.avail < next {
+                        return Ok(None);
+                    }
+                    self.consumed(seg, next)?;
+                }
+                Ok(Frame::End) => {
+                    self.consumed(seg, read + frame::ALIGN as u64)?;
+                    self.end_of(seg)?;
+                    return Ok(None);
+                }
+                Ok(Frame::Record(n)) => {
+                    let len = frame::frame_len(n) as u64;
+                    if s.avail - read < len {
+                        return Ok(None); // the rest is still coming
+                    }
+                    let mut bytes = vec![0u8; n];
+                    region.read(at + frame::HEADER, &mut bytes)?;
+                    self.consumed(seg, read + len)?;
+                    return Ok(Some(Record { from: seg, bytes }));
+                }
+            }
+        }
+    }
+
+    /// `seg`'s segment is read up to `to`; its writer hears of it every
+    /// quarter segment.
+    fn consumed(&mut self, seg: usize, to: u64) -> Result<()> {
+        let s = &mut self.segs[seg];
+        s.unreported += to - s.read;
+        s.read = to;
+        if s.unreported >= (self.inner.cfg.segment_bytes / 4) as u64 {
+            self.report(seg)?;
+        }
+        Ok(())
+    }
+
+    fn end_of(&mut self, from: usize) -> Result<()> {
+        let s = &mut self.segs[from];
+        if s.done {
+            return Err(corrupt(from, "a second end of stream"));
+        }
+        s.done = true;
+        self.open -= 1;
+        Ok(())
+    }
+
+    fn report(&mut self, seg: usize) -> Result<()> {
+        let s = &mut self.segs[seg];
+        if s.unreported == 0 || s.done {
+            // A finished writer writes no more: nothing to free.
+            s.unreported = 0;
+            return Ok(());
+        }
+        s.unreported = 0;
+        let node = self.inner.cfg.nodes[seg / self.inner.cfg.threads];
+        // A writer that cannot be told is gone: if it had not finished,
+        // its stream times out; its room does not matter any more.
+        let _ = self.inner.node.send(
+            node,
+            &TailUpdate {
+                sender: seg as u32,
+                receiver: self.me as u32,
+                tail: s.read,
+            },
+        );
+        Ok(())
+    }
+
+    fn report_all(&mut self) -> Result<()> {
+        for seg in 0..self.segs.len() {
+            if self.segs[seg].unreported > 0 {
+                self.report(seg)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn corrupt(from: usize, why: &str) -> ShuffleError {
+    ShuffleError::Corrupt {
+        from,
+        why: why.to_string(),
+    }
+}
+
+impl Iterator for Puller {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        self.next_record().transpose()
+    }
+}
