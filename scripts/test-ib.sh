@@ -80,6 +80,12 @@ cargo test -p dxnet --test ib --no-run --message-format=json |
 while read -r exe; do
     cp "$exe" "$STAGE/tests/dxnet-ib"
 done
+# dxshuffle over the device (in-process nodes).
+cargo test -p dxshuffle --test ib --no-run --message-format=json |
+    grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 |
+while read -r exe; do
+    cp "$exe" "$STAGE/tests/dxshuffle-ib"
+done
 cp "$rc_pingpong" "$STAGE/programs/rc_pingpong"
 ls "$STAGE/tests" | grep -q . || { echo "test-ib.sh: no test binaries found" >&2; exit 1; }
 

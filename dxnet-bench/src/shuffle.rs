@@ -295,6 +295,10 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     cfg.timeout = Duration::from_secs(120);
     let shuffle = Shuffle::new(node, cfg)?;
     let workers = shuffle.workers();
+    // Outgoing buffers are allocated and registered before the clock.
+    let mut ends = (0..a.threads)
+        .map(|t| Ok((shuffle.pusher(t)?, shuffle.puller(t)?)))
+        .collect::<Result<Vec<_>>>()?;
     println!("READY");
     std::io::stdout().flush()?;
     let mut line = String::new();
@@ -305,8 +309,7 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     let (pushed, received, bytes, blocked) = std::thread::scope(|s| -> Result<_> {
         let mut pushers = Vec::new();
         let mut pullers = Vec::new();
-        for t in 0..a.threads {
-            let mut p = shuffle.pusher(t)?;
+        for (t, (mut p, mut q)) in ends.drain(..).enumerate() {
             let me = shuffle.worker(t) as u64;
             let payload = &payload;
             pushers.push(s.spawn(move || -> Result<(u64, Duration)> {
@@ -325,7 +328,6 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
                 p.finish()?;
                 Ok((a.records, p.blocked()))
             }));
-            let mut q = shuffle.puller(t)?;
             pullers.push(s.spawn(move || -> Result<(u64, u64)> {
                 let (mut n, mut b) = (0u64, 0u64);
                 for r in q.by_ref() {

@@ -67,7 +67,8 @@ struct Routes {
     /// Tail reported by each destination, per local pusher:
     /// `[t * workers + dest]`.
     tails: Vec<AtomicU64>,
-    /// Per local pusher: rung when a tail moves.
+    /// Per local pusher: rung when a tail moves or one of its writes
+    /// completes.
     signals: Vec<(Mutex<u64>, Condvar)>,
     /// This process's incoming regions, once set up.
     descriptors: OnceLock<Vec<RemoteRegion>>,
@@ -294,7 +295,10 @@ impl Shuffle {
         Ok(Pusher {
             dests: (0..workers)
                 .map(|d| Dest {
-                    batch: batch_head(d, me),
+                    batch: match out {
+                        Some(_) => Vec::new(),
+                        None => batch_head(d, me),
+                    },
                     ..Dest::default()
                 })
                 .collect(),
@@ -302,7 +306,10 @@ impl Shuffle {
             thread,
             out,
             finished: false,
-            waker: Waker::from(Arc::new(NoWake)),
+            waker: Waker::from(Arc::new(PusherWaker {
+                routes: inner.routes.clone(),
+                thread,
+            })),
             scratch: Vec::new(),
             blocked: Duration::ZERO,
             inner,
@@ -372,9 +379,22 @@ fn batch_head(to: usize, from: usize) -> Vec<u8> {
     b
 }
 
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(self: Arc<Self>) {}
+/// Wakes a pusher waiting in `wait_dest` when one of its writes completes.
+struct PusherWaker {
+    routes: Arc<Routes>,
+    thread: usize,
+}
+
+impl Wake for PusherWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let (m, c) = &self.routes.signals[self.thread];
+        *m.lock() += 1;
+        c.notify_all();
+    }
 }
 
 /// A pusher's state towards one destination. Positions as in
@@ -392,7 +412,11 @@ struct Dest {
     /// Writes in flight and the position each ends at.
     inflight: VecDeque<(WriteHandle, u64)>,
     /// Messages mode: the batch being filled (with its 8-byte head).
+    /// One-sided: frames laid since the last copy into the mirror, which
+    /// start at position `staged_from` (one copy per batch, not per
+    /// record).
     batch: Vec<u8>,
+    staged_from: u64,
 }
 
 /// A worker's sending side (see [`Shuffle::pusher`]). Dropping it
@@ -506,26 +530,32 @@ impl Pusher {
         let seg = self.inner.cfg.segment_bytes;
         let len = frame::frame_len(payload.len());
         let (wrap, start) = frame::place(self.dests[dest].head, seg, len);
-        let base = dest * seg;
-        let at = |pos: u64| base + (pos % seg as u64) as usize;
-        if let Some(w) = wrap {
+        if wrap.is_some() {
             // The marker takes the rest of the segment, `[w, start)`.
             self.make_room(dest, start)?;
-            let out = self.out.as_ref().expect("one-sided");
-            out.write(at(w), &frame::WRAP.to_le_bytes())?;
-            self.dests[dest].head = start;
+            self.dests[dest]
+                .batch
+                .extend_from_slice(&frame::WRAP.to_le_bytes());
+            self.sync_stage(dest)?;
+            let d = &mut self.dests[dest];
+            d.head = start;
+            d.staged_from = start;
         }
         let end = start + len as u64;
         self.make_room(dest, end)?;
-        let out = self.out.as_ref().expect("one-sided");
-        out.write(at(start), &header.to_le_bytes())?;
-        out.write(at(start) + frame::HEADER, payload)?;
         let d = &mut self.dests[dest];
+        d.batch.extend_from_slice(&header.to_le_bytes());
+        d.batch.extend_from_slice(payload);
+        d.batch
+            .resize(d.batch.len() + len - frame::HEADER - payload.len(), 0);
         d.head = end;
         if d.head - d.posted >= batch_bytes as u64 {
             self.post(dest)?;
         }
-        self.reap(dest)
+        // Writes done are taken when room runs short: polling a write's
+        // handle asks the engine to retire completions (on InfiniBand its
+        // send thread polls for a while), too dear per record.
+        Ok(())
     }
 
     /// Messages mode: sends `dest`'s batch, if it holds frames.
@@ -546,8 +576,28 @@ impl Pusher {
         Ok(())
     }
 
+    /// One-sided: copies the frames staged for `dest` into its mirror
+    /// (in two pieces where they pass the segment's end).
+    fn sync_stage(&mut self, dest: usize) -> Result<()> {
+        let seg = self.inner.cfg.segment_bytes;
+        let out = self.out.as_ref().expect("one-sided");
+        let d = &mut self.dests[dest];
+        let mut done = 0;
+        while done < d.batch.len() {
+            let pos = d.staged_from + done as u64;
+            let off = (pos % seg as u64) as usize;
+            let n = (d.batch.len() - done).min(seg - off);
+            out.write(dest * seg + off, &d.batch[done..done + n])?;
+            done += n;
+        }
+        d.staged_from += d.batch.len() as u64;
+        d.batch.clear();
+        Ok(())
+    }
+
     /// Writes what the destination has room for: `[posted, tail + seg)`.
     fn post(&mut self, dest: usize) -> Result<()> {
+        self.sync_stage(dest)?;
         let seg = self.inner.cfg.segment_bytes;
         let workers = self.dests.len();
         let tail = self.inner.routes.tails[self.thread * workers + dest].load(Ordering::Acquire);
@@ -631,33 +681,28 @@ impl Pusher {
         what: &'static str,
         deadline: Instant,
     ) -> Result<()> {
+        let routes = self.inner.routes.clone();
+        let (m, c) = &routes.signals[self.thread];
         loop {
+            // Read before looking: a completion or tail update after the
+            // look rings the signal, so the wait below does not miss it.
+            let seen = *m.lock();
             self.post(dest)?;
             self.reap(dest)?;
             if done(&self.dests[dest]) {
                 return Ok(());
             }
-            let d = &mut self.dests[dest];
-            if let Some((h, end)) = d.inflight.pop_front() {
-                h.wait()?;
-                self.dests[dest].completed = end;
-                continue;
-            }
-            // Nothing in flight: the destination's segment is full.
-            let (m, c) = &self.inner.routes.signals[self.thread];
-            let mut rung = m.lock();
-            let seen = *rung;
-            let workers = self.dests.len();
-            let tail = &self.inner.routes.tails[self.thread * workers + dest];
-            let seg = self.inner.cfg.segment_bytes as u64;
-            if tail.load(Ordering::Acquire) + seg > self.dests[dest].posted {
-                continue; // room came meanwhile
-            }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(ShuffleError::Timeout(what));
             }
-            while *rung == seen && Instant::now() < deadline {
-                c.wait_until(&mut rung, deadline);
+            // Woken by a write's completion (the handles' waker) or a tail
+            // update; in slices, as an engine retires completions for a
+            // waiter only for a while after each poll.
+            let mut rung = m.lock();
+            let slice = deadline.min(now + Duration::from_millis(5));
+            while *rung == seen && Instant::now() < slice {
+                c.wait_until(&mut rung, slice);
             }
         }
     }
@@ -709,6 +754,10 @@ struct SegIn {
     queued: bool,
     /// The sender's stream ended.
     done: bool,
+    /// Bytes copied out of the segment (one copy per notified range, not
+    /// per record), starting at position `buf_from`.
+    buf: Vec<u8>,
+    buf_from: u64,
 }
 
 /// A worker's receiving side (see [`Shuffle::puller`]): an iterator over
@@ -865,17 +914,19 @@ impl Puller {
     /// The next record of `seg`'s segment, if a whole one is written.
     fn parse_segment(&mut self, seg: usize) -> Result<Option<Record>> {
         let size = self.inner.cfg.segment_bytes;
-        let inner = self.inner.clone();
-        let region = &inner.incoming[self.thread];
         loop {
             let s = &self.segs[seg];
             if s.done || s.avail - s.read < frame::ALIGN as u64 {
                 return Ok(None);
             }
             let read = s.read;
-            let at = seg * size + (read % size as u64) as usize;
             let mut h = [0u8; 4];
-            region.read(at, &mut h)?;
+            if !self.buffered(seg, frame::HEADER)? {
+                return Ok(None);
+            }
+            let s = &self.segs[seg];
+            let i = (read - s.buf_from) as usize;
+            h.copy_from_slice(&s.buf[i..i + frame::HEADER]);
             match frame::parse(u32::from_le_bytes(h), read, size) {
                 Err(e) => return Err(corrupt(seg, &e.to_string())),
                 Ok(Frame::Wrap) => {
@@ -893,17 +944,38 @@ impl Puller {
                     return Ok(None);
                 }
                 Ok(Frame::Record(n)) => {
-                    let len = frame::frame_len(n) as u64;
-                    if s.avail - read < len {
+                    let len = frame::frame_len(n);
+                    if !self.buffered(seg, len)? {
                         return Ok(None); // the rest is still coming
                     }
-                    let mut bytes = vec![0u8; n];
-                    region.read(at + frame::HEADER, &mut bytes)?;
-                    self.consumed(seg, read + len)?;
+                    let s = &self.segs[seg];
+                    let i = (read - s.buf_from) as usize + frame::HEADER;
+                    let bytes = s.buf[i..i + n].to_vec();
+                    self.consumed(seg, read + len as u64)?;
                     return Ok(Some(Record { from: seg, bytes }));
                 }
             }
         }
+    }
+
+    /// Whether `len` bytes from `seg`'s read position are in its buffer,
+    /// copying the notified bytes up to the segment's end out of the
+    /// region when they are not (false: they are not written yet).
+    fn buffered(&mut self, seg: usize, len: usize) -> Result<bool> {
+        let size = self.inner.cfg.segment_bytes as u64;
+        let s = &mut self.segs[seg];
+        if s.read >= s.buf_from && s.read + len as u64 <= s.buf_from + s.buf.len() as u64 {
+            return Ok(true);
+        }
+        if s.avail - s.read < len as u64 {
+            return Ok(false);
+        }
+        let off = s.read % size;
+        let n = (s.avail - s.read).min(size - off) as usize;
+        s.buf.resize(n, 0);
+        s.buf_from = s.read;
+        self.inner.incoming[self.thread].read(seg * size as usize + off as usize, &mut s.buf)?;
+        Ok(n >= len)
     }
 
     /// `seg`'s segment is read up to `to`; its writer hears of it every

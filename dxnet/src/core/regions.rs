@@ -268,8 +268,9 @@ impl Core {
             return Err(Error::Shutdown);
         }
         let mem = MemBlock::new(len).ok_or(Error::Region(RegionError::Allocation(len)))?;
-        let (rdma, registration) = match self.transport().and_then(|t| t.remote_memory()) {
-            // Registered for local use when first used so.
+        let rm = self.transport().and_then(|t| t.remote_memory());
+        let (rdma, registration) = match rm {
+            // Registered for local use below.
             Some(_) if access == Access::LocalOnly => (None, None),
             Some(rm) => {
                 // SAFETY: the registration is kept next to `mem` in the
@@ -303,6 +304,11 @@ impl Core {
             local_registration: OnceLock::new(),
             mem,
         });
+        if let (Some(rm), Access::LocalOnly) = (rm, access) {
+            // It exists to be the local side of in-place accesses: its
+            // registration is made now, not in the first access.
+            region.local_registration(rm)?;
+        }
         map.insert(id, region.clone());
         Ok(region)
     }
