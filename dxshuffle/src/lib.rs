@@ -5,7 +5,9 @@
 //! Every process of a shuffle (a list of dxnet node ids, one per process)
 //! runs `threads` workers. Worker `w = p * threads + t` is thread `t` of
 //! process `p`. Each worker pushes records to any worker with a
-//! [`Pusher`] and reads the records addressed to it with a [`Puller`].
+//! [`Pusher`] and reads the records addressed to it with a [`Puller`]: a
+//! blocking `Iterator`, [`Puller::try_next`] without waiting, or an async
+//! `Stream` (`futures_core::Stream`).
 //!
 //! ```no_run
 //! # fn demo(node: std::sync::Arc<dxnet::Node>) -> Result<(), dxshuffle::ShuffleError> {

@@ -62,6 +62,8 @@ struct Routes {
     seg: usize,
     me: usize,
     inboxes: Vec<Sender<Note>>,
+    /// Per local thread: the waker of its puller polled as a `Stream`.
+    stream_wakers: Vec<Mutex<Option<Waker>>>,
     /// Region id → local thread.
     region_thread: OnceLock<HashMap<u32, usize>>,
     /// Tail reported by each destination, per local pusher:
@@ -91,6 +93,13 @@ impl Routes {
             off,
             len: w.len as usize,
         });
+        self.wake_stream(t);
+    }
+
+    fn wake_stream(&self, t: usize) {
+        if let Some(w) = self.stream_wakers[t].lock().take() {
+            w.wake();
+        }
     }
 
     fn on_tail(&self, u: TailUpdate) {
@@ -118,6 +127,7 @@ impl Routes {
             from,
             bytes: payload[8..].to_vec(),
         });
+        self.wake_stream(to % self.threads);
     }
 }
 
@@ -187,6 +197,7 @@ impl Shuffle {
             seg,
             me,
             inboxes: senders,
+            stream_wakers: (0..cfg.threads).map(|_| Mutex::new(None)).collect(),
             region_thread: OnceLock::new(),
             tails: (0..cfg.threads * workers)
                 .map(|_| AtomicU64::new(0))
@@ -1036,6 +1047,30 @@ fn corrupt(from: usize, why: &str) -> ShuffleError {
     ShuffleError::Corrupt {
         from,
         why: why.to_string(),
+    }
+}
+
+/// The async form: records as they come, `None` once every worker
+/// finished. It has no timeout of its own (wrap it in the runtime's).
+impl futures_core::Stream for Puller {
+    type Item = Result<Record>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Record>>> {
+        let this = self.get_mut();
+        for registered in [false, true] {
+            match this.try_next() {
+                Err(e) => return Poll::Ready(Some(Err(e))),
+                Ok(Some(r)) => return Poll::Ready(Some(Ok(r))),
+                Ok(None) if this.is_finished() => return Poll::Ready(None),
+                Ok(None) if registered => return Poll::Pending,
+                // Register, then look once more: a note sent in between
+                // finds the waker.
+                Ok(None) => {
+                    *this.inner.routes.stream_wakers[this.thread].lock() = Some(cx.waker().clone())
+                }
+            }
+        }
+        Poll::Pending
     }
 }
 

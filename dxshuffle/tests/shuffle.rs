@@ -170,3 +170,84 @@ fn dead_peer_ends_with_typed_errors() {
         drop(survivor);
     }
 }
+
+/// The puller as a `Stream`, polled by a minimal executor (a thread that
+/// parks until a waker unparks it): every record arrives, the stream
+/// ends, and no wake-up is lost (a lost one would leave the executor
+/// parked: that fails instead of passing slowly).
+#[test]
+fn puller_as_a_stream() {
+    use futures_core::Stream;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    for mode in [Mode::OneSided, Mode::Messages] {
+        let nodes = nodes(Kind::Tcp, 2);
+        let ids: Vec<NodeId> = nodes.iter().map(|n| n.id()).collect();
+        let total: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = nodes
+                .iter()
+                .map(|node| {
+                    let (node, ids) = (node.clone(), ids.clone());
+                    s.spawn(move || {
+                        let mut cfg = ShuffleConfig::new(ids, 2);
+                        cfg.mode = mode;
+                        cfg.segment_bytes = 1024;
+                        cfg.batch_bytes = 256;
+                        let shuffle = Shuffle::new(node, cfg).unwrap();
+                        std::thread::scope(|s| {
+                            for t in 0..2 {
+                                let mut p = shuffle.pusher(t).unwrap();
+                                s.spawn(move || {
+                                    for i in 0..400u32 {
+                                        p.push(i as usize % 4, &i).unwrap();
+                                    }
+                                });
+                            }
+                            let hs: Vec<_> = (0..2)
+                                .map(|t| {
+                                    let mut q = shuffle.puller(t).unwrap();
+                                    s.spawn(move || {
+                                        let waker =
+                                            Waker::from(Arc::new(Unpark(std::thread::current())));
+                                        let mut cx = Context::from_waker(&waker);
+                                        let mut n = 0;
+                                        loop {
+                                            match Pin::new(&mut q).poll_next(&mut cx) {
+                                                Poll::Ready(Some(r)) => {
+                                                    let v: u32 = r.unwrap().decode().unwrap();
+                                                    assert!(v < 400);
+                                                    n += 1;
+                                                }
+                                                Poll::Ready(None) => break n,
+                                                Poll::Pending => {
+                                                    let t0 = Instant::now();
+                                                    std::thread::park_timeout(Duration::from_secs(
+                                                        20,
+                                                    ));
+                                                    assert!(
+                                                        t0.elapsed() < Duration::from_secs(20),
+                                                        "{mode:?}: a wake-up was lost"
+                                                    );
+                                                }
+                                            }
+                                        }
+                                    })
+                                })
+                                .collect();
+                            hs.into_iter().map(|h| h.join().unwrap()).sum::<usize>()
+                        })
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(total, 4 * 400, "{mode:?}");
+    }
+}
