@@ -39,7 +39,9 @@
 //!
 //! **Back-pressure.** A push never waits for a remote segment: while it is
 //! full, records stay in the pusher's outgoing buffer and are written at
-//! the pusher's next call once the puller made room. A push waits only for
+//! the pusher's next call once the puller made room (the paper's network
+//! thread posts them on its own; here the pusher's next push, `flush` or
+//! `finish` does). A push waits only for
 //! room in its own outgoing buffer for that destination (`segment_bytes`),
 //! up to `timeout` ([`ShuffleError::Timeout`]).
 //!
@@ -55,7 +57,10 @@
 //! finished ends with [`ShuffleError::Timeout`] (a dead peer, or a worker
 //! that never finished); a pusher whose destination died fails with
 //! [`ShuffleError::Net`]. Memory: per process, `threads` incoming regions
-//! and up to `threads` outgoing buffers of `workers × segment_bytes` each.
+//! and up to `threads` outgoing buffers of `workers × segment_bytes` each
+//! (one-sided); in messages mode each puller's inbox holds at most that
+//! many bytes of batches (a full one holds back its senders through
+//! dxnet's flow control), and each pusher one batch per destination.
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.
