@@ -458,3 +458,41 @@ fn verbs_bindings_on_a_device() {
     assert_eq!(m.len(), 2 * recs.len());
     assert!(m.iter().any(|r| r["repetition"] == 1));
 }
+
+/// `shuffle`: separate processes shuffle over TCP in both modes; each
+/// checks that the records it pushed were all received (the run fails
+/// otherwise) and the table shows both modes and their ratio.
+#[test]
+fn shuffle_between_processes() {
+    let _g = serial();
+    let out = Command::new(EXE)
+        .args([
+            "shuffle",
+            "--procs",
+            "3",
+            "--threads",
+            "3",
+            "--records",
+            "2000",
+            "--size",
+            "100",
+            "--segment",
+            "4096",
+            "--batch",
+            "1024",
+            "--rounds",
+            "1",
+            "--base-port",
+            "15800",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("one-sided / messages (records/s)"), "{text}");
+    assert_eq!(text.matches(" one-sided ").count(), 2, "{text}");
+}
