@@ -58,9 +58,9 @@
 //! that never finished); a pusher whose destination died fails with
 //! [`ShuffleError::Net`]. Memory: per process, `threads` incoming regions
 //! and up to `threads` outgoing buffers of `workers × segment_bytes` each
-//! (one-sided); in messages mode each puller's inbox holds at most that
-//! many bytes of batches (a full one holds back its senders through
-//! dxnet's flow control), and each pusher one batch per destination.
+//! (one-sided). In messages mode each pusher holds one batch per
+//! destination, and a puller's inbox holds the batches that arrived ahead
+//! of it: not bounded yet (a slow puller lets it grow).
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.

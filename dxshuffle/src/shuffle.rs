@@ -191,16 +191,9 @@ impl Shuffle {
         }
         // A puller's inbox. One-sided: notes of written ranges, a few per
         // sender at most (its segment's room bounds them). Messages: the
-        // batches themselves, bounded to what the segments would hold;
-        // a full inbox blocks the handler thread, and dxnet's flow control
-        // then the senders.
-        let inbox = || match cfg.mode {
-            Mode::OneSided => channel::unbounded(),
-            Mode::Messages => {
-                channel::bounded((workers * seg / cfg.batch_bytes.max(1)).max(workers).max(4))
-            }
-        };
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..cfg.threads).map(|_| inbox()).unzip();
+        // batches themselves, as many as senders push ahead of the puller.
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..cfg.threads).map(|_| channel::unbounded()).unzip();
         let routes = Arc::new(Routes {
             threads: cfg.threads,
             workers,
