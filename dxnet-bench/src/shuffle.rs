@@ -277,11 +277,12 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     let mut c = Config::tcp_localhost(n.proc as u16, procs, a.base_port);
     if a.transport == "ib" {
         c.transport = TransportKind::Ib;
-        c.ib.device = std::env::var("RDMA_DEV").unwrap_or_default();
-        c.ib.gid_index = std::env::var("RDMA_GID_INDEX")
-            .ok()
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(0);
+        // The device the environment names (RDMA_DEV, RDMA_PORT,
+        // RDMA_GID_INDEX), as the verbs bindings use it.
+        crate::binding::dxnet::set_rdma_target(
+            &mut c,
+            crate::config::RdmaParams::default().resolve(),
+        )?;
     } else if a.transport != "tcp" {
         bail!("transport {}: tcp or ib (processes)", a.transport);
     }

@@ -596,6 +596,17 @@ fn child_ib_region_owner() {
     }
 }
 
+/// Starts `child_ib_region_owner` as node 0 of a pair at `base`; returns
+/// it with its read-write and read-only regions' descriptors.
+fn spawn_region_owner(base: u16) -> (ChildProc, dxnet::RemoteRegion, dxnet::RemoteRegion) {
+    let mut owner = spawn_ib_child("child_ib_region_owner", &[("BASE", base.to_string())]);
+    let rw_line = owner.wait_line("RW ", 60);
+    let ro_line = owner.wait_line("RO ", 60);
+    let rw = serde_json::from_str(&rw_line[3..]).unwrap();
+    let ro = serde_json::from_str(&ro_line[3..]).unwrap();
+    (owner, rw, ro)
+}
+
 fn one_sided_pattern(seed: u64, i: u64, len: usize) -> Vec<u8> {
     pattern(seed as u16, 0, i, len)
 }
@@ -620,11 +631,7 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
         return;
     }
     let base = base_port(2);
-    let mut owner = spawn_ib_child("child_ib_region_owner", &[("BASE", base.to_string())]);
-    let rw_line = owner.wait_line("RW ", 60);
-    let ro_line = owner.wait_line("RO ", 60);
-    let rw: RemoteRegion = serde_json::from_str(&rw_line[3..]).unwrap();
-    let ro: RemoteRegion = serde_json::from_str(&ro_line[3..]).unwrap();
+    let (mut owner, rw, ro) = spawn_region_owner(base);
     let json = serde_json::to_value(rw).unwrap();
     assert!(!json["rdma"].is_null(), "no remote key: {json}");
     let mut cfg = ib_config(1, 2, base);
@@ -841,14 +848,11 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
 /// connection without closing it.
 #[test]
 fn ib_in_place_write_read() {
-    use dxnet::RemoteRegion;
     if device().is_none() {
         return;
     }
     let base = base_port(2);
-    let mut owner = spawn_ib_child("child_ib_region_owner", &[("BASE", base.to_string())]);
-    let rw_line = owner.wait_line("RW ", 60);
-    let rw: RemoteRegion = serde_json::from_str(&rw_line[3..]).unwrap();
+    let (mut owner, rw, _) = spawn_region_owner(base);
     let mut cfg = ib_config(1, 2, base);
     cfg.limits.request_timeout_ms = 15_000;
     let node = Arc::new(Node::start(cfg).unwrap());

@@ -65,7 +65,7 @@ struct Routes {
     /// Per local thread: the waker of its puller polled as a `Stream`.
     stream_wakers: Vec<Mutex<Option<Waker>>>,
     /// Region id → local thread.
-    region_thread: OnceLock<HashMap<u32, usize>>,
+    region_thread: HashMap<u32, usize>,
     /// Tail reported by each destination, per local pusher:
     /// `[t * workers + dest]`.
     tails: Vec<AtomicU64>,
@@ -78,7 +78,7 @@ struct Routes {
 
 impl Routes {
     fn on_written(&self, w: RegionWrite) {
-        let Some(&t) = self.region_thread.get().and_then(|m| m.get(&w.region)) else {
+        let Some(&t) = self.region_thread.get(&w.region) else {
             return;
         };
         let seg = (w.offset / self.seg as u64) as usize;
@@ -194,6 +194,12 @@ impl Shuffle {
         // batches themselves, as many as senders push ahead of the puller.
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..cfg.threads).map(|_| channel::unbounded()).unzip();
+        let incoming = match cfg.mode {
+            Mode::OneSided => (0..cfg.threads)
+                .map(|_| node.expose(workers * seg, Access::WriteOnly))
+                .collect::<dxnet::Result<Vec<Region>>>()?,
+            Mode::Messages => Vec::new(),
+        };
         let routes = Arc::new(Routes {
             threads: cfg.threads,
             workers,
@@ -201,7 +207,11 @@ impl Shuffle {
             me,
             inboxes: senders,
             stream_wakers: (0..cfg.threads).map(|_| Mutex::new(None)).collect(),
-            region_thread: OnceLock::new(),
+            region_thread: incoming
+                .iter()
+                .enumerate()
+                .map(|(t, r)| (r.id(), t))
+                .collect(),
             tails: (0..cfg.threads * workers)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -210,19 +220,6 @@ impl Shuffle {
                 .collect(),
             descriptors: OnceLock::new(),
         });
-        let incoming = match cfg.mode {
-            Mode::OneSided => (0..cfg.threads)
-                .map(|_| node.expose(workers * seg, Access::WriteOnly))
-                .collect::<dxnet::Result<Vec<Region>>>()?,
-            Mode::Messages => Vec::new(),
-        };
-        let _ = routes.region_thread.set(
-            incoming
-                .iter()
-                .enumerate()
-                .map(|(t, r)| (r.id(), t))
-                .collect(),
-        );
         let r = routes.clone();
         node.register_request(move |_src, RegionsQuery| match r.descriptors.get() {
             Some(d) => RegionsAnswer {

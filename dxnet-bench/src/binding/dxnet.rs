@@ -118,6 +118,17 @@ pub fn node_config(setup: &BindingSetup, me: u16) -> Result<Config> {
     node_config_with(setup, me, setup.params.rdma.resolve())
 }
 
+/// Points `c`'s InfiniBand engine at `rdma` (device, port, GID index).
+pub fn set_rdma_target(c: &mut Config, rdma: RdmaTarget) -> Result<()> {
+    c.ib.device = rdma.device.unwrap_or_default();
+    c.ib.port = rdma.port;
+    c.ib.gid_index = match rdma.gid_index {
+        Some(g) => u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255"))?,
+        None => 0,
+    };
+    Ok(())
+}
+
 fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<Config> {
     let kind = BindingKind::parse(&setup.binding)?;
     let base = match kind {
@@ -135,12 +146,7 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
             } else {
                 TransportKind::Tcp
             };
-            c.ib.device = rdma.device.unwrap_or_default();
-            c.ib.port = rdma.port;
-            c.ib.gid_index = match rdma.gid_index {
-                Some(g) => u8::try_from(g).map_err(|_| anyhow!("GID index {g} > 255"))?,
-                None => 0,
-            };
+            set_rdma_target(&mut c, rdma)?;
             c.tls = (kind == BindingKind::DxnetTcpTls).then(|| {
                 let dir = setup.pki_dir();
                 let file = |ext: &str| dir.join(format!("node-{me}.{ext}")).display().to_string();
