@@ -147,6 +147,57 @@ impl Default for ParkConfig {
     }
 }
 
+/// Zero-copy from reused [`crate::Buffer`]s (`[zero_copy]`): on an engine
+/// with registered memory (InfiniBand), a buffer used often enough is
+/// registered with the device and its bytes go from (or into) it in place
+/// instead of through a copy into registered memory. Registering costs more
+/// than one copy, so a buffer is registered only once its uses pay for it:
+/// after `n > R / (C - V)` uses (R registration cost, C copy cost, V cost
+/// of counting a use, all of the buffer's size), or speculatively at
+/// `speculative_fraction` of that. The costs are measured on the device
+/// when the first buffer is used (`Node::zero_copy_costs` shows them)
+/// unless `reuse_threshold` fixes `n`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ZeroCopyConfig {
+    /// Off: every buffer's bytes are copied. Default on.
+    pub enabled: bool,
+    /// Buffers shorter than this are always copied (counting a use and
+    /// naming a second memory region cost more than copying them).
+    /// Default 128.
+    pub min_bytes: usize,
+    /// Uses after which a buffer is registered; `None` computes it per
+    /// size from the measured costs. Default `None`.
+    pub reuse_threshold: Option<u32>,
+    /// A buffer is registered speculatively after this fraction of its
+    /// threshold's uses (the frequent-buffer paper's 25 %); 1.0 waits for
+    /// the whole threshold. Default 0.25.
+    pub speculative_fraction: f64,
+    /// Speculation stops when fewer than this fraction of the buffers
+    /// registered speculatively went on to reach their threshold (the
+    /// others were registered for nothing), and starts again when buffers
+    /// reach it again. Default 0.2.
+    pub min_frequent_fraction: f64,
+    /// Most bytes of buffers registered at once; beyond it the least
+    /// recently used registrations not in use are dropped, and a buffer
+    /// that does not fit is copied. Default 256 MiB.
+    pub max_pinned_bytes: u64,
+}
+
+impl Default for ZeroCopyConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_bytes: 128,
+            reuse_threshold: None,
+            speculative_fraction: 0.25,
+            min_frequent_fraction: 0.2,
+            max_pinned_bytes: 256 << 20,
+        }
+    }
+}
+
 /// Settings of the InfiniBand/RoCE engine (`transport = "ib"`). The
 /// connection handshake (over UDP) uses each node's node-map address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,6 +497,8 @@ pub struct Config {
     /// Discovery of nodes at run time. Default `None`: every node-map
     /// entry counts as discovered from the start.
     pub discovery: Option<DiscoveryConfig>,
+    /// Zero-copy from reused buffers.
+    pub zero_copy: ZeroCopyConfig,
 }
 
 impl Default for Config {
@@ -465,6 +518,7 @@ impl Default for Config {
             ib: IbConfig::default(),
             loopback: LoopbackConfig::default(),
             discovery: None,
+            zero_copy: ZeroCopyConfig::default(),
         }
     }
 }
@@ -630,6 +684,18 @@ impl Config {
         }
         if self.tcp.max_pending_handshakes == 0 || self.tcp.listen_backlog == 0 {
             return bad("tcp: max_pending_handshakes and listen_backlog must be > 0".into());
+        }
+        let zc = &self.zero_copy;
+        if !(zc.speculative_fraction > 0.0 && zc.speculative_fraction <= 1.0)
+            || !(0.0..=1.0).contains(&zc.min_frequent_fraction)
+        {
+            return bad(
+                "zero_copy: speculative_fraction must be in (0, 1] and min_frequent_fraction in [0, 1]"
+                    .into(),
+            );
+        }
+        if zc.reuse_threshold == Some(0) {
+            return bad("zero_copy.reuse_threshold must be at least 1".into());
         }
         self.identity()?;
         if !self.transport.is_available() {

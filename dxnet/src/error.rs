@@ -98,6 +98,17 @@ pub enum RegionError {
     /// The memory for a new region could not be had (or its length is 0).
     #[error("cannot allocate a region of {0} bytes")]
     Allocation(usize),
+    /// A buffer could not be registered with the device
+    /// ([`crate::Node::register_buffer`]); accesses from it are copied.
+    #[error("cannot register a buffer of {len} bytes: {reason}")]
+    Registration {
+        /// The buffer's length.
+        len: u64,
+        /// Why: over `zero_copy.max_pinned_bytes`, registered with another
+        /// node's device, or the device's refusal (e.g. the locked-memory
+        /// limit).
+        reason: String,
+    },
 }
 
 /// Why a node could not be reached ([`Error::Unreachable`]). The text

@@ -38,6 +38,7 @@
 // that serve network engines (receive threads, inline completion) unused.
 #![cfg_attr(not(any(feature = "tcp", feature = "ib")), allow(dead_code))]
 
+pub mod buffer;
 pub mod config;
 pub(crate) mod core;
 pub mod error;
@@ -53,7 +54,8 @@ pub mod region;
 pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
-pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind};
+pub use buffer::{Buffer, BufferHandle};
+pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind, ZeroCopyConfig};
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{MultiSend, Node, NodeStats, ResponseHandle};

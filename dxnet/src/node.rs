@@ -52,6 +52,26 @@ pub struct NodeStats {
     pub discovery_ignored: u64,
     /// Claims of one node id by two nodes that discovery saw.
     pub discovery_conflicts: u64,
+    /// Accesses from or into a [`crate::Buffer`] of at least
+    /// `zero_copy.min_bytes` that went in place (the device reads or
+    /// fills the registered buffer).
+    pub zero_copy_in_place: u64,
+    /// Such accesses that were copied (the buffer not registered, or the
+    /// engine without registered memory).
+    pub zero_copy_copied: u64,
+    /// Buffers registered with the device by the zero-copy policy or
+    /// [`Node::register_buffer`].
+    pub buffer_registrations: u64,
+    /// Registrations that failed (over `zero_copy.max_pinned_bytes`, or
+    /// refused by the device); those accesses were copied.
+    pub buffer_registration_failures: u64,
+    /// Registrations dropped to make room under `max_pinned_bytes`.
+    pub buffer_evictions: u64,
+    /// Bytes of buffers registered now.
+    pub pinned_bytes: u64,
+    /// Times speculative registration stopped because few buffers went on
+    /// to be reused often (see [`crate::config::ZeroCopyConfig`]).
+    pub speculation_stops: u64,
 }
 
 /// A response that has not arrived yet. Wait for it with

@@ -38,6 +38,7 @@ pub mod requests;
 mod send;
 #[cfg(test)]
 mod tests;
+pub mod zero_copy;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -213,6 +214,8 @@ pub struct Core {
     pub requests: Arc<RequestTable>,
     /// Exposed memory regions.
     regions: regions::RegionTable,
+    /// Zero-copy from reused buffers: the policy and registration cache.
+    zero_copy: zero_copy::ZeroCopy,
     /// Connection events for the application.
     events: events::Events,
     /// Counters.
@@ -312,6 +315,7 @@ impl Core {
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(),
             regions: regions::RegionTable::default(),
+            zero_copy: zero_copy::ZeroCopy::new(config.zero_copy.clone()),
             events: events::Events::default(),
             stats: Stats::default(),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
@@ -469,6 +473,7 @@ impl Core {
     pub fn stats(&self) -> NodeStats {
         let s = &self.stats;
         let (peak_buffers, peak_bytes) = self.incoming.peaks();
+        let z = &self.zero_copy.stats;
         NodeStats {
             msgs_sent: s.msgs_sent.get(),
             msgs_received: s.msgs_received.get(),
@@ -489,6 +494,13 @@ impl Core {
                 .discovery
                 .as_ref()
                 .map_or(0, |d| d.conflicts.load(Ordering::Relaxed)),
+            zero_copy_in_place: z.in_place.load(Ordering::Relaxed),
+            zero_copy_copied: z.copied.load(Ordering::Relaxed),
+            buffer_registrations: z.registrations.load(Ordering::Relaxed),
+            buffer_registration_failures: z.registration_failures.load(Ordering::Relaxed),
+            buffer_evictions: z.evictions.load(Ordering::Relaxed),
+            pinned_bytes: z.pinned_bytes.load(Ordering::Relaxed),
+            speculation_stops: z.speculation_stops.load(Ordering::Relaxed),
         }
     }
 
@@ -507,6 +519,9 @@ impl Core {
         if let Some(t) = self.transport() {
             t.shutdown();
         }
+        // Buffers the application keeps stop pinning memory (accesses in
+        // flight hold their own registration until they end).
+        self.zero_copy.clear();
         for c in self.connections.all() {
             self.close_connection(&c, "node shut down", false);
         }

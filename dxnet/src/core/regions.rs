@@ -28,9 +28,12 @@ use rustc_hash::FxHashMap;
 
 use super::connection::Connection;
 use super::requests::PendingResponse;
+use super::zero_copy::{RegisterError, ZeroCopyCosts};
 use super::{inline, Core, HandlerEntry, HandlerKind, REMOTE_DECODE};
+use crate::buffer::Finish;
 use crate::error::{Unreachable, Waited};
 use crate::message::{type_key, MessageKind};
+use crate::primitives::buffer_mem::{BufferMem, InFlight};
 use crate::primitives::in_order::Outcome as InOrder;
 use crate::primitives::region_mem::{MemBlock, MemError};
 use crate::proto::region::{
@@ -430,6 +433,22 @@ impl Core {
     ) -> Result<RegionOp> {
         let len = src.len();
         remote.check(offset, len as u64, true)?;
+        // A buffer goes in place if the zero-copy policy says so, and is
+        // copied as bytes otherwise.
+        let device = self
+            .device_path(remote)
+            .filter(|_| remote.node() != self.own);
+        let (src, guard) = match src {
+            WriteSource::Buffer(mem) => {
+                match self.zero_copy.use_buffer(device.map(|(rm, _)| rm), mem) {
+                    Some(g) => (src, Some(Arc::new(g))),
+                    // SAFETY: the caller borrows the buffer's handle for
+                    // this call, so no device writes its memory.
+                    None => (WriteSource::Bytes(unsafe { mem.bytes() }), None),
+                }
+            }
+            other => (other, None),
+        };
         if let WriteSource::Region {
             region,
             offset,
@@ -450,6 +469,7 @@ impl Core {
             };
             let status = match src {
                 WriteSource::Bytes(data) => self.write_own(&head, data),
+                WriteSource::Buffer(_) => unreachable!("made bytes above"),
                 WriteSource::Region {
                     region,
                     offset,
@@ -475,8 +495,9 @@ impl Core {
             }
             return Ok(RegionOp::done(self, remote, offset, res));
         }
-        if let Some((rm, key)) = self.device_path(remote) {
-            let op = self.post_parts(rm, remote, key, offset, Parts::Write(src), blocking)?;
+        if let Some((rm, key)) = device {
+            let op =
+                self.post_parts(rm, remote, key, offset, Parts::Write(src), blocking, guard)?;
             if let Some(imm) = notify {
                 // Behind the write's work requests on the same queue pair:
                 // the owner sees it after the data.
@@ -526,6 +547,7 @@ impl Core {
                     w.write_all(&head)?;
                     match src {
                         WriteSource::Bytes(data) => w.write_all(&data[at..at + n]),
+                        WriteSource::Buffer(_) => unreachable!("made bytes above"),
                         WriteSource::Region { region, offset, .. } => region
                             .mem()
                             .with_bytes(offset + at, n, |b| w.write_all(b))
@@ -576,7 +598,15 @@ impl Core {
             return Ok(op);
         }
         if let Some((rm, key)) = self.device_path(remote) {
-            return self.post_parts(rm, remote, key, offset, Parts::Read(len, into), blocking);
+            return self.post_parts(
+                rm,
+                remote,
+                key,
+                offset,
+                Parts::Read(len, into),
+                blocking,
+                None,
+            );
         }
         let timeout = self.config.request_timeout();
         let mut parts = Vec::with_capacity(len.div_ceil(PART_MAX).max(1));
@@ -610,11 +640,68 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Registers an application's buffer now (`Node::register_buffer`):
+    /// false on an engine without registered memory.
+    pub fn register_buffer(&self, mem: &Arc<BufferMem>) -> Result<bool> {
+        let Some(rm) = self.transport().and_then(|t| t.remote_memory()) else {
+            return Ok(false);
+        };
+        self.zero_copy.register_now(rm, mem).map_err(|e| {
+            let reason = match e {
+                RegisterError::OverLimit => "over zero_copy.max_pinned_bytes".to_string(),
+                RegisterError::OtherNode => "registered with another node's device".to_string(),
+                RegisterError::Device(why) => why,
+            };
+            Error::Region(RegionError::Registration {
+                len: mem.len() as u64,
+                reason,
+            })
+        })?;
+        Ok(true)
+    }
+
+    /// The costs the zero-copy policy measured, once it did.
+    pub fn zero_copy_costs(&self) -> Option<ZeroCopyCosts> {
+        self.zero_copy.costs()
+    }
+
+    /// Starts a read of `mem.len()` bytes at `offset` of `remote` into an
+    /// application's buffer: in place where the zero-copy policy
+    /// registered it, into a new buffer to copy from otherwise (the
+    /// `Finish` says which). The caller owns the buffer's handle
+    /// exclusively until the access is done.
+    pub fn region_read_buffer(
+        self: &Arc<Self>,
+        remote: &RemoteRegion,
+        offset: u64,
+        mem: &Arc<BufferMem>,
+        blocking: bool,
+    ) -> Result<(RegionOp, Finish)> {
+        let len = mem.len();
+        remote.check(offset, len as u64, false)?;
+        let device = self
+            .device_path(remote)
+            .filter(|_| remote.node() != self.own);
+        if let Some(g) = self.zero_copy.use_buffer(device.map(|(rm, _)| rm), mem) {
+            let (rm, key) = device.expect("in place only through the device");
+            let what = Parts::Read(len, None);
+            let op = self.post_parts(rm, remote, key, offset, what, blocking, Some(Arc::new(g)))?;
+            return Ok((op, Finish::ReadInPlace));
+        }
+        let op = self.region_read(remote, offset, len, None, blocking)?;
+        Ok((op, Finish::ReadCopy))
+    }
+}
+
 /// The bytes a one-sided write carries.
 #[derive(Debug, Clone, Copy)]
 pub enum WriteSource<'a> {
     /// The caller's bytes (copied before the call returns).
     Bytes(&'a [u8]),
+    /// The bytes of an application's buffer: in place where the zero-copy
+    /// policy registered it (see `core::zero_copy`), copied otherwise.
+    Buffer(&'a Arc<BufferMem>),
     /// `len` bytes at `offset` of one of the own node's regions: on an
     /// engine with remote memory access the device reads them in place.
     Region {
@@ -631,6 +718,7 @@ impl WriteSource<'_> {
     fn len(&self) -> usize {
         match *self {
             WriteSource::Bytes(d) => d.len(),
+            WriteSource::Buffer(m) => m.len(),
             WriteSource::Region { len, .. } => len,
         }
     }
@@ -665,6 +753,7 @@ impl Core {
         offset: u64,
         what: Parts<'_>,
         blocking: bool,
+        buffer: Option<Arc<InFlight>>,
     ) -> Result<RegionOp> {
         let deadline = Instant::now() + self.config.request_timeout();
         let conn = self.connection(remote.node(), deadline)?;
@@ -672,15 +761,22 @@ impl Core {
         let (len, read_len) = match what {
             Parts::Write(src) => (src.len(), None),
             // In place: nothing to hand back.
-            Parts::Read(n, into) => (n, into.is_none().then_some(n)),
+            Parts::Read(n, into) => (n, (into.is_none() && buffer.is_none()).then_some(n)),
         };
-        // An own region read or filled in place: its registration, and a
-        // handle that keeps it alive while the device uses it.
-        let local = match what {
-            Parts::Write(WriteSource::Region { region, offset, .. })
-            | Parts::Read(_, Some((region, offset))) => {
-                let keep: Arc<dyn std::any::Any + Send + Sync> = region.clone();
-                Some((region.local_registration(rm)?, offset, keep))
+        // An own region or registered buffer read or filled in place: its
+        // registration, and a handle that keeps it alive while the device
+        // uses it.
+        type Keep = Arc<dyn std::any::Any + Send + Sync>;
+        let local: Option<(&(dyn std::any::Any + Send + Sync), usize, Keep)> = match (what, &buffer)
+        {
+            (Parts::Write(WriteSource::Region { region, offset, .. }), _)
+            | (Parts::Read(_, Some((region, offset))), _) => {
+                let keep: Keep = region.clone();
+                Some((&**region.local_registration(rm)?, offset, keep))
+            }
+            (_, Some(g)) => {
+                let keep: Keep = g.clone();
+                Some((&*g.pinned.handle, 0, keep))
             }
             _ => None,
         };
@@ -706,7 +802,7 @@ impl Core {
             // device refuses what is not registered.
             let addr = key.addr.wrapping_add(offset).wrapping_add(at as u64);
             let in_place = local.as_ref().map(|(reg, base, keep)| LocalBytes {
-                registration: &***reg,
+                registration: *reg,
                 offset: base + at,
                 len: n,
                 keep,
@@ -737,8 +833,8 @@ impl Core {
                         at,
                     },
                 },
-                (Parts::Write(WriteSource::Region { .. }), None) => {
-                    unreachable!("a region source is registered")
+                (Parts::Write(WriteSource::Region { .. } | WriteSource::Buffer(_)), None) => {
+                    unreachable!("a region or buffer source posted here is registered")
                 }
             };
             let seq = rm.post(self, &conn, part, deadline, blocking && last)?;
@@ -936,6 +1032,11 @@ impl RegionOp {
             device: None,
             into: None,
         }
+    }
+
+    /// An access that failed to start (its handle reports `e`).
+    pub(crate) fn failed(core: &Arc<Core>, remote: &RemoteRegion, base: u64, e: Error) -> RegionOp {
+        Self::done(core, remote, base, Err(e))
     }
 
     fn done(core: &Arc<Core>, remote: &RemoteRegion, base: u64, res: Result<()>) -> RegionOp {

@@ -29,6 +29,7 @@
 
 use std::sync::OnceLock;
 
+pub mod buffer_mem;
 pub mod credit;
 pub mod deadline;
 pub mod in_order;
