@@ -1035,3 +1035,115 @@ fn ib_discovery_finds_seeded_nodes_and_finds_a_restarted_one_again() {
         .count();
     assert_eq!(found, 2, "{evs:?}");
 }
+
+/// Accesses from and into reused `Buffer`s over real RDMA: the zero-copy
+/// policy registers buffers after a quarter of their threshold and the
+/// device reads and fills them in place; under a pinned-memory limit far
+/// below what the threads reuse, registrations are evicted and what does
+/// not fit is copied. 8 threads change each buffer right after its access
+/// returns, drop and replace buffers (their addresses reused) and check
+/// every read-back; the owner's checksum matches; a buffer over the limit
+/// is refused with a typed error and still written (copied); accesses
+/// whose handles are dropped in flight close no connection.
+#[test]
+fn ib_buffers_zero_copy() {
+    use dxnet::{Buffer, Error, RegionError};
+    if device().is_none() {
+        return;
+    }
+    let base = base_port(2);
+    let (mut owner, rw, _) = spawn_region_owner(base);
+    let mut cfg = ib_config(1, 2, base);
+    cfg.limits.request_timeout_ms = 15_000;
+    cfg.zero_copy.reuse_threshold = Some(8);
+    cfg.zero_copy.max_pinned_bytes = 512 << 10;
+    let node = Arc::new(Node::start(cfg).unwrap());
+    until_reachable("owner", || node.read(&rw, 0, &mut [0u8; 1]));
+    const SLICE: usize = 2 << 20;
+    const THREADS: u64 = 8;
+    const OPS: u64 = 40;
+    let results: Vec<(Vec<u8>, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let node = node.clone();
+                s.spawn(move || buffer_phase(&node, &rw, t, (t as usize * SLICE, SLICE), OPS))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let shadows: Vec<u8> = results.iter().flat_map(|(s, _)| s.clone()).collect();
+    let mark = owner.mark();
+    owner.command("sum");
+    assert_eq!(
+        owner.wait_line_since(mark, "SUM ", 60),
+        format!("SUM {}", fnv(&shadows[..]))
+    );
+    let expect: u64 = results.iter().map(|(_, n)| n).sum();
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mark = owner.mark();
+        owner.command("notes");
+        let notes = owner.wait_line_since(mark, "NOTES ", 60);
+        let n: u64 = notes.split(' ').nth(1).unwrap().parse().unwrap();
+        if n == expect {
+            break;
+        }
+        assert!(
+            Instant::now() < end && n < expect,
+            "{notes}, {expect} expected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = node.stats();
+    println!(
+        "in place {} copied {} registrations {} failures {} evictions {} pinned {}",
+        st.zero_copy_in_place,
+        st.zero_copy_copied,
+        st.buffer_registrations,
+        st.buffer_registration_failures,
+        st.buffer_evictions,
+        st.pinned_bytes
+    );
+    assert!(
+        st.zero_copy_in_place > THREADS * OPS,
+        "most accesses in place"
+    );
+    assert!(st.zero_copy_copied > 0, "fresh buffers are copied");
+    assert!(st.buffer_evictions > 0, "the limit evicts");
+    assert!(st.pinned_bytes <= 512 << 10);
+    // Over the limit: refused, and copied.
+    let big = Buffer::from(one_sided_pattern(6, 1, 1 << 20));
+    assert!(matches!(
+        node.register_buffer(&big),
+        Err(Error::Region(RegionError::Registration { len, .. })) if len == 1 << 20
+    ));
+    for _ in 0..10 {
+        node.write_buffer(&rw, 0, &big).unwrap();
+    }
+    assert!(!big.is_registered());
+    let mut back = Buffer::new(1 << 20);
+    node.read_buffer(&rw, 0, &mut back).unwrap();
+    assert!(back[..] == big[..]);
+    // Handles dropped while their accesses run.
+    let closed = node.stats().connections_closed;
+    let mut pool: Vec<Buffer> = (0..4).map(|_| Buffer::new(64 << 10)).collect();
+    for i in 0..40u64 {
+        let k = (i % 4) as usize;
+        let b = std::mem::replace(&mut pool[k], Buffer::new(64 << 10));
+        if i % 2 == 0 {
+            drop(node.write_buffer_async(&rw, 4096, b));
+        } else {
+            drop(node.read_buffer_async(&rw, 4096, b));
+        }
+    }
+    let mut last = Buffer::from(b"after the drops".to_vec());
+    node.write_buffer(&rw, 0, &last).unwrap();
+    last.fill(0);
+    node.read_buffer(&rw, 0, &mut last).unwrap();
+    assert_eq!(&last[..], b"after the drops");
+    assert_eq!(
+        node.stats().connections_closed,
+        closed,
+        "no connection closed"
+    );
+}

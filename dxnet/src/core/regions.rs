@@ -42,7 +42,7 @@ use crate::proto::region::{
 };
 use crate::region::{Access, RdmaKey, RegionWrite, RemoteRegion};
 use crate::transport::{
-    LocalBytes, PartDest, PartSource, RdmaPart, ReadBuf, ReadBytes, RemoteMemory,
+    Hold, LocalBytes, PartDest, PartSource, RdmaPart, ReadBuf, ReadBytes, RemoteMemory,
 };
 use crate::{Error, NodeId, RegionError, Result};
 
@@ -83,6 +83,17 @@ impl std::fmt::Debug for ExposedRegion {
             .field("rdma", &self.rdma)
             .field("mem", &self.mem)
             .finish()
+    }
+}
+
+/// A region read or filled in place stays alive while a part uses it.
+impl Hold for ExposedRegion {}
+
+/// A buffer read or filled in place: its owner may write it again once
+/// the device is done.
+impl Hold for InFlight {
+    fn device_done(&self) {
+        InFlight::device_done(self);
     }
 }
 
@@ -766,7 +777,7 @@ impl Core {
         // An own region or registered buffer read or filled in place: its
         // registration, and a handle that keeps it alive while the device
         // uses it.
-        type Keep = Arc<dyn std::any::Any + Send + Sync>;
+        type Keep = Arc<dyn Hold>;
         let local: Option<(&(dyn std::any::Any + Send + Sync), usize, Keep)> = match (what, &buffer)
         {
             (Parts::Write(WriteSource::Region { region, offset, .. }), _)
@@ -785,7 +796,9 @@ impl Core {
         // posted so far hold.
         let mut op = RegionOp::in_flight(self, remote, offset, parts, read_len);
         let read_buf: Option<ReadBuf> = match what {
-            Parts::Read(n, None) => Some(Arc::new(Mutex::new(ReadBytes::new(n)))),
+            Parts::Read(n, None) if local.is_none() => {
+                Some(Arc::new(Mutex::new(ReadBytes::new(n))))
+            }
             _ => None,
         };
         op.device = Some(DeviceOp {
@@ -801,11 +814,17 @@ impl Core {
             // A forged descriptor may name any address: wrapping, the
             // device refuses what is not registered.
             let addr = key.addr.wrapping_add(offset).wrapping_add(at as u64);
+            // A buffer's guard per part: each part gives the memory back
+            // to the buffer's owner as it completes.
+            let part_keep: Option<Arc<dyn Hold>> = buffer.as_ref().map(|g| {
+                let k: Arc<dyn Hold> = Arc::new(g.another());
+                k
+            });
             let in_place = local.as_ref().map(|(reg, base, keep)| LocalBytes {
                 registration: *reg,
                 offset: base + at,
                 len: n,
-                keep,
+                keep: part_keep.as_ref().unwrap_or(keep),
             });
             let part = match (what, in_place) {
                 (Parts::Write(_), Some(l)) => RdmaPart::Write {

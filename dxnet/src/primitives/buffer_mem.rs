@@ -256,21 +256,41 @@ pub struct InFlight {
     mem: Arc<BufferMem>,
     /// The registration the access's work requests name.
     pub pinned: Arc<Pinned>,
+    /// [`InFlight::device_done`] ran.
+    done: AtomicBool,
 }
 
 impl InFlight {
     /// Starts an access to `mem` through `pinned`.
     pub fn new(mem: Arc<BufferMem>, pinned: Arc<Pinned>) -> InFlight {
         mem.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight { mem, pinned }
+        InFlight {
+            mem,
+            pinned,
+            done: AtomicBool::new(false),
+        }
+    }
+
+    /// Another access (a further part) to the same buffer through the same
+    /// registration.
+    pub fn another(&self) -> InFlight {
+        InFlight::new(self.mem.clone(), self.pinned.clone())
+    }
+
+    /// The device is done with the memory (the guard may live on, holding
+    /// it): the owner may write it again.
+    pub fn device_done(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            // Release: the device's accesses (seen by the engine before
+            // this) happen before an owner's write after it saw 0.
+            self.mem.in_flight.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        // Release: the device's accesses (seen by the engine before it
-        // dropped this) happen before an owner's write after it saw 0.
-        self.mem.in_flight.fetch_sub(1, Ordering::Release);
+        self.device_done();
     }
 }
 

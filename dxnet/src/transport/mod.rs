@@ -191,7 +191,18 @@ pub struct LocalBytes<'a> {
     /// Keeps the memory and the registration alive: the engine holds a
     /// clone until the device is done with the part (its completion, or the
     /// end of its queue pair), whatever the caller does meanwhile.
-    pub keep: &'a Arc<dyn std::any::Any + Send + Sync>,
+    pub keep: &'a Arc<dyn Hold>,
+}
+
+/// What keeps the memory of a part in place alive (see
+/// [`LocalBytes::keep`]).
+pub trait Hold: Send + Sync {
+    /// The part completed: the device no longer touches the memory. Called
+    /// before the part's outcome shows as done (the handle itself may be
+    /// dropped later); not called for a part whose queue pair closed
+    /// first (the device may use the memory until the queue pair is
+    /// destroyed, when the handle is dropped).
+    fn device_done(&self) {}
 }
 
 impl std::fmt::Debug for LocalBytes<'_> {

@@ -546,3 +546,103 @@ pub fn in_place_phase(
     }
     shadow
 }
+
+/// A thread's random accesses from and into reused [`dxnet::Buffer`]s
+/// (`write_buffer`, its async and notifying forms, `read_buffer` and its
+/// async form) within its slice `[base, base + slice)` of `remote`: a few
+/// buffers per size are reused (what the zero-copy policy registers), some
+/// are fresh, some are dropped and replaced (their addresses reused), and
+/// a buffer is changed right after each write returns or hands it back.
+/// Every read-back is checked byte for byte. Returns the slice as the
+/// thread wrote it, and how many notifying writes it made.
+pub fn buffer_phase(
+    node: &Node,
+    remote: &dxnet::RemoteRegion,
+    t: u64,
+    (base, slice): (usize, usize),
+    ops: u64,
+) -> (Vec<u8>, u64) {
+    use dxnet::Buffer;
+    let mut shadow = vec![0u8; slice];
+    let mut x = (t + 91).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    const SIZES: [usize; 4] = [200, 4096, 8192, 100_000];
+    // Two buffers per size, reused across the phase.
+    let mut pool: Vec<Buffer> = SIZES
+        .iter()
+        .flat_map(|&n| [Buffer::new(n), Buffer::new(n)])
+        .collect();
+    let mut notified = 0;
+    for i in 0..ops {
+        let k = (next() % pool.len() as u64) as usize;
+        if i % 17 == 16 {
+            // Dropped and replaced: a new buffer, likely at the old address.
+            let len = pool[k].len();
+            pool[k] = Buffer::new(len);
+        }
+        let fresh = i % 11 == 10;
+        let mut src = if fresh {
+            Buffer::from(vec![0u8; pool[k].len()])
+        } else {
+            std::mem::replace(&mut pool[k], Buffer::new(0))
+        };
+        let len = src.len();
+        let off = (next() % (slice - len + 1) as u64) as usize;
+        let data = pattern(11, t as u16, i, len);
+        src.copy_from_slice(&data);
+        let at = (base + off) as u64;
+        let src = match i % 4 {
+            0 => {
+                node.write_buffer(remote, at, &src).unwrap();
+                src
+            }
+            1 => {
+                let (res, back) = node.write_buffer_async(remote, at, src).wait();
+                res.unwrap();
+                back
+            }
+            2 => {
+                notified += 1;
+                node.write_with_notify_buffer(remote, at, &src, i as u32)
+                    .unwrap();
+                src
+            }
+            _ => {
+                notified += 1;
+                let (res, back) = node
+                    .write_with_notify_buffer_async(remote, at, src, i as u32)
+                    .wait();
+                res.unwrap();
+                back
+            }
+        };
+        shadow[off..off + len].copy_from_slice(&data);
+        // Changed at once: the written bytes must not change with it.
+        let mut src = src;
+        src.fill(0xEE);
+        // The read-back, into another reused buffer of the same size.
+        let other = if k % 2 == 0 { k + 1 } else { k - 1 };
+        let mut dst = std::mem::replace(&mut pool[other], Buffer::new(0));
+        if i % 2 == 0 {
+            node.read_buffer(remote, at, &mut dst).unwrap();
+        } else {
+            let (res, back) = node.read_buffer_async(remote, at, dst).wait();
+            res.unwrap();
+            dst = back;
+        }
+        assert!(
+            dst[..] == data[..],
+            "thread {t} op {i}: read-back of {len} B at {off} into a buffer"
+        );
+        pool[other] = dst;
+        if !fresh {
+            pool[k] = src;
+        }
+    }
+    (shadow, notified)
+}

@@ -48,7 +48,7 @@ pub(super) struct PartWr {
     /// The caller's registered memory the part reads or fills in place:
     /// held until the device is done with it (the chain is retired, or its
     /// queue pair destroyed).
-    pub(super) keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    pub(super) keep: Option<Arc<dyn crate::transport::Hold>>,
 }
 
 impl std::fmt::Debug for PartWr {

@@ -202,9 +202,13 @@ impl IbEngine {
                     self.outstanding_total
                         .fetch_sub(c.wrs as u64, Ordering::AcqRel);
                     if let Some(p) = c.one_sided {
-                        // A read's bytes are in place before the track
+                        // A read's bytes are in place, and memory in
+                        // place is the caller's again, before the track
                         // says it is done.
                         self.land_read(&p);
+                        if let Some(k) = &p.keep {
+                            k.device_done();
+                        }
                         parts[n] = Some(p);
                         n += 1;
                     }
