@@ -2,12 +2,13 @@
 //! place.
 //!
 //! A [`Buffer`] is an owned, address-stable byte buffer. Applications that
-//! reuse the same buffers for their one-sided writes and reads (fill,
-//! write, fill again; or read, use, read again) hand them to
-//! [`Node::write_buffer`], [`Node::read_buffer`] and their async forms. On
-//! InfiniBand a buffer that is reused often enough is registered with the
-//! device and its bytes go from or into it in place; until then, and on
-//! TCP and loopback, they are copied as for slices. When to register is
+//! reuse the same buffers for their messages and one-sided accesses (fill,
+//! send, fill again; or read, use, read again) hand them to
+//! [`Node::send_buffer`], [`Node::write_buffer`], [`Node::read_buffer`]
+//! and their async forms. On InfiniBand a buffer that is reused often
+//! enough is registered with the device and its bytes go from or into it
+//! in place; until then, and on TCP and loopback, they are copied as for
+//! slices. When to register is
 //! the frequent-buffer policy of `[zero_copy]` ([`crate::config::ZeroCopyConfig`]):
 //! a cost model of registration against copying, speculative registration,
 //! a limit on pinned memory with eviction, and a fallback when buffers are
@@ -34,7 +35,7 @@ use std::task::{Context, Poll};
 use crate::core::regions::{RegionOp, WriteSource};
 use crate::primitives::buffer_mem::BufferMem;
 use crate::region::RemoteRegion;
-use crate::{Node, Result};
+use crate::{Node, NodeId, Result};
 
 pub use crate::core::zero_copy::ZeroCopyCosts;
 
@@ -322,6 +323,20 @@ impl Node {
                 Finish::Write,
             ),
         }
+    }
+
+    /// Sends the bytes of `buf` as a raw message of (`msg_type`,
+    /// `subtype`), like [`Node::send_raw`]; returns once `buf` may change.
+    /// On InfiniBand a buffer the zero-copy policy registered is sent in
+    /// place: one work request gathers the message header from registered
+    /// memory and the payload from `buf` (more for a payload larger than a
+    /// receive), posted right behind the connection's ring data, and this
+    /// waits for the device to complete the send (the message keeps its
+    /// order among this thread's other sends). Otherwise the bytes are
+    /// copied into the ring buffer and this returns at once, as
+    /// `send_raw` does.
+    pub fn send_buffer(&self, dest: NodeId, msg_type: u8, subtype: u8, buf: &Buffer) -> Result<()> {
+        self.core().send_buffer(dest, msg_type, subtype, &buf.mem)
     }
 
     /// Registers `buf` with this node's device now, whatever its uses so

@@ -174,6 +174,10 @@ pub enum Waited {
     /// Nodes to be discovered ([`crate::Node::wait_for_nodes`]).
     #[error("nodes to be discovered")]
     Nodes,
+    /// The device to finish sending a buffer in place
+    /// ([`crate::Node::send_buffer`], `send_timeout_ms`).
+    #[error("the device to send the buffer")]
+    Device,
 }
 
 /// Why a pending request was cancelled ([`Error::Cancelled`]).

@@ -974,6 +974,26 @@ fn wait_part(
     outcome
 }
 
+impl Core {
+    /// Waits for the outcome of part `seq` on `conn` (posted signalled)
+    /// until `deadline`: spinning on completions first, then parked.
+    pub(super) fn wait_device_part(
+        self: &Arc<Self>,
+        rm: &dyn RemoteMemory,
+        conn: &Arc<Connection>,
+        seq: u64,
+        deadline: Instant,
+    ) -> InOrder {
+        let dev = DeviceOp {
+            conn: conn.clone(),
+            deadline,
+            uncovered: None,
+            read_buf: None,
+        };
+        wait_part(self, rm, &dev, seq, &mut None)
+    }
+}
+
 /// How a part's outcome comes.
 #[derive(Debug)]
 enum PartWait {

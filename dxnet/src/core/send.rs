@@ -3,6 +3,9 @@
 //! data out.
 
 use super::*;
+use crate::primitives::buffer_mem::BufferMem;
+use crate::primitives::in_order::Outcome as InOrder;
+use crate::transport::{Hold, LocalBytes};
 
 impl Core {
     /// Sends a typed message.
@@ -86,6 +89,88 @@ impl Core {
             None,
             |w| w.write_all(payload),
         )
+    }
+
+    /// Sends the bytes of an application's buffer as a raw message of
+    /// (`t`, `s`); returns once the buffer may change. Where the zero-copy
+    /// policy registered the buffer with the device, the device reads the
+    /// payload in place (the header from registered memory in the same
+    /// work request) right behind the ring's data, and this waits for the
+    /// send's completion; otherwise the bytes are copied into the ring
+    /// as by [`Core::send_raw`].
+    pub fn send_buffer(
+        self: &Arc<Self>,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        mem: &Arc<BufferMem>,
+    ) -> Result<()> {
+        // SAFETY (for the copies): the caller borrows the buffer's handle
+        // for this call, so no device writes its memory.
+        let copy = || self.send_raw(dest, t, s, unsafe { mem.bytes() });
+        if t == 0 || mem.len() > self.config.limits.max_message_size || self.is_shut_down() {
+            return copy(); // refused there, with the reason
+        }
+        let rm = match self.transport() {
+            Some(t) if dest != self.own => t.remote_memory(),
+            _ => None,
+        };
+        let Some(guard) = self.zero_copy.use_buffer(rm, mem) else {
+            return copy();
+        };
+        let rm = rm.expect("a registration implies the device");
+        let header = MessageHeader {
+            msg_type: t,
+            subtype: s,
+            flags: MessageKind::Plain.flags(),
+            request_id: 0,
+            payload_len: mem.len() as u32,
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        header.encode(&mut hb);
+        let total = (HEADER_LEN + mem.len()) as u64;
+        let timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
+        let deadline = Instant::now() + timeout;
+        let conn = self.connection(dest, deadline)?;
+        let open = || conn.state() == ConnState::Open;
+        conn.flow
+            .acquire(total, &Deadline::at(deadline), &self.config.park, open)
+            .map_err(|e| match e {
+                FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
+                FlowWaitError::Closed => {
+                    Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
+                }
+            })?;
+        let guard = Arc::new(guard);
+        let keep: Arc<dyn Hold> = guard.clone();
+        let payload = LocalBytes {
+            registration: &*guard.pinned.handle,
+            offset: 0,
+            len: mem.len(),
+            keep: &keep,
+        };
+        let seq = match rm.post_send(self, &conn, &hb, payload, deadline) {
+            Ok(Some(seq)) => seq,
+            Ok(None) => {
+                conn.flow.on_confirm_bytes(total);
+                return copy();
+            }
+            Err(e) => {
+                conn.flow.on_confirm_bytes(total);
+                return Err(e);
+            }
+        };
+        drop((keep, guard));
+        self.stats.msgs_sent.add(1);
+        self.stats.bytes_sent.add(total);
+        match self.wait_device_part(rm, &conn, seq, deadline) {
+            InOrder::Done => Ok(()),
+            InOrder::Pending => Err(Error::Timeout(Waited::Device)),
+            InOrder::Lost | InOrder::Refused => Err(Error::Unreachable(
+                dest,
+                Unreachable::ConnectionLost(conn.close_reason()),
+            )),
+        }
     }
 
     /// Sends a request; the handle waits for its response.

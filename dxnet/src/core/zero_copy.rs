@@ -17,15 +17,15 @@
 //!   fits), unless `reuse_threshold` fixes `n`.
 //! - **Speculation.** A buffer is registered at `speculative_fraction` of
 //!   `n` (25 %): reused buffers get zero-copy sooner.
-//! - **Fallback.** Speculation registers some buffers for nothing. Every
-//!   32 buffers that pass the speculative mark, the policy compares how
-//!   many buffers reached `n` meanwhile: under `min_frequent_fraction` of
-//!   them, speculation stops (a buffer is registered only at `n`, which
-//!   always pays); at or above it, speculation is on (again). Buffers are
-//!   followed the same way while it is off, so it resumes when reuse
-//!   comes back. This is the paper's "stop growing when under 20 % are
-//!   frequent"; its second condition (chaining buckets) has no analogue
-//!   without a table.
+//! - **Fallback.** Speculation registers some buffers for nothing. Each
+//!   buffer that passes the speculative mark has an outcome: it reaches
+//!   `n` (speculation paid), or it is dropped before (wasted). Every 32
+//!   outcomes, under `min_frequent_fraction` paid stops speculation (a
+//!   buffer is registered only at `n`, which always pays); at or above
+//!   it, speculation is on (again). Buffers are followed the same way
+//!   while it is off, so it resumes when reuse comes back. This is the
+//!   paper's "stop growing when under 20 % are frequent"; its second
+//!   condition (chaining buckets) has no analogue without a table.
 //! - **Cache.** Registrations count against `max_pinned_bytes`. A new one
 //!   that does not fit evicts registrations in order of registration,
 //!   skipping those used since the last look (second chance) and holding
@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::config::ZeroCopyConfig;
-use crate::primitives::buffer_mem::{BufferMem, InFlight, Pinned};
+use crate::primitives::buffer_mem::{BufferMem, InFlight, Pinned, Unreached, PASSED, REACHED};
 use crate::transport::RemoteMemory;
 
 /// What the policy needs of a device: registration for local access.
@@ -98,11 +98,7 @@ impl ZeroCopyCosts {
     }
 }
 
-/// Flags in `BufferMem::marks`.
-const PASSED_SPECULATIVE: u32 = 1;
-const REACHED: u32 = 2;
-
-/// Buffers past the speculative mark looked at together.
+/// Outcomes of buffers past the speculative mark looked at together.
 const WINDOW: u64 = 32;
 
 /// Counters of the node's zero-copy path (in `NodeStats`).
@@ -126,11 +122,47 @@ pub struct ZeroCopy {
     /// Registered buffers, oldest first.
     cache: Mutex<VecDeque<Weak<BufferMem>>>,
     pub stats: Arc<ZeroCopyStats>,
-    /// Speculation on (see the module docs).
+    fallback: Arc<Fallback>,
+}
+
+/// Whether to register speculatively, from the outcomes of the buffers
+/// that passed the mark (see the module docs).
+struct Fallback {
     speculating: AtomicBool,
-    /// The current window: buffers that passed the speculative mark, and
-    /// buffers that reached their threshold.
+    /// The current window's outcomes: paid, wasted.
     window: Mutex<(u64, u64)>,
+    min_frequent: f64,
+    stats: Arc<ZeroCopyStats>,
+}
+
+impl Fallback {
+    fn outcome(&self, paid: bool) {
+        let mut w = self.window.lock();
+        if paid {
+            w.0 += 1;
+        } else {
+            w.1 += 1;
+        }
+        if w.0 + w.1 < WINDOW {
+            return;
+        }
+        let frequent = w.0 as f64 / (w.0 + w.1) as f64;
+        *w = (0, 0);
+        let on = frequent >= self.min_frequent;
+        if self.speculating.swap(on, Ordering::Relaxed) && !on {
+            self.stats.speculation_stops.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                "zero-copy: {:.0} % of the buffers reused a little went on to be reused often; speculation stops",
+                frequent * 100.0
+            );
+        }
+    }
+}
+
+impl Unreached for Fallback {
+    fn unreached(&self) {
+        self.outcome(false);
+    }
 }
 
 impl std::fmt::Debug for ZeroCopy {
@@ -156,14 +188,20 @@ pub enum RegisterError {
 impl ZeroCopy {
     pub fn new(cfg: ZeroCopyConfig) -> ZeroCopy {
         static OWNERS: AtomicU64 = AtomicU64::new(1);
+        let stats = Arc::new(ZeroCopyStats::default());
+        let fallback = Arc::new(Fallback {
+            speculating: AtomicBool::new(true),
+            window: Mutex::new((0, 0)),
+            min_frequent: cfg.min_frequent_fraction,
+            stats: stats.clone(),
+        });
         ZeroCopy {
             cfg,
             owner: OWNERS.fetch_add(1, Ordering::Relaxed),
             costs: OnceLock::new(),
             cache: Mutex::new(VecDeque::new()),
-            stats: Arc::new(ZeroCopyStats::default()),
-            speculating: AtomicBool::new(true),
-            window: Mutex::new((0, 0)),
+            stats,
+            fallback,
         }
     }
 
@@ -174,7 +212,7 @@ impl ZeroCopy {
 
     /// Speculation on.
     pub fn speculating(&self) -> bool {
-        self.speculating.load(Ordering::Relaxed)
+        self.fallback.speculating.load(Ordering::Relaxed)
     }
 
     /// A use of `mem` by an access of this node: the guard of an in-place
@@ -238,8 +276,8 @@ impl ZeroCopy {
         Some(InFlight::new(mem.clone(), p))
     }
 
-    /// Notes where `mem` stands against its marks (each counted once per
-    /// buffer, for the fallback); returns them: (speculative, threshold).
+    /// Notes where `mem` stands against its marks (each once per buffer,
+    /// for the fallback); returns them: (speculative, threshold).
     fn follow<R: Registrar + ?Sized>(
         &self,
         rm: &R,
@@ -248,43 +286,20 @@ impl ZeroCopy {
     ) -> Option<(u32, u32)> {
         let n = self.threshold(rm, mem.len())?;
         let spec_at = ((n as f64 * self.cfg.speculative_fraction).ceil() as u32).clamp(1, n);
-        if uses >= spec_at && mem.marks.load(Ordering::Relaxed) & PASSED_SPECULATIVE == 0 {
-            let before = mem.marks.fetch_or(PASSED_SPECULATIVE, Ordering::Relaxed);
-            if before & PASSED_SPECULATIVE == 0 {
-                self.counted(true);
-            }
+        let marks = mem.marks.load(Ordering::Relaxed);
+        if uses >= spec_at && marks & PASSED == 0 {
+            // Followed from here: its drop before `n` counts as wasted.
+            let w: Arc<dyn Unreached> = self.fallback.clone();
+            mem.watch(Arc::downgrade(&w));
+            mem.marks.fetch_or(PASSED, Ordering::Relaxed);
         }
-        if uses >= n && mem.marks.load(Ordering::Relaxed) & REACHED == 0 {
+        if uses >= n && marks & REACHED == 0 {
             let before = mem.marks.fetch_or(REACHED, Ordering::Relaxed);
             if before & REACHED == 0 {
-                self.counted(false);
+                self.fallback.outcome(true);
             }
         }
         Some((spec_at, n))
-    }
-
-    /// A buffer passed its speculative mark (`passed`) or reached its
-    /// threshold; decides on speculation at the end of each window.
-    fn counted(&self, passed: bool) {
-        let mut w = self.window.lock();
-        if passed {
-            w.0 += 1;
-        } else {
-            w.1 += 1;
-        }
-        if w.0 < WINDOW {
-            return;
-        }
-        let frequent = w.1 as f64 / w.0 as f64;
-        *w = (0, 0);
-        let on = frequent >= self.cfg.min_frequent_fraction;
-        if self.speculating.swap(on, Ordering::Relaxed) && !on {
-            self.stats.speculation_stops.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                "zero-copy: {:.0} % of the buffers reused a little went on to be reused often; speculation stops",
-                frequent * 100.0
-            );
-        }
     }
 
     /// Uses after which a buffer of `len` bytes is registered.

@@ -24,7 +24,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
@@ -59,6 +59,20 @@ impl Drop for Pinned {
     }
 }
 
+/// Set in [`BufferMem::marks`] once the buffer passed the reuse policy's
+/// speculative mark.
+pub const PASSED: u32 = 1;
+/// Set in [`BufferMem::marks`] once the buffer reached the policy's
+/// threshold.
+pub const REACHED: u32 = 2;
+
+/// Told when a buffer that passed the speculative mark goes without
+/// having reached the threshold (the reuse policy's fallback).
+pub trait Unreached: Send + Sync {
+    /// The buffer is dropped.
+    fn unreached(&self);
+}
+
 /// An address-stable allocation of `len` bytes (see the module docs).
 pub struct BufferMem {
     ptr: NonNull<u8>,
@@ -73,9 +87,11 @@ pub struct BufferMem {
     referenced: AtomicBool,
     /// The registration; at most one node's.
     reg: Mutex<Option<Arc<Pinned>>>,
-    /// Flags of the reuse policy (passed the speculative mark, reached
-    /// the threshold), each counted once per buffer.
+    /// Flags of the reuse policy ([`PASSED`], [`REACHED`]), each counted
+    /// once per buffer.
     pub marks: AtomicU32,
+    /// Told at drop if the buffer passed but did not reach.
+    watcher: OnceLock<Weak<dyn Unreached>>,
 }
 
 // SAFETY: the allocation is owned by this value; the bytes are reached
@@ -129,6 +145,7 @@ impl BufferMem {
             referenced: AtomicBool::new(false),
             reg: Mutex::new(None),
             marks: AtomicU32::new(0),
+            watcher: OnceLock::new(),
         }
     }
 
@@ -172,6 +189,12 @@ impl BufferMem {
         // the threshold by a use: counted without a read-modify-write.
         self.uses.store(n, Ordering::Relaxed);
         n
+    }
+
+    /// Sets who is told if the buffer goes without reaching the threshold
+    /// (once; later calls do nothing).
+    pub fn watch(&self, w: Weak<dyn Unreached>) {
+        let _ = self.watcher.set(w);
     }
 
     /// Uses counted so far.
@@ -234,6 +257,11 @@ impl BufferMem {
 
 impl Drop for BufferMem {
     fn drop(&mut self) {
+        if *self.marks.get_mut() & REACHED == 0 {
+            if let Some(w) = self.watcher.get().and_then(Weak::upgrade) {
+                w.unreached();
+            }
+        }
         // The registration first (see the module docs).
         drop(self.reg.get_mut().take());
         match self.layout {

@@ -310,6 +310,21 @@ pub trait RemoteMemory: Send + Sync {
         deadline: Instant,
         signal: bool,
     ) -> Result<u64>;
+    /// Posts a message of `header` and a payload the device reads in
+    /// place from `payload`, on the open connection `conn` right after the
+    /// data its ring holds, with nothing in between. Its completion shows
+    /// in `conn.parts` under the returned number (it asks for one). Waits
+    /// for room (send queue, staging memory for the header) until
+    /// `deadline`. `None`: the engine declines (the message needs more work
+    /// requests than the send queue holds), the caller copies it instead.
+    fn post_send(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        header: &[u8],
+        payload: LocalBytes<'_>,
+        deadline: Instant,
+    ) -> Result<Option<u64>>;
     /// Makes sure the outcome of part `seq` on `conn` gets reported
     /// (posts a signalled marker behind it if nothing signalled follows;
     /// waits for room in the send queue until `deadline`).

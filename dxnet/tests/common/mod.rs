@@ -646,3 +646,104 @@ pub fn buffer_phase(
     }
     (shadow, notified)
 }
+
+/// Raw message type of [`buffer_sends`].
+pub const BUFFER_MSG: (u8, u8) = (61, 1);
+
+/// Checks the messages [`buffer_sends`] sends: per sending thread in
+/// order, each exactly once, its bytes intact.
+#[derive(Default)]
+pub struct BufferSendLog {
+    next: Mutex<HashMap<(u16, u32), u64>>,
+    bad: Mutex<Vec<String>>,
+    pub received: AtomicU64,
+}
+
+impl BufferSendLog {
+    /// Registers the checking receiver on `node`.
+    pub fn register(node: &Node) -> Arc<BufferSendLog> {
+        let log = Arc::new(BufferSendLog::default());
+        let l = log.clone();
+        node.register_raw(BUFFER_MSG.0, BUFFER_MSG.1, move |src, p| l.check(src.0, p))
+            .unwrap();
+        log
+    }
+
+    fn check(&self, src: u16, p: &[u8]) {
+        let problem = (|| {
+            let head = p.get(..16).ok_or("shorter than its header")?;
+            let t = u32::from_le_bytes(head[..4].try_into().unwrap());
+            let seq = u64::from_le_bytes(head[4..12].try_into().unwrap());
+            let len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
+            if len != p.len() {
+                return Err(format!(
+                    "thread {t} seq {seq}: {} bytes, {len} sent",
+                    p.len()
+                ));
+            }
+            if p[16..] != pattern(src, t as u16, seq, len - 16)[..] {
+                return Err(format!("thread {t} seq {seq}: bytes differ ({len} B)"));
+            }
+            let mut next = self.next.lock().unwrap();
+            let want = next.entry((src, t)).or_insert(0);
+            if seq != *want {
+                return Err(format!("thread {t}: seq {seq}, {want} expected"));
+            }
+            *want += 1;
+            Ok(())
+        })();
+        if let Err(e) = problem {
+            self.bad.lock().unwrap().push(e);
+        }
+        self.received.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Waits until `total` messages came; panics on any problem.
+    pub fn expect(&self, total: u64, secs: u64) {
+        wait_for(secs, "every buffer message", || {
+            self.received.load(Ordering::SeqCst) >= total || !self.bad.lock().unwrap().is_empty()
+        });
+        let bad = self.bad.lock().unwrap();
+        assert!(
+            bad.is_empty(),
+            "{} problems, first: {:?}",
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        );
+        assert_eq!(self.received.load(Ordering::SeqCst), total);
+    }
+}
+
+/// Thread `t`'s `count` messages to `dest`, most from a few reused
+/// [`dxnet::Buffer`]s (`send_buffer`), every fifth through `send_raw`
+/// (the ring) in between, sizes from 16 B to `max`: each buffer is
+/// overwritten right after `send_buffer` returns, so a send that returned
+/// before the device read the bytes shows as corrupt at the receiver.
+pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
+    use dxnet::Buffer;
+    let own = node.id().0;
+    let sizes = [16usize, 200, 4096, 8192, max];
+    let mut pool: Vec<Buffer> = sizes.iter().map(|&n| Buffer::new(n)).collect();
+    let mut x = (t as u64 + 5).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for seq in 0..count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let k = (x % pool.len() as u64) as usize;
+        let len = pool[k].len();
+        let mut msg = Vec::with_capacity(len);
+        msg.extend_from_slice(&t.to_le_bytes());
+        msg.extend_from_slice(&seq.to_le_bytes());
+        msg.extend_from_slice(&(len as u32).to_le_bytes());
+        msg.extend_from_slice(&pattern(own, t as u16, seq, len - 16));
+        if seq % 5 == 4 {
+            node.send_raw(dest, BUFFER_MSG.0, BUFFER_MSG.1, &msg)
+                .unwrap();
+            continue;
+        }
+        pool[k].copy_from_slice(&msg);
+        node.send_buffer(dest, BUFFER_MSG.0, BUFFER_MSG.1, &pool[k])
+            .unwrap();
+        pool[k].fill(0xEE);
+    }
+}

@@ -32,6 +32,7 @@
 
 use crossbeam::queue::ArrayQueue;
 
+use super::send::plan_send_wrs;
 use super::*;
 use crate::error::Waited;
 use crate::transport::{LocalBytes, PartDest, PartSource, RdmaPart, ReadBuf, RemoteMemory};
@@ -279,6 +280,128 @@ impl RemoteMemory for IbEngine {
 
     fn part_max(&self) -> usize {
         SLOT_LEN
+    }
+
+    fn post_send(
+        &self,
+        core: &Core,
+        conn: &Arc<Connection>,
+        header: &[u8],
+        payload: LocalBytes<'_>,
+        deadline: Instant,
+    ) -> Result<Option<u64>> {
+        let lost = || {
+            Error::Unreachable(
+                conn.peer,
+                crate::error::Unreachable::ConnectionLost(conn.close_reason()),
+            )
+        };
+        let ic = conn.engine::<IbConn>().ok_or_else(lost)?;
+        let lens = [header.len(), payload.len];
+        // Work requests of at most one receive each, as for ring data.
+        let wrs =
+            plan_send_wrs(lens, self.max_recv_size, |_, _| Ok(())).map_err(Error::Transport)?;
+        if wrs > self.sq_size || header.len() > SLOT_LEN {
+            return Ok(None);
+        }
+        let mr = payload
+            .registration
+            .downcast_ref::<ibv::MemoryRegion>()
+            .ok_or_else(|| Error::Transport("a buffer registered by another engine".into()))?;
+        // The header goes through a staging slot (registered memory).
+        let staging = self.staging()?;
+        let slot = loop {
+            if let Some(s) = staging.free.pop() {
+                break s;
+            }
+            self.cover_all(core);
+            self.wait_for_room(core, deadline)?;
+        };
+        staging.fill(slot, header);
+        let give_back = |e: Error| {
+            staging.release(slot);
+            e
+        };
+        loop {
+            if conn.state() != ConnState::Open {
+                return Err(give_back(lost()));
+            }
+            let mut guard = ic.send.lock();
+            let st = &mut *guard;
+            // The ring's data first (this thread's earlier messages), all
+            // of it: nothing may come between header and payload.
+            if let Err(e) = self.post_locked(&ic, st) {
+                drop(guard);
+                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+                return Err(give_back(lost()));
+            }
+            if conn.orb.unposted_len(&mut st.consumer) > 0
+                || self.sq_size.saturating_sub(st.outstanding) < wrs
+            {
+                drop(guard);
+                self.sq_refused.store(true, Ordering::Release);
+                if let Err(e) = self.wait_for_room(core, deadline) {
+                    return Err(give_back(e));
+                }
+                continue;
+            }
+            let seq = st.next_seq;
+            let wr_id = send_wr_id(conn, seq);
+            let imm = wire::encode_imm(self.own.0, 0);
+            let mut chain = std::mem::take(&mut st.chain);
+            chain.clear();
+            let staged = &staging.mr;
+            let planned = plan_send_wrs(lens, self.max_recv_size, |pieces, last| {
+                let mut sges: [Option<ibv::Sge>; 2] = [None, None];
+                for (sge, &(which, off, len)) in sges.iter_mut().zip(pieces) {
+                    let len32 = len as u32;
+                    *sge = Some(
+                        if which == 0 {
+                            staged.sge(slot as usize * SLOT_LEN + off, len32)
+                        } else {
+                            mr.sge(payload.offset + off, len32)
+                        }
+                        .map_err(|e| e.to_string())?,
+                    );
+                }
+                let sl: &[ibv::Sge] = match (&sges[0], &sges[1]) {
+                    (Some(x), Some(y)) => &[*x, *y],
+                    (Some(x), None) => std::slice::from_ref(x),
+                    _ => &[],
+                };
+                let flags = if last {
+                    ibv::SendFlags::SIGNALED
+                } else {
+                    ibv::SendFlags::NONE
+                };
+                chain.push(wr_id, ibv::SendOp::SendWithImm(imm), sl, flags);
+                Ok(())
+            });
+            let posted =
+                planned.and_then(|_| ic.qp.post_send(&mut chain).map_err(|e| e.to_string()));
+            st.chain = chain;
+            if let Err(e) = posted {
+                drop(guard);
+                core.close_connection(conn, &format!("posting a send in place failed: {e}"), true);
+                return Err(give_back(lost()));
+            }
+            st.signalled(seq, conn);
+            st.outstanding += wrs;
+            st.chains.push_back(Chain {
+                seq,
+                bytes: 0,
+                wrs,
+                one_sided_wr: false,
+                one_sided: Some(PartWr {
+                    slot: Some(slot),
+                    read: None,
+                    keep: Some(payload.keep.clone()),
+                }),
+            });
+            self.outstanding_total
+                .fetch_add(wrs as u64, Ordering::AcqRel);
+            return Ok(Some(seq));
+        }
     }
 
     fn cover(&self, core: &Core, conn: &Arc<Connection>, seq: u64, deadline: Instant) {
