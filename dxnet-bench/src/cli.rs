@@ -284,6 +284,10 @@ pub struct RunArgs {
     /// of `write_from`/`read_into`).
     #[arg(long)]
     rdma_copy: bool,
+    /// dxnet bindings: `pingpong` sends requests and echoes from reused
+    /// `dxnet::Buffer`s (`send_buffer`) instead of typed requests.
+    #[arg(long)]
+    buffers: bool,
     /// Work per received message or request, in nanoseconds of hashing
     /// (every binding).
     #[arg(long)]
@@ -469,6 +473,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if a.rdma_copy {
         p.rdma_copy = true;
+    }
+    if a.buffers {
+        p.buffers = true;
     }
     if let Some(v) = a.handler_work_ns {
         p.handler_work_ns = v;

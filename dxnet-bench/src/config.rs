@@ -324,6 +324,13 @@ pub struct Params {
     /// (`Node::register_raw_parallel`, `register_request_parallel`), so the
     /// handler threads share one connection's messages.
     pub parallel_handlers: bool,
+    /// dxnet bindings: request/response (`pingpong`) sends each request
+    /// and its echo as a raw message from a reused `dxnet::Buffer`
+    /// (`Node::send_buffer`, which the zero-copy policy may send in place)
+    /// instead of typed requests: the frequent-buffer paper's ping-pong.
+    /// Both sides copy what they receive into their buffer, as an MPI
+    /// receive does; compare with `--dxnet zero_copy.enabled=false`.
+    pub buffers: bool,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -432,6 +439,7 @@ impl Default for Params {
             raw_verbs: RawVerbsParams::default(),
             rdma_window: 16,
             rdma_copy: false,
+            buffers: false,
             handler_work_ns: 0,
             handler_block_us: 0,
             parallel_handlers: false,

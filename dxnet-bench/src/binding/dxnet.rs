@@ -13,13 +13,13 @@
 //! environment (`RDMA_DEV`, `RDMA_PORT`, `RDMA_GID_INDEX`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use dxnet::config::NodeEntry;
 use dxnet::region::{Access, ReadHandle, WriteHandle};
-use dxnet::{Config, Node, NodeId, Region, RemoteRegion, TlsConfig, TransportKind};
+use dxnet::{Buffer, Config, Node, NodeId, Region, RemoteRegion, TlsConfig, TransportKind};
 use serde::{Deserialize, Serialize};
 
 use super::{Binding, BindingKind, BindingSetup, Sink, ONE_SIDED_REGION};
@@ -28,6 +28,9 @@ use crate::config::RdmaTarget;
 /// Message type of all benchmark traffic (type 0 is dxnet's own).
 const BENCH_TYPE: u8 = 200;
 const SUB_MSG: u8 = 1;
+/// `params.buffers`: a request from a buffer (echoed), and its echo.
+const SUB_ECHO: u8 = 8;
+const SUB_ECHOED: u8 = 9;
 
 #[derive(Serialize, Deserialize)]
 struct BenchReq(#[serde(with = "serde_bytes")] Vec<u8>);
@@ -109,6 +112,72 @@ pub struct DxnetBinding {
     /// instead of using an own region in place.
     rdma_copy: bool,
     timeout: Duration,
+    /// `params.buffers`: per requester thread, its reused buffer and the
+    /// echo it waits for.
+    buffers: Option<Vec<BufferThread>>,
+}
+
+/// A requester thread of `params.buffers`: the buffer it sends from, and
+/// the buffer its echo is copied into (set by the echo's receiver).
+struct BufferThread {
+    send: Mutex<Option<Buffer>>,
+    echo: Arc<(Mutex<EchoSlot>, Condvar)>,
+}
+
+#[derive(Default)]
+struct EchoSlot {
+    buf: Vec<u8>,
+    arrived: bool,
+}
+
+/// `params.buffers`: the echo receivers. A request is copied into one of
+/// the node's reused buffers of its size and sent back from it
+/// (`send_buffer`); an echo is copied into its requester thread's slot
+/// (what an MPI receive into the application's buffer does).
+fn register_echo(node: &Arc<Node>, threads: usize, sink: Arc<Sink>) -> Result<Vec<BufferThread>> {
+    let bufs: Vec<BufferThread> = (0..threads)
+        .map(|_| BufferThread {
+            send: Mutex::new(None),
+            echo: Arc::default(),
+        })
+        .collect();
+    let pool: Arc<Mutex<Vec<Buffer>>> = Arc::default();
+    let weak = Arc::downgrade(node);
+    node.register_raw(BENCH_TYPE, SUB_ECHO, move |src, p| {
+        let Some(node) = weak.upgrade() else { return };
+        sink.note_request(p.len());
+        let taken = {
+            let mut pool = pool.lock().unwrap();
+            let at = pool.iter().position(|b| b.len() == p.len());
+            at.map(|i| pool.swap_remove(i))
+        };
+        let mut b = taken.unwrap_or_else(|| Buffer::new(p.len()));
+        b.copy_from_slice(p);
+        if let Err(e) = node.send_buffer(src, BENCH_TYPE, SUB_ECHOED, &b) {
+            eprintln!("echo to node {}: {e}", src.0);
+        }
+        pool.lock().unwrap().push(b);
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    let slots: Vec<_> = bufs.iter().map(|b| b.echo.clone()).collect();
+    node.register_raw(BENCH_TYPE, SUB_ECHOED, move |_src, p| {
+        let Some(t) = p
+            .get(..4)
+            .map(|t| u32::from_le_bytes(t.try_into().unwrap()))
+        else {
+            return;
+        };
+        let Some((slot, arrived)) = slots.get(t as usize).map(|s| &**s) else {
+            return;
+        };
+        let mut g = slot.lock().unwrap();
+        g.buf.clear();
+        g.buf.extend_from_slice(p);
+        g.arrived = true;
+        arrived.notify_one();
+    })
+    .map_err(|e| anyhow!("{e}"))?;
+    Ok(bufs)
 }
 
 /// The dxnet configuration of node `me`: the binding's node map and
@@ -196,6 +265,7 @@ impl DxnetBinding {
         let node = Node::start(cfg).map_err(|e| anyhow!("dxnet node {me}: {e}"))?;
         let s = sink.clone();
         let deliver = move |src: NodeId, payload: &[u8]| s.deliver(src.0, payload);
+        let echo_sink = sink.clone();
         let s = sink;
         let answer = move |_src, req: BenchReq| {
             s.note_request(req.0.len());
@@ -212,6 +282,12 @@ impl DxnetBinding {
         node.register_request::<Ping, _>(move |_src, p: Ping| Pong(p.0))
             .map_err(|e| anyhow!("{e}"))?;
         let node = Arc::new(node);
+        let threads = setup.threads.max(1);
+        let buffers = setup
+            .params
+            .buffers
+            .then(|| register_echo(&node, threads, echo_sink))
+            .transpose()?;
         let region: Arc<OnceLock<Region>> = Arc::default();
         let (r, weak): (_, Weak<Node>) = (region.clone(), Arc::downgrade(&node));
         node.register_request::<RegionAsk, _>(move |_src, _| {
@@ -223,7 +299,6 @@ impl DxnetBinding {
             RegionIs(region.descriptor())
         })
         .map_err(|e| anyhow!("{e}"))?;
-        let threads = setup.threads.max(1);
         Ok(DxnetBinding {
             node,
             reqs: (0..threads).map(|_| Mutex::new(None)).collect(),
@@ -232,7 +307,49 @@ impl DxnetBinding {
             _region: region,
             rdma_copy: setup.params.rdma_copy,
             timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
+            buffers,
         })
+    }
+
+    /// [`Binding::request`] of `params.buffers`: the thread's buffer sent
+    /// with `send_buffer`, the echo awaited.
+    fn request_buffer(
+        &self,
+        bufs: &[BufferThread],
+        thread: usize,
+        dest: u16,
+        payload: &[u8],
+    ) -> Result<()> {
+        if payload.len() < 4 {
+            bail!("--buffers needs requests of at least 4 bytes (the thread's number)");
+        }
+        let me = &bufs[thread % bufs.len()];
+        let mut send = me.send.lock().unwrap();
+        if !matches!(send.as_ref(), Some(b) if b.len() == payload.len()) {
+            // Filled once, like a reused send buffer.
+            let mut b = Buffer::from(payload);
+            b[..4].copy_from_slice(&(thread as u32).to_le_bytes());
+            *send = Some(b);
+        }
+        let buf = send.as_ref().expect("just set");
+        let (slot, arrived) = &*me.echo;
+        slot.lock().unwrap().arrived = false;
+        self.node
+            .send_buffer(NodeId(dest), BENCH_TYPE, SUB_ECHO, buf)
+            .map_err(|e| anyhow!("send to node {dest}: {e}"))?;
+        let end = Instant::now() + self.timeout;
+        let mut g = slot.lock().unwrap();
+        while !g.arrived {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("no echo from node {dest} within {:?}", self.timeout);
+            }
+            g = arrived.wait_timeout(g, left).unwrap().0;
+        }
+        if g.buf.len() != payload.len() {
+            bail!("echo of {} bytes to {}", g.buf.len(), payload.len());
+        }
+        Ok(())
     }
 
     /// [`Binding::one_sided`] from and into the thread's own region in
@@ -322,6 +439,9 @@ impl Binding for DxnetBinding {
     }
 
     fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()> {
+        if let Some(bufs) = &self.buffers {
+            return self.request_buffer(bufs, thread, dest, payload);
+        }
         let mut slot = self.reqs[thread % self.reqs.len()].lock().unwrap();
         if !matches!(slot.as_ref(), Some(r) if r.0.len() == payload.len()) {
             *slot = Some(BenchReq(payload.to_vec()));
