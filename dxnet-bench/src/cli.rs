@@ -288,6 +288,10 @@ pub struct RunArgs {
     /// `dxnet::Buffer`s (`send_buffer`) instead of typed requests.
     #[arg(long)]
     buffers: bool,
+    /// With `--buffers`: a buffer is replaced by a new one after this many
+    /// uses (1: no reuse); default: reused for the whole run.
+    #[arg(long)]
+    buffer_reuse: Option<u64>,
     /// Work per received message or request, in nanoseconds of hashing
     /// (every binding).
     #[arg(long)]
@@ -476,6 +480,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if a.buffers {
         p.buffers = true;
+    }
+    if let Some(v) = a.buffer_reuse {
+        p.buffer_reuse = v;
     }
     if let Some(v) = a.handler_work_ns {
         p.handler_work_ns = v;

@@ -329,8 +329,14 @@ pub struct Params {
     /// (`Node::send_buffer`, which the zero-copy policy may send in place)
     /// instead of typed requests: the frequent-buffer paper's ping-pong.
     /// Both sides copy what they receive into their buffer, as an MPI
-    /// receive does; compare with `--dxnet zero_copy.enabled=false`.
+    /// receive does. One-sided operations go from and into reused buffers
+    /// (`write_buffer`, `read_buffer` and their async forms). Compare with
+    /// `--dxnet 'zero_copy={"enabled":false}'`.
     pub buffers: bool,
+    /// With `buffers`: each buffer is replaced by a new one after this many
+    /// uses (the frequent-buffer paper's spectrum test; 1: no reuse at
+    /// all); 0: reused for the whole run.
+    pub buffer_reuse: u64,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -440,6 +446,7 @@ impl Default for Params {
             rdma_window: 16,
             rdma_copy: false,
             buffers: false,
+            buffer_reuse: 0,
             handler_work_ns: 0,
             handler_block_us: 0,
             parallel_handlers: false,

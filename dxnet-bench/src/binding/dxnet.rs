@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use dxnet::config::NodeEntry;
 use dxnet::region::{Access, ReadHandle, WriteHandle};
+use dxnet::BufferHandle;
 use dxnet::{Buffer, Config, Node, NodeId, Region, RemoteRegion, TlsConfig, TransportKind};
 use serde::{Deserialize, Serialize};
 
@@ -60,21 +61,52 @@ dxnet::request!(RegionAsk, BENCH_TYPE, 6 => RegionIs);
 enum InFlight {
     Write(WriteHandle),
     Read(ReadHandle),
+    /// From or into a buffer (`params.buffers`), which comes back.
+    Buffer(BufferHandle),
 }
 
 impl InFlight {
-    fn wait(self) -> dxnet::Result<()> {
+    fn wait(self) -> dxnet::Result<Option<Buffer>> {
         match self {
-            InFlight::Write(h) => h.wait(),
-            InFlight::Read(h) => h.wait().map(drop),
+            InFlight::Write(h) => h.wait().map(|()| None),
+            InFlight::Read(h) => h.wait().map(|_| None),
+            InFlight::Buffer(h) => {
+                let (res, buf) = h.wait();
+                res.map(|()| Some(buf))
+            }
         }
+    }
+}
+
+/// A reused buffer (`params.buffers`), replaced after `params.buffer_reuse`
+/// uses.
+#[derive(Default)]
+struct Reused {
+    buf: Option<Buffer>,
+    uses: u64,
+}
+
+impl Reused {
+    /// The buffer for the next use: of `len` bytes, filled from `fill`
+    /// when new.
+    fn next(&mut self, len: usize, reuse: u64, fill: impl FnOnce(&mut Buffer)) -> &mut Buffer {
+        let stale = reuse > 0 && self.uses >= reuse;
+        if stale || !matches!(&self.buf, Some(b) if b.len() == len) {
+            let mut b = Buffer::new(len);
+            fill(&mut b);
+            self.buf = Some(b);
+            self.uses = 0;
+        }
+        self.uses += 1;
+        self.buf.as_mut().expect("just set")
     }
 }
 
 /// Per sender thread state of the one-sided operations.
 #[derive(Default)]
 struct OneSidedThread {
-    inflight: VecDeque<InFlight>,
+    /// Accesses in flight, with their buffer's uses (`params.buffers`).
+    inflight: VecDeque<(InFlight, u64)>,
     /// A blocking read's buffer.
     scratch: Vec<u8>,
     /// The last destination's region (a map lookup per access would be
@@ -84,6 +116,10 @@ struct OneSidedThread {
     /// `params.rdma_copy`): as large as the largest access so far, holding
     /// the first payload of that size.
     local: Option<Region>,
+    /// `params.buffers`: the buffer of blocking accesses, and the free
+    /// buffers of async ones.
+    reused: Reused,
+    free: Vec<Reused>,
 }
 
 impl OneSidedThread {
@@ -91,7 +127,13 @@ impl OneSidedThread {
     /// flight.
     fn make_room(&mut self, window: usize) -> dxnet::Result<()> {
         while self.inflight.len() >= window {
-            self.inflight.pop_front().expect("non-empty").wait()?;
+            let (op, uses) = self.inflight.pop_front().expect("non-empty");
+            if let Some(buf) = op.wait()? {
+                self.free.push(Reused {
+                    buf: Some(buf),
+                    uses,
+                });
+            }
         }
         Ok(())
     }
@@ -115,12 +157,14 @@ pub struct DxnetBinding {
     /// `params.buffers`: per requester thread, its reused buffer and the
     /// echo it waits for.
     buffers: Option<Vec<BufferThread>>,
+    /// `params.buffer_reuse`.
+    buffer_reuse: u64,
 }
 
 /// A requester thread of `params.buffers`: the buffer it sends from, and
 /// the buffer its echo is copied into (set by the echo's receiver).
 struct BufferThread {
-    send: Mutex<Option<Buffer>>,
+    send: Mutex<Reused>,
     echo: Arc<(Mutex<EchoSlot>, Condvar)>,
 }
 
@@ -137,7 +181,7 @@ struct EchoSlot {
 fn register_echo(node: &Arc<Node>, threads: usize, sink: Arc<Sink>) -> Result<Vec<BufferThread>> {
     let bufs: Vec<BufferThread> = (0..threads)
         .map(|_| BufferThread {
-            send: Mutex::new(None),
+            send: Mutex::default(),
             echo: Arc::default(),
         })
         .collect();
@@ -308,7 +352,45 @@ impl DxnetBinding {
             rdma_copy: setup.params.rdma_copy,
             timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
             buffers,
+            buffer_reuse: setup.params.buffer_reuse,
         })
+    }
+
+    /// [`Binding::one_sided`] from and into reused buffers
+    /// (`params.buffers`).
+    fn one_sided_buffer(
+        &self,
+        st: &mut OneSidedThread,
+        remote: &RemoteRegion,
+        read: bool,
+        offset: u64,
+        data: &[u8],
+        window: usize,
+    ) -> Result<()> {
+        let fail = |e: dxnet::Error| anyhow!("one-sided access to node {}: {e}", remote.node().0);
+        let reuse = self.buffer_reuse;
+        if window <= 1 {
+            let buf = st
+                .reused
+                .next(data.len(), reuse, |b| b.copy_from_slice(data));
+            return if read {
+                self.node.read_buffer(remote, offset, buf)
+            } else {
+                self.node.write_buffer(remote, offset, buf)
+            }
+            .map_err(fail);
+        }
+        st.make_room(window).map_err(fail)?;
+        let mut r = st.free.pop().unwrap_or_default();
+        r.next(data.len(), reuse, |b| b.copy_from_slice(data));
+        let buf = r.buf.take().expect("set by next");
+        let h = if read {
+            self.node.read_buffer_async(remote, offset, buf)
+        } else {
+            self.node.write_buffer_async(remote, offset, buf)
+        };
+        st.inflight.push_back((InFlight::Buffer(h), r.uses));
+        Ok(())
     }
 
     /// [`Binding::request`] of `params.buffers`: the thread's buffer sent
@@ -325,13 +407,11 @@ impl DxnetBinding {
         }
         let me = &bufs[thread % bufs.len()];
         let mut send = me.send.lock().unwrap();
-        if !matches!(send.as_ref(), Some(b) if b.len() == payload.len()) {
-            // Filled once, like a reused send buffer.
-            let mut b = Buffer::from(payload);
+        // Filled once, like a reused send buffer.
+        let buf = send.next(payload.len(), self.buffer_reuse, |b| {
+            b.copy_from_slice(payload);
             b[..4].copy_from_slice(&(thread as u32).to_le_bytes());
-            *send = Some(b);
-        }
-        let buf = send.as_ref().expect("just set");
+        });
         let (slot, arrived) = &*me.echo;
         slot.lock().unwrap().arrived = false;
         self.node
@@ -392,7 +472,8 @@ impl DxnetBinding {
         } else {
             self.node.write_from_async(remote, offset, local, 0, len)
         };
-        st.inflight.push_back(InFlight::Write(h.map_err(fail)?));
+        st.inflight
+            .push_back((InFlight::Write(h.map_err(fail)?), 0));
         Ok(())
     }
 
@@ -483,6 +564,9 @@ impl Binding for DxnetBinding {
             }
         };
         let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
+        if self.buffers.is_some() {
+            return self.one_sided_buffer(st, &remote, read, offset, data, window);
+        }
         if !self.rdma_copy {
             return self.one_sided_in_place(st, &remote, read, offset, data, window);
         }
@@ -506,7 +590,7 @@ impl Binding for DxnetBinding {
         } else {
             InFlight::Write(self.node.write_async(&remote, offset, data).map_err(fail)?)
         };
-        st.inflight.push_back(op);
+        st.inflight.push_back((op, 0));
         Ok(())
     }
 
@@ -519,6 +603,18 @@ impl Binding for DxnetBinding {
     }
 
     fn shutdown(&self) {
+        if self.buffers.is_some() {
+            let st = self.node.stats();
+            eprintln!(
+                "node {}: zero-copy costs {:?}; accesses in place {}, copied {}, registrations {}, evictions {}",
+                self.node.id().0,
+                self.node.zero_copy_costs(),
+                st.zero_copy_in_place,
+                st.zero_copy_copied,
+                st.buffer_registrations,
+                st.buffer_evictions
+            );
+        }
         // The node stops when the binding is dropped (Node's Drop joins its
         // threads); nothing may be in flight by now.
     }
