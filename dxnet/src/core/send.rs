@@ -105,9 +105,26 @@ impl Core {
         s: u8,
         mem: &Arc<BufferMem>,
     ) -> Result<()> {
-        // SAFETY (for the copies): the caller borrows the buffer's handle
-        // for this call, so no device writes its memory.
-        let copy = || self.send_raw(dest, t, s, unsafe { mem.bytes() });
+        // Copied: urgent like a request, written out at once (on this
+        // thread if the send thread sleeps), as the in-place send is.
+        let copy = || {
+            if t == 0 {
+                return Err(Error::Config("message type 0 is reserved for dxnet".into()));
+            }
+            // SAFETY: the caller borrows the buffer's handle for this
+            // call, so no device writes its memory.
+            let bytes = unsafe { mem.bytes() };
+            let frame = Frame {
+                t,
+                s,
+                kind: MessageKind::Plain,
+                urgent: true,
+                request_id: 0,
+            };
+            self.send_frame_as(dest, frame, bytes.len(), None, None, |w| {
+                w.write_all(bytes)
+            })
+        };
         if t == 0 || mem.len() > self.config.limits.max_message_size || self.is_shut_down() {
             return copy(); // refused there, with the reason
         }
@@ -325,6 +342,39 @@ impl Core {
     where
         F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
     {
+        let urgent = kind != MessageKind::Plain;
+        let frame = Frame {
+            t,
+            s,
+            kind,
+            urgent,
+            request_id,
+        };
+        self.send_frame_as(dest, frame, payload_len, deadline, now, fill)
+    }
+
+    /// [`Core::send_frame`] of a frame that says whether it is urgent
+    /// (written out at once, on this thread if the send thread sleeps)
+    /// apart from its kind.
+    pub(super) fn send_frame_as<F>(
+        &self,
+        dest: NodeId,
+        frame: Frame,
+        payload_len: usize,
+        deadline: Option<Instant>,
+        now: Option<Instant>,
+        fill: F,
+    ) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    {
+        let Frame {
+            t,
+            s,
+            kind,
+            urgent,
+            request_id,
+        } = frame;
         if payload_len > self.config.limits.max_message_size {
             return Err(Error::TooLarge {
                 size: payload_len,
@@ -378,7 +428,7 @@ impl Core {
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, kind, &deadline, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, (kind, urgent), &deadline, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -396,7 +446,7 @@ impl Core {
         dest: NodeId,
         hb: &[u8; HEADER_LEN],
         total: usize,
-        kind: MessageKind,
+        (kind, urgent): (MessageKind, bool),
         deadline: &Deadline,
         fill: F,
     ) -> Result<()>
@@ -427,7 +477,6 @@ impl Core {
                     }
                 })?;
         }
-        let urgent = kind != MessageKind::Plain;
         // A small request or response goes out at once, outside the ring
         // buffer, where the engine has such a path (InfiniBand, loopback): encoded on
         // the stack first, and into the ring after all if the engine
@@ -611,4 +660,16 @@ fn with_encoded<T: serde::Serialize + ?Sized, R>(
         }
         Err(_) => send(Payload::Serde(msg)),
     })
+}
+
+/// What a frame is besides its bytes (see [`Core::send_frame_as`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Frame {
+    t: u8,
+    s: u8,
+    kind: MessageKind,
+    /// Written out at once rather than left for the send thread to
+    /// aggregate.
+    urgent: bool,
+    request_id: u32,
 }
