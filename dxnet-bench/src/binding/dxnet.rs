@@ -13,6 +13,7 @@
 //! environment (`RDMA_DEV`, `RDMA_PORT`, `RDMA_GID_INDEX`).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -159,13 +160,26 @@ pub struct DxnetBinding {
     buffers: Option<Vec<BufferThread>>,
     /// `params.buffer_reuse`.
     buffer_reuse: u64,
+    /// `params.spin_us`.
+    spin: Duration,
 }
 
 /// A requester thread of `params.buffers`: the buffer it sends from, and
 /// the buffer its echo is copied into (set by the echo's receiver).
 struct BufferThread {
     send: Mutex<Reused>,
-    echo: Arc<(Mutex<EchoSlot>, Condvar)>,
+    echo: Arc<Echo>,
+}
+
+/// Where a requester thread's echo lands.
+#[derive(Default)]
+struct Echo {
+    slot: Mutex<EchoSlot>,
+    arrived: Condvar,
+    /// Set once the slot holds the echo: the requester spins on it for
+    /// `params.spin_us` before it waits on `arrived`, like the other
+    /// bindings' latency waiters.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -211,14 +225,15 @@ fn register_echo(node: &Arc<Node>, threads: usize, sink: Arc<Sink>) -> Result<Ve
         else {
             return;
         };
-        let Some((slot, arrived)) = slots.get(t as usize).map(|s| &**s) else {
+        let Some(echo) = slots.get(t as usize) else {
             return;
         };
-        let mut g = slot.lock().unwrap();
+        let mut g = echo.slot.lock().unwrap();
         g.buf.clear();
         g.buf.extend_from_slice(p);
         g.arrived = true;
-        arrived.notify_one();
+        echo.ready.store(true, Ordering::Release);
+        echo.arrived.notify_one();
     })
     .map_err(|e| anyhow!("{e}"))?;
     Ok(bufs)
@@ -353,6 +368,7 @@ impl DxnetBinding {
             timeout: Duration::from_secs(setup.params.timeout_s.max(1)),
             buffers,
             buffer_reuse: setup.params.buffer_reuse,
+            spin: Duration::from_micros(setup.params.spin_us),
         })
     }
 
@@ -412,12 +428,23 @@ impl DxnetBinding {
             b.copy_from_slice(payload);
             b[..4].copy_from_slice(&(thread as u32).to_le_bytes());
         });
-        let (slot, arrived) = &*me.echo;
-        slot.lock().unwrap().arrived = false;
+        let echo = &*me.echo;
+        echo.slot.lock().unwrap().arrived = false;
+        echo.ready.store(false, Ordering::Release);
         self.node
             .send_buffer(NodeId(dest), BENCH_TYPE, SUB_ECHO, buf)
             .map_err(|e| anyhow!("send to node {dest}: {e}"))?;
+        let spin_end = Instant::now() + self.spin;
+        let mut n = 0u32;
+        while !echo.ready.load(Ordering::Acquire) {
+            n = n.wrapping_add(1);
+            if n % 64 == 0 && Instant::now() >= spin_end {
+                break;
+            }
+            std::hint::spin_loop();
+        }
         let end = Instant::now() + self.timeout;
+        let (slot, arrived) = (&echo.slot, &echo.arrived);
         let mut g = slot.lock().unwrap();
         while !g.arrived {
             let left = end.saturating_duration_since(Instant::now());

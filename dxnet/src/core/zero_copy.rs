@@ -1,8 +1,9 @@
 //! Zero-copy from reused buffers: which uses of a [`crate::Buffer`] name
 //! its memory in place, and the cache of its registrations.
 //!
-//! The frequent-buffer design (`../shared/papers/`, "MPI zero-copy for
-//! frequently reused buffers") in Rust terms:
+//! The frequent-buffer design for MPI over RDMA (register an application
+//! buffer that is reused often instead of copying it into registered
+//! memory each time) in Rust terms:
 //! - **Reuse detection.** The paper keys a hash table by buffer address
 //!   because MPI sees only pointers. A `Buffer` is an owned type dxnet
 //!   sees, so its usage record lives in it: counting a use is one load and
