@@ -33,6 +33,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::core::regions::{RegionOp, WriteSource};
+use crate::core::send::PendingSend;
+use crate::core::Core;
 use crate::primitives::buffer_mem::BufferMem;
 use crate::region::RemoteRegion;
 use crate::{Node, NodeId, Result};
@@ -211,6 +213,51 @@ impl Future for BufferHandle {
     }
 }
 
+/// A message from a [`Buffer`] in flight ([`Node::send_buffer_async`]):
+/// wait for it with [`SendHandle::wait`] or `.await` it; either gives the
+/// buffer back with the outcome.
+#[derive(Debug)]
+pub struct SendHandle {
+    core: Arc<Core>,
+    /// In place: the send in flight; `None` once it was done at the start
+    /// (copied, or failed) with `started`.
+    pending: Option<PendingSend>,
+    started: Option<Result<()>>,
+    buf: Option<Buffer>,
+}
+
+impl SendHandle {
+    /// Blocks until the send completed (its bytes left the buffer); gives
+    /// the buffer back.
+    pub fn wait(mut self) -> (Result<()>, Buffer) {
+        let mut buf = self
+            .buf
+            .take()
+            .expect("a handle not polled to completion has its buffer");
+        let res = match (&self.pending, self.started.take()) {
+            (Some(p), _) => self.core.wait_send(p),
+            (None, r) => r.unwrap_or(Ok(())),
+        };
+        (settle(res, &mut buf), buf)
+    }
+}
+
+impl Future for SendHandle {
+    type Output = (Result<()>, Buffer);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let res = match (&this.pending, this.started.take()) {
+            (Some(p), _) => match this.core.poll_send(p, cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r,
+            },
+            (None, r) => r.unwrap_or(Ok(())),
+        };
+        let mut buf = this.buf.take().expect("polled after completion");
+        Poll::Ready((settle(res, &mut buf), buf))
+    }
+}
+
 /// After a failed access the device may still be using the memory: the
 /// buffer moves to a copy.
 pub(crate) fn settle(res: Result<()>, buf: &mut Buffer) -> Result<()> {
@@ -337,6 +384,32 @@ impl Node {
     /// `send_raw` does.
     pub fn send_buffer(&self, dest: NodeId, msg_type: u8, subtype: u8, buf: &Buffer) -> Result<()> {
         self.core().send_buffer(dest, msg_type, subtype, &buf.mem)
+    }
+
+    /// Starts [`Node::send_buffer`], taking the buffer until the send
+    /// completed: the handle gives it back with the outcome (at once when
+    /// the bytes were copied). While a send in place is in flight the
+    /// thread may go on (e.g. wait for the answer to it), instead of
+    /// waiting for the device's completion as `send_buffer` does.
+    pub fn send_buffer_async(
+        &self,
+        dest: NodeId,
+        msg_type: u8,
+        subtype: u8,
+        buf: Buffer,
+    ) -> SendHandle {
+        let core = self.core();
+        let (pending, started) = match core.start_send_buffer(dest, msg_type, subtype, &buf.mem) {
+            Ok(Some(p)) => (Some(p), None),
+            Ok(None) => (None, Some(Ok(()))),
+            Err(e) => (None, Some(Err(e))),
+        };
+        SendHandle {
+            core: core.clone(),
+            pending,
+            started,
+            buf: Some(buf),
+        }
     }
 
     /// Registers `buf` with this node's device now, whatever its uses so

@@ -54,7 +54,7 @@ pub mod region;
 pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
-pub use buffer::{Buffer, BufferHandle};
+pub use buffer::{Buffer, BufferHandle, SendHandle};
 pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind, ZeroCopyConfig};
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};

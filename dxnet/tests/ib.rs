@@ -607,6 +607,26 @@ fn spawn_region_owner(base: u16) -> (ChildProc, dxnet::RemoteRegion, dxnet::Remo
     (owner, rw, ro)
 }
 
+/// Waits until the region owner counted `expect` write notifications
+/// (within 60 s; more is a failure).
+fn wait_notes(owner: &mut ChildProc, expect: u64) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mark = owner.mark();
+        owner.command("notes");
+        let notes = owner.wait_line_since(mark, "NOTES ", 60);
+        let n: u64 = notes.split(' ').nth(1).unwrap().parse().unwrap();
+        if n == expect {
+            return;
+        }
+        assert!(
+            Instant::now() < end && n < expect,
+            "{notes}, {expect} expected"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn one_sided_pattern(seed: u64, i: u64, len: usize) -> Vec<u8> {
     pattern(seed as u16, 0, i, len)
 }
@@ -880,21 +900,7 @@ fn ib_in_place_write_read() {
         format!("SUM {}", fnv(&shadows.concat()))
     );
     let expect = THREADS * (0..OPS).filter(|i| i % 3 == 2).count() as u64;
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mark = owner.mark();
-        owner.command("notes");
-        let notes = owner.wait_line_since(mark, "NOTES ", 60);
-        let n: u64 = notes.split(' ').nth(1).unwrap().parse().unwrap();
-        if n == expect {
-            break;
-        }
-        assert!(
-            Instant::now() < end && n < expect,
-            "{notes}, {expect} expected"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_notes(&mut owner, expect);
     let closed = node.stats().connections_closed;
     for i in 0..20u64 {
         let src = node.expose(300_000, dxnet::Access::LocalOnly).unwrap();
@@ -1079,21 +1085,7 @@ fn ib_buffers_zero_copy() {
         format!("SUM {}", fnv(&shadows[..]))
     );
     let expect: u64 = results.iter().map(|(_, n)| n).sum();
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mark = owner.mark();
-        owner.command("notes");
-        let notes = owner.wait_line_since(mark, "NOTES ", 60);
-        let n: u64 = notes.split(' ').nth(1).unwrap().parse().unwrap();
-        if n == expect {
-            break;
-        }
-        assert!(
-            Instant::now() < end && n < expect,
-            "{notes}, {expect} expected"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_notes(&mut owner, expect);
     let st = node.stats();
     println!(
         "in place {} copied {} registrations {} failures {} evictions {} pinned {}",

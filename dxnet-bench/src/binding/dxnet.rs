@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use dxnet::config::NodeEntry;
 use dxnet::region::{Access, ReadHandle, WriteHandle};
-use dxnet::BufferHandle;
 use dxnet::{Buffer, Config, Node, NodeId, Region, RemoteRegion, TlsConfig, TransportKind};
+use dxnet::{BufferHandle, SendHandle};
 use serde::{Deserialize, Serialize};
 
 use super::{Binding, BindingKind, BindingSetup, Sink, ONE_SIDED_REGION};
@@ -188,10 +188,11 @@ struct EchoSlot {
     arrived: bool,
 }
 
-/// `params.buffers`: the echo receivers. A request is copied into one of
-/// the node's reused buffers of its size and sent back from it
-/// (`send_buffer`); an echo is copied into its requester thread's slot
-/// (what an MPI receive into the application's buffer does).
+/// `params.buffers`: the echo receivers. A request is copied into the
+/// node's reused buffer of its size and sent back from it
+/// (`send_buffer_async`; the buffer comes back before the next echo of
+/// that size); an echo is copied into its requester thread's slot (what an
+/// MPI receive into the application's buffer does).
 fn register_echo(node: &Arc<Node>, threads: usize, sink: Arc<Sink>) -> Result<Vec<BufferThread>> {
     let bufs: Vec<BufferThread> = (0..threads)
         .map(|_| BufferThread {
@@ -199,22 +200,25 @@ fn register_echo(node: &Arc<Node>, threads: usize, sink: Arc<Sink>) -> Result<Ve
             echo: Arc::default(),
         })
         .collect();
-    let pool: Arc<Mutex<Vec<Buffer>>> = Arc::default();
+    // Per size: the last echo sent from that size's buffer (long done
+    // when the next request of that size comes).
+    let last: Arc<Mutex<HashMap<usize, SendHandle>>> = Arc::default();
     let weak = Arc::downgrade(node);
     node.register_raw(BENCH_TYPE, SUB_ECHO, move |src, p| {
         let Some(node) = weak.upgrade() else { return };
         sink.note_request(p.len());
-        let taken = {
-            let mut pool = pool.lock().unwrap();
-            let at = pool.iter().position(|b| b.len() == p.len());
-            at.map(|i| pool.swap_remove(i))
+        let prev = last.lock().unwrap().remove(&p.len());
+        let mut b = match prev.map(SendHandle::wait) {
+            Some((Ok(()), b)) => b,
+            Some((Err(e), b)) => {
+                eprintln!("echo to node {}: {e}", src.0);
+                b
+            }
+            None => Buffer::new(p.len()),
         };
-        let mut b = taken.unwrap_or_else(|| Buffer::new(p.len()));
         b.copy_from_slice(p);
-        if let Err(e) = node.send_buffer(src, BENCH_TYPE, SUB_ECHOED, &b) {
-            eprintln!("echo to node {}: {e}", src.0);
-        }
-        pool.lock().unwrap().push(b);
+        let h = node.send_buffer_async(src, BENCH_TYPE, SUB_ECHOED, b);
+        last.lock().unwrap().insert(p.len(), h);
     })
     .map_err(|e| anyhow!("{e}"))?;
     let slots: Vec<_> = bufs.iter().map(|b| b.echo.clone()).collect();
@@ -424,16 +428,18 @@ impl DxnetBinding {
         let me = &bufs[thread % bufs.len()];
         let mut send = me.send.lock().unwrap();
         // Filled once, like a reused send buffer.
-        let buf = send.next(payload.len(), self.buffer_reuse, |b| {
+        send.next(payload.len(), self.buffer_reuse, |b| {
             b.copy_from_slice(payload);
             b[..4].copy_from_slice(&(thread as u32).to_le_bytes());
         });
         let echo = &*me.echo;
         echo.slot.lock().unwrap().arrived = false;
         echo.ready.store(false, Ordering::Release);
-        self.node
-            .send_buffer(NodeId(dest), BENCH_TYPE, SUB_ECHO, buf)
-            .map_err(|e| anyhow!("send to node {dest}: {e}"))?;
+        // Async: a send in place completes while the echo is awaited.
+        let out = send.buf.take().expect("set by next");
+        let sending = self
+            .node
+            .send_buffer_async(NodeId(dest), BENCH_TYPE, SUB_ECHO, out);
         let spin_end = Instant::now() + self.spin;
         let mut n = 0u32;
         while !echo.ready.load(Ordering::Acquire) {
@@ -456,7 +462,10 @@ impl DxnetBinding {
         if g.buf.len() != payload.len() {
             bail!("echo of {} bytes to {}", g.buf.len(), payload.len());
         }
-        Ok(())
+        drop(g);
+        let (res, back) = sending.wait();
+        send.buf = Some(back);
+        res.map_err(|e| anyhow!("send to node {dest}: {e}"))
     }
 
     /// [`Binding::one_sided`] from and into the thread's own region in

@@ -35,7 +35,7 @@ pub(crate) mod pull;
 mod receive;
 pub mod regions;
 pub mod requests;
-mod send;
+pub(crate) mod send;
 #[cfg(test)]
 mod tests;
 pub mod zero_copy;

@@ -6,6 +6,7 @@ use super::*;
 use crate::primitives::buffer_mem::BufferMem;
 use crate::primitives::in_order::Outcome as InOrder;
 use crate::transport::{Hold, LocalBytes};
+use std::task::{Context, Poll};
 
 impl Core {
     /// Sends a typed message.
@@ -105,9 +106,25 @@ impl Core {
         s: u8,
         mem: &Arc<BufferMem>,
     ) -> Result<()> {
+        match self.start_send_buffer(dest, t, s, mem)? {
+            None => Ok(()),
+            Some(p) => self.wait_send(&p),
+        }
+    }
+
+    /// Starts [`Core::send_buffer`]: `None` once it is done (copied),
+    /// the send in flight otherwise (its buffer may change only once
+    /// [`Core::wait_send`] or [`Core::poll_send`] reports it done).
+    pub fn start_send_buffer(
+        self: &Arc<Self>,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        mem: &Arc<BufferMem>,
+    ) -> Result<Option<PendingSend>> {
         // Copied: urgent like a request, written out at once (on this
         // thread if the send thread sleeps), as the in-place send is.
-        let copy = || {
+        let copy = || -> Result<Option<PendingSend>> {
             if t == 0 {
                 return Err(Error::Config("message type 0 is reserved for dxnet".into()));
             }
@@ -121,9 +138,8 @@ impl Core {
                 urgent: true,
                 request_id: 0,
             };
-            self.send_frame_as(dest, frame, bytes.len(), None, None, |w| {
-                w.write_all(bytes)
-            })
+            self.send_frame_as(dest, frame, bytes.len(), None, None, |w| w.write_all(bytes))
+                .map(|()| None)
         };
         if t == 0 || mem.len() > self.config.limits.max_message_size || self.is_shut_down() {
             return copy(); // refused there, with the reason
@@ -180,14 +196,35 @@ impl Core {
         drop((keep, guard));
         self.stats.msgs_sent.add(1);
         self.stats.bytes_sent.add(total);
-        match self.wait_device_part(rm, &conn, seq, deadline) {
-            InOrder::Done => Ok(()),
-            InOrder::Pending => Err(Error::Timeout(Waited::Device)),
-            InOrder::Lost | InOrder::Refused => Err(Error::Unreachable(
-                dest,
-                Unreachable::ConnectionLost(conn.close_reason()),
-            )),
+        Ok(Some(PendingSend {
+            conn,
+            seq,
+            deadline,
+        }))
+    }
+
+    /// Blocks until the send in flight `p` completed (its buffer may
+    /// change then).
+    pub fn wait_send(self: &Arc<Self>, p: &PendingSend) -> Result<()> {
+        let Some(rm) = self.transport().and_then(|t| t.remote_memory()) else {
+            return Err(Error::Shutdown);
+        };
+        send_outcome(p, self.wait_device_part(rm, &p.conn, p.seq, p.deadline))
+    }
+
+    /// [`Core::wait_send`] for a future: registers `cx`'s waker while the
+    /// send is in flight.
+    pub fn poll_send(&self, p: &PendingSend, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let Some(rm) = self.transport().and_then(|t| t.remote_memory()) else {
+            return Poll::Ready(Err(Error::Shutdown));
+        };
+        let outcome = p.conn.parts.register(p.seq, cx.waker());
+        if outcome == InOrder::Pending && Instant::now() < p.deadline {
+            // Completions are retired by the engine now.
+            rm.waiting();
+            return Poll::Pending;
         }
+        Poll::Ready(send_outcome(p, outcome))
     }
 
     /// Sends a request; the handle waits for its response.
@@ -672,4 +709,23 @@ pub(super) struct Frame {
     /// aggregate.
     urgent: bool,
     request_id: u32,
+}
+
+/// A send of a buffer in place, in flight (see [`Core::start_send_buffer`]).
+#[derive(Debug)]
+pub struct PendingSend {
+    conn: Arc<Connection>,
+    seq: u64,
+    deadline: Instant,
+}
+
+fn send_outcome(p: &PendingSend, outcome: InOrder) -> Result<()> {
+    match outcome {
+        InOrder::Done => Ok(()),
+        InOrder::Pending => Err(Error::Timeout(Waited::Device)),
+        InOrder::Lost | InOrder::Refused => Err(Error::Unreachable(
+            p.conn.peer,
+            Unreachable::ConnectionLost(p.conn.close_reason()),
+        )),
+    }
 }

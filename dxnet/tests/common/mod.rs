@@ -715,21 +715,32 @@ impl BufferSendLog {
 }
 
 /// Thread `t`'s `count` messages to `dest`, most from a few reused
-/// [`dxnet::Buffer`]s (`send_buffer`), every fifth through `send_raw`
+/// [`dxnet::Buffer`]s (`send_buffer`, and `send_buffer_async` kept in
+/// flight while the next messages go), every fifth through `send_raw`
 /// (the ring) in between, sizes from 16 B to `max`: each buffer is
-/// overwritten right after `send_buffer` returns, so a send that returned
-/// before the device read the bytes shows as corrupt at the receiver.
+/// overwritten right after its send returns or hands it back, so a send
+/// that let go of it before the device read the bytes shows as corrupt
+/// at the receiver.
 pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
     use dxnet::Buffer;
     let own = node.id().0;
     let sizes = [16usize, 200, 4096, 8192, max];
     let mut pool: Vec<Buffer> = sizes.iter().map(|&n| Buffer::new(n)).collect();
     let mut x = (t as u64 + 5).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    // An async send in flight while the next messages go: its buffer's
+    // place in the pool, and its handle.
+    let mut pending: Option<(usize, dxnet::SendHandle)> = None;
     for seq in 0..count {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let k = (x % pool.len() as u64) as usize;
+        if let Some((at, h)) = pending.take_if(|(at, _)| *at == k) {
+            let (res, mut back) = h.wait();
+            res.unwrap();
+            back.fill(0xEE);
+            pool[at] = back;
+        }
         let len = pool[k].len();
         let mut msg = Vec::with_capacity(len);
         msg.extend_from_slice(&t.to_le_bytes());
@@ -742,8 +753,19 @@ pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
             continue;
         }
         pool[k].copy_from_slice(&msg);
+        if seq % 5 == 2 && pending.is_none() {
+            let b = std::mem::replace(&mut pool[k], Buffer::new(0));
+            pending = Some((
+                k,
+                node.send_buffer_async(dest, BUFFER_MSG.0, BUFFER_MSG.1, b),
+            ));
+            continue;
+        }
         node.send_buffer(dest, BUFFER_MSG.0, BUFFER_MSG.1, &pool[k])
             .unwrap();
         pool[k].fill(0xEE);
+    }
+    if let Some((_, h)) = pending {
+        h.wait().0.unwrap();
     }
 }

@@ -243,6 +243,33 @@ impl IbEngine {
     }
 
     /// Retires send completions while a one-sided post waits for room.
+    /// Takes `ic`'s send lock after posting the data its ring holds (this
+    /// thread's earlier messages go first); fails if the connection is not
+    /// open, or closes it if posting fails.
+    fn lock_behind_ring<'a>(
+        &self,
+        core: &Core,
+        ic: &'a IbConn,
+    ) -> Result<parking_lot::MutexGuard<'a, SendState>> {
+        let conn = &ic.conn;
+        let lost = || {
+            Error::Unreachable(
+                conn.peer,
+                crate::error::Unreachable::ConnectionLost(conn.close_reason()),
+            )
+        };
+        if conn.state() != ConnState::Open {
+            return Err(lost());
+        }
+        let mut guard = ic.send.lock();
+        if let Err(e) = self.post_locked(ic, &mut guard) {
+            drop(guard);
+            core.close_connection(conn, &format!("posting sends failed: {e}"), true);
+            return Err(lost());
+        }
+        Ok(guard)
+    }
+
     fn wait_for_room(&self, core: &Core, deadline: Instant) -> Result<()> {
         if Instant::now() >= deadline {
             return Err(Error::Timeout(Waited::RingBuffer));
@@ -323,18 +350,10 @@ impl RemoteMemory for IbEngine {
             e
         };
         loop {
-            if conn.state() != ConnState::Open {
-                return Err(give_back(lost()));
-            }
-            let mut guard = ic.send.lock();
+            // All of the ring's data first: nothing may come between header
+            // and payload.
+            let mut guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
             let st = &mut *guard;
-            // The ring's data first (this thread's earlier messages), all
-            // of it: nothing may come between header and payload.
-            if let Err(e) = self.post_locked(&ic, st) {
-                drop(guard);
-                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
-                return Err(give_back(lost()));
-            }
             if conn.orb.unposted_len(&mut st.consumer) > 0
                 || self.sq_size.saturating_sub(st.outstanding) < wrs
             {
@@ -525,17 +544,8 @@ impl RemoteMemory for IbEngine {
             self.staged().fill(s, data);
         }
         loop {
-            if conn.state() != ConnState::Open {
-                return Err(give_back(lost()));
-            }
-            let mut guard = ic.send.lock();
+            let mut guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
             let st = &mut *guard;
-            // The ring's data first: this thread's earlier messages.
-            if let Err(e) = self.post_locked(&ic, st) {
-                drop(guard);
-                core.close_connection(conn, &format!("posting sends failed: {e}"), true);
-                return Err(give_back(lost()));
-            }
             if st.parts_outstanding >= self.rdma_depth {
                 drop(guard);
                 self.sq_refused.store(true, Ordering::Release);
