@@ -8,11 +8,16 @@
 //! and their async forms. On InfiniBand a buffer that is reused often
 //! enough is registered with the device and its bytes go from or into it
 //! in place; until then, and on TCP and loopback, they are copied as for
-//! slices. When to register is
-//! the frequent-buffer policy of `[zero_copy]` ([`crate::config::ZeroCopyConfig`]):
-//! a cost model of registration against copying, speculative registration,
-//! a limit on pinned memory with eviction, and a fallback when buffers are
-//! not reused. `NodeStats` counts what happened.
+//! slices. When to register is the frequent-buffer policy of `[zero_copy]`
+//! ([`crate::config::ZeroCopyConfig`]): a cost model of registration
+//! against copying, speculative registration, a limit on pinned memory
+//! with eviction, and a fallback when buffers are not reused. `NodeStats`
+//! counts what happened.
+//!
+//! A send in place completes when the peer's device acknowledged it, about
+//! a round trip on the wire after the post: [`Node::send_buffer`] waits for
+//! that, [`Node::send_buffer_async`] lets the thread go on (e.g. to wait for
+//! the answer) and gives the buffer back once it is done.
 //!
 //! Safety holds in safe Rust without rules for the caller:
 //! - a blocking call borrows the buffer until the device is done with it;

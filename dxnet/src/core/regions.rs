@@ -941,6 +941,11 @@ fn wait_part(
 ) -> InOrder {
     let track = &dev.conn.parts;
     let mut outcome = track.outcome(seq);
+    // Its completion may be waiting in the queue already (nobody retired
+    // it): one look before anything that counts as blocking.
+    if outcome == InOrder::Pending && rm.progress(core) {
+        outcome = track.outcome(seq);
+    }
     if outcome != InOrder::Pending {
         return outcome;
     }
