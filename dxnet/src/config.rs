@@ -686,9 +686,10 @@ impl Config {
             return bad("tcp: max_pending_handshakes and listen_backlog must be > 0".into());
         }
         let zc = &self.zero_copy;
-        if !(zc.speculative_fraction > 0.0 && zc.speculative_fraction <= 1.0)
-            || !(0.0..=1.0).contains(&zc.min_frequent_fraction)
-        {
+        let fractions_ok = zc.speculative_fraction > 0.0
+            && zc.speculative_fraction <= 1.0
+            && (0.0..=1.0).contains(&zc.min_frequent_fraction);
+        if !fractions_ok {
             return bad(
                 "zero_copy: speculative_fraction must be in (0, 1] and min_frequent_fraction in [0, 1]"
                     .into(),

@@ -756,6 +756,7 @@ impl Core {
     /// each. With `blocking` the last part asks for its completion;
     /// otherwise the waiter has it covered ([`RemoteMemory::cover`]) when
     /// it waits.
+    #[allow(clippy::too_many_arguments)]
     fn post_parts(
         self: &Arc<Self>,
         rm: &dyn RemoteMemory,
