@@ -244,13 +244,15 @@ impl IbEngine {
 
     /// Retires send completions while a one-sided post waits for room.
     /// Takes `ic`'s send lock after posting the data its ring holds (this
-    /// thread's earlier messages go first); fails if the connection is not
-    /// open, or closes it if posting fails.
+    /// thread's earlier messages go first); `None` if some of it is left
+    /// (the send queue is full: the caller waits for room and tries
+    /// again, so nothing overtakes those messages). Fails if the
+    /// connection is not open, or closes it if posting fails.
     fn lock_behind_ring<'a>(
         &self,
         core: &Core,
         ic: &'a IbConn,
-    ) -> Result<parking_lot::MutexGuard<'a, SendState>> {
+    ) -> Result<Option<parking_lot::MutexGuard<'a, SendState>>> {
         let conn = &ic.conn;
         let lost = || {
             Error::Unreachable(
@@ -267,7 +269,11 @@ impl IbEngine {
             core.close_connection(conn, &format!("posting sends failed: {e}"), true);
             return Err(lost());
         }
-        Ok(guard)
+        let st = &mut *guard;
+        if conn.orb.unposted_len(&mut st.consumer) > 0 {
+            return Ok(None);
+        }
+        Ok(Some(guard))
     }
 
     fn wait_for_room(&self, core: &Core, deadline: Instant) -> Result<()> {
@@ -352,18 +358,19 @@ impl RemoteMemory for IbEngine {
         loop {
             // All of the ring's data first: nothing may come between header
             // and payload.
-            let mut guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
-            let st = &mut *guard;
-            if conn.orb.unposted_len(&mut st.consumer) > 0
-                || self.sq_size.saturating_sub(st.outstanding) < wrs
-            {
-                drop(guard);
-                self.sq_refused.store(true, Ordering::Release);
-                if let Err(e) = self.wait_for_room(core, deadline) {
-                    return Err(give_back(e));
+            let guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
+            let mut guard = match guard {
+                Some(g) if self.sq_size.saturating_sub(g.outstanding) >= wrs => g,
+                _ => {
+                    drop(guard);
+                    self.sq_refused.store(true, Ordering::Release);
+                    if let Err(e) = self.wait_for_room(core, deadline) {
+                        return Err(give_back(e));
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
+            let st = &mut *guard;
             let seq = st.next_seq;
             let wr_id = send_wr_id(conn, seq);
             let imm = wire::encode_imm(self.own.0, 0);
@@ -544,16 +551,19 @@ impl RemoteMemory for IbEngine {
             self.staged().fill(s, data);
         }
         loop {
-            let mut guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
-            let st = &mut *guard;
-            if st.parts_outstanding >= self.rdma_depth {
-                drop(guard);
-                self.sq_refused.store(true, Ordering::Release);
-                if let Err(e) = self.wait_for_room(core, deadline) {
-                    return Err(give_back(e));
+            let guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
+            let mut guard = match guard {
+                Some(g) if g.parts_outstanding < self.rdma_depth => g,
+                _ => {
+                    drop(guard);
+                    self.sq_refused.store(true, Ordering::Release);
+                    if let Err(e) = self.wait_for_room(core, deadline) {
+                        return Err(give_back(e));
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
+            let st = &mut *guard;
             let seq = st.next_seq;
             let wr_id = send_wr_id(conn, seq);
             // Signalled when the caller waits for it at once, and every
