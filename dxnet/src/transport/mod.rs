@@ -316,7 +316,8 @@ pub trait RemoteMemory: Send + Sync {
     /// in `conn.parts` under the returned number (it asks for one). Waits
     /// for room (send queue, staging memory for the header) until
     /// `deadline`. `None`: the engine declines (the message needs more work
-    /// requests than the send queue holds), the caller copies it instead.
+    /// requests than the send queue holds, or ring data reserved before it
+    /// cannot be posted yet), the caller copies it through the ring.
     fn post_send(
         &self,
         core: &Core,

@@ -244,10 +244,13 @@ impl IbEngine {
 
     /// Retires send completions while a one-sided post waits for room.
     /// Takes `ic`'s send lock after posting the data its ring holds (this
-    /// thread's earlier messages go first); `None` if some of it is left
-    /// (the send queue is full: the caller waits for room and tries
-    /// again, so nothing overtakes those messages). Fails if the
-    /// connection is not open, or closes it if posting fails.
+    /// thread's earlier messages go first); `None` if anything reserved in
+    /// the ring is still unposted: the send queue is full, or a committed
+    /// message (maybe this thread's) sits behind another thread's
+    /// reservation that is not committed yet. The caller then must not
+    /// post (it would overtake those messages): it waits and tries again,
+    /// or takes the ring itself. Fails if the connection is not open, or
+    /// closes it if posting fails.
     fn lock_behind_ring<'a>(
         &self,
         core: &Core,
@@ -269,8 +272,7 @@ impl IbEngine {
             core.close_connection(conn, &format!("posting sends failed: {e}"), true);
             return Err(lost());
         }
-        let st = &mut *guard;
-        if conn.orb.unposted_len(&mut st.consumer) > 0 {
+        if conn.orb.has_unsent() {
             return Ok(None);
         }
         Ok(Some(guard))
@@ -358,11 +360,19 @@ impl RemoteMemory for IbEngine {
         loop {
             // All of the ring's data first: nothing may come between header
             // and payload.
-            let guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
+            let guard = match self.lock_behind_ring(core, &ic).map_err(give_back)? {
+                Some(g) => g,
+                None => {
+                    // Behind ring data that cannot go yet: through the
+                    // ring instead (the caller copies), never ahead of it.
+                    staging.release(slot);
+                    return Ok(None);
+                }
+            };
             let mut guard = match guard {
-                Some(g) if self.sq_size.saturating_sub(g.outstanding) >= wrs => g,
-                _ => {
-                    drop(guard);
+                g if self.sq_size.saturating_sub(g.outstanding) >= wrs => g,
+                g => {
+                    drop(g);
                     self.sq_refused.store(true, Ordering::Release);
                     if let Err(e) = self.wait_for_room(core, deadline) {
                         return Err(give_back(e));
