@@ -202,6 +202,7 @@ pub trait Hold: Send + Sync {
     /// dropped later); not called for a part whose queue pair closed
     /// first (the device may use the memory until the queue pair is
     /// destroyed, when the handle is dropped).
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     fn device_done(&self) {}
 }
 
