@@ -23,8 +23,12 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock, Weak};
+
+// The device-access count and the guards' flags decide who may touch the
+// bytes: from the shim, so the loom model checks this code.
+use super::sync::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -374,5 +378,50 @@ mod tests {
         assert!(!copy.is_registered());
         assert_eq!(copy.uses(), 0);
         assert_eq!(BufferMem::zeroed(0).len(), 0);
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::cell::UnsafeCell;
+
+    /// Two parts of an access read the bytes (a cell stands for the
+    /// device's DMA) and complete on another thread, one through
+    /// `device_done`, one by dropping its guard; the owner writes the
+    /// bytes only after it saw no access in flight, as `Buffer`'s
+    /// `make_unique` does (otherwise it would move to a copy). Loom
+    /// reports a race if the count let the owner in early.
+    #[test]
+    fn loom_owner_writes_only_after_the_device_is_done() {
+        loom::model(|| {
+            let mem = Arc::new(BufferMem::from_vec(vec![0u8; 8]));
+            let bytes = std::sync::Arc::new(UnsafeCell::new(0u8));
+            let pinned = Arc::new(Pinned {
+                owner: 1,
+                handle: Box::new(()),
+                on_drop: None,
+            });
+            let first = InFlight::new(mem.clone(), pinned);
+            let second = first.another();
+            let device = {
+                let bytes = bytes.clone();
+                loom::thread::spawn(move || {
+                    // SAFETY: a read; the owner writes only after the
+                    // guards said the device is done (what loom checks).
+                    bytes.with(|p| unsafe { std::ptr::read(p) });
+                    first.device_done();
+                    bytes.with(|p| unsafe { std::ptr::read(p) });
+                    drop(second);
+                    drop(first);
+                })
+            };
+            if mem.in_flight() == 0 {
+                // SAFETY: no access in flight: the owner's alone.
+                bytes.with_mut(|p| unsafe { *p = 1 });
+            }
+            device.join().unwrap();
+            assert_eq!(mem.in_flight(), 0);
+        });
     }
 }
