@@ -446,9 +446,7 @@ impl Core {
         remote.check(offset, len as u64, true)?;
         // A buffer goes in place if the zero-copy policy says so, and is
         // copied as bytes otherwise.
-        let device = self
-            .device_path(remote)
-            .filter(|_| remote.node() != self.own);
+        let device = self.device_path(remote);
         let (src, guard) = match src {
             WriteSource::Buffer(mem) => {
                 match self.zero_copy.use_buffer(device.map(|(rm, _)| rm), mem) {
@@ -691,9 +689,7 @@ impl Core {
     ) -> Result<(RegionOp, Finish)> {
         let len = mem.len();
         remote.check(offset, len as u64, false)?;
-        let device = self
-            .device_path(remote)
-            .filter(|_| remote.node() != self.own);
+        let device = self.device_path(remote);
         if let Some(g) = self.zero_copy.use_buffer(device.map(|(rm, _)| rm), mem) {
             let (rm, key) = device.expect("in place only through the device");
             let what = Parts::Read(len, None);
@@ -745,9 +741,13 @@ enum Parts<'a> {
 }
 
 impl Core {
-    /// The engine's device path, if the access can take it: the engine
-    /// does remote memory access and the descriptor has a remote key.
+    /// The engine's device path, if the access can take it: another
+    /// node's region, the engine does remote memory access and the
+    /// descriptor has a remote key.
     fn device_path(&self, remote: &RemoteRegion) -> Option<(&dyn RemoteMemory, RdmaKey)> {
+        if remote.node() == self.own {
+            return None;
+        }
         let key = remote.rdma()?;
         Some((self.transport()?.remote_memory()?, key))
     }

@@ -278,6 +278,13 @@ impl IbEngine {
         Ok(Some(guard))
     }
 
+    /// [`IbEngine::wait_for_room`] after a post found the send queue (or
+    /// the ring before it) full: the send thread keeps polling meanwhile.
+    fn wait_for_sq_room(&self, core: &Core, deadline: Instant) -> Result<()> {
+        self.sq_refused.store(true, Ordering::Release);
+        self.wait_for_room(core, deadline)
+    }
+
     fn wait_for_room(&self, core: &Core, deadline: Instant) -> Result<()> {
         if Instant::now() >= deadline {
             return Err(Error::Timeout(Waited::RingBuffer));
@@ -360,23 +367,17 @@ impl RemoteMemory for IbEngine {
         loop {
             // All of the ring's data first: nothing may come between header
             // and payload.
-            let guard = match self.lock_behind_ring(core, &ic).map_err(give_back)? {
-                Some(g) => g,
+            let mut guard = match self.lock_behind_ring(core, &ic).map_err(give_back)? {
+                // Behind ring data that cannot go yet: through the ring
+                // instead (the caller copies), never ahead of it.
                 None => {
-                    // Behind ring data that cannot go yet: through the
-                    // ring instead (the caller copies), never ahead of it.
                     staging.release(slot);
                     return Ok(None);
                 }
-            };
-            let mut guard = match guard {
-                g if self.sq_size.saturating_sub(g.outstanding) >= wrs => g,
-                g => {
+                Some(g) if self.sq_size.saturating_sub(g.outstanding) >= wrs => g,
+                Some(g) => {
                     drop(g);
-                    self.sq_refused.store(true, Ordering::Release);
-                    if let Err(e) = self.wait_for_room(core, deadline) {
-                        return Err(give_back(e));
-                    }
+                    self.wait_for_sq_room(core, deadline).map_err(give_back)?;
                     continue;
                 }
             };
@@ -561,15 +562,11 @@ impl RemoteMemory for IbEngine {
             self.staged().fill(s, data);
         }
         loop {
-            let guard = self.lock_behind_ring(core, &ic).map_err(give_back)?;
-            let mut guard = match guard {
+            let mut guard = match self.lock_behind_ring(core, &ic).map_err(give_back)? {
                 Some(g) if g.parts_outstanding < self.rdma_depth => g,
-                _ => {
-                    drop(guard);
-                    self.sq_refused.store(true, Ordering::Release);
-                    if let Err(e) = self.wait_for_room(core, deadline) {
-                        return Err(give_back(e));
-                    }
+                other => {
+                    drop(other);
+                    self.wait_for_sq_room(core, deadline).map_err(give_back)?;
                     continue;
                 }
             };
