@@ -34,6 +34,16 @@ struct NobodyReply(u8);
 dxnet::message!(NobodyReply, 21, 1);
 dxnet::request!(Nobody, 21, 0 => NobodyReply);
 
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Stall(u64);
+dxnet::message!(Stall, 22, 0);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Ask(u64);
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Answer(u64);
+dxnet::message!(Answer, 23, 1);
+dxnet::request!(Ask, 23, 0 => Answer);
+
 fn serve(node: &Node) {
     node.register_request(|_src, r: Echo| {
         if r.sleep_ms > 0 {
@@ -258,6 +268,76 @@ fn shutdown_fails_pending_requests() {
     let _b = it.next().unwrap(); // stays alive: the error must come from our own shutdown
     a.shutdown();
     assert_eq!(h.wait().unwrap_err(), Error::Shutdown);
+}
+
+/// Over TCP a requester reads its connection itself while it waits,
+/// asleep on the socket once its busy-wait is over: the node's shutdown
+/// ends that wait with `Shutdown`, long before the request's deadline.
+#[test]
+fn shutdown_wakes_a_requester_asleep_on_its_connection() {
+    let cluster = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
+    serve(&cluster[1]);
+    let slow = Echo {
+        id: 1,
+        body: vec![],
+        sleep_ms: 3000,
+    };
+    let h = cluster[0]
+        .request_async(NodeId(1), &slow, Duration::from_secs(60))
+        .unwrap();
+    let waiter = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        (h.wait(), t0.elapsed())
+    });
+    // Long past any busy-wait: the waiter sleeps on the socket.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut it = cluster.into_iter();
+    let a = Arc::try_unwrap(it.next().unwrap()).ok().unwrap();
+    let _b = it.next().unwrap(); // stays alive: the error must come from our own shutdown
+    a.shutdown();
+    let (res, waited) = waiter.join().unwrap();
+    assert_eq!(res.unwrap_err(), Error::Shutdown);
+    assert!(
+        waited < Duration::from_secs(30),
+        "the waiter slept until its deadline ({waited:?})"
+    );
+}
+
+/// A requester asleep on its connection is woken when another thread
+/// completes its response: here a handler thread, as the response comes
+/// behind a message whose handler stalls, on the same connection; the
+/// requester that read both handed them to the handler thread and sleeps
+/// on a socket that stays quiet.
+#[test]
+fn a_handler_thread_completing_the_response_wakes_a_requester_asleep_on_its_connection() {
+    let cluster = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
+    cluster[0]
+        .register(|_src, Stall(ms)| std::thread::sleep(Duration::from_millis(ms)))
+        .unwrap();
+    let b = Arc::downgrade(&cluster[1]);
+    cluster[1]
+        .register_request(move |src, Ask(n)| {
+            if let Some(b) = b.upgrade() {
+                b.send(src, &Stall(if n == 0 { 0 } else { 200 })).unwrap();
+            }
+            Answer(n)
+        })
+        .unwrap();
+    // Connected first.
+    let r = cluster[0].request(NodeId(1), &Ask(0), Duration::from_secs(10));
+    assert_eq!(r.unwrap(), Answer(0));
+    // Several rounds: the requester may find a receive thread reading the
+    // connection at that moment and then wait the usual way.
+    for n in 1..=4 {
+        let t0 = Instant::now();
+        let r = cluster[0].request(NodeId(1), &Ask(n), Duration::from_secs(60));
+        assert_eq!(r.unwrap(), Answer(n));
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the requester slept until its deadline ({:?})",
+            t0.elapsed()
+        );
+    }
 }
 
 /// Requests and plain messages of one thread arrive in send order although

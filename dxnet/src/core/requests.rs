@@ -483,6 +483,15 @@ impl PendingResponse {
         None
     }
 
+    /// Registers `w` to be woken when the outcome is known (no timer: the
+    /// caller watches the deadline).
+    pub fn set_waker(&self, w: &Waker) {
+        let mut st = self.slot().state.lock();
+        if let SlotState::Waiting { waker, .. } = &mut *st {
+            *waker = Some(w.clone());
+        }
+    }
+
     /// `Future` support: the outcome, or registers the waker.
     pub fn poll_take(&mut self, cx: &mut Context<'_>) -> Poll<Outcome> {
         {

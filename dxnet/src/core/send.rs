@@ -5,7 +5,7 @@
 use super::*;
 use crate::primitives::buffer_mem::BufferMem;
 use crate::primitives::in_order::Outcome as InOrder;
-use crate::transport::{Hold, LocalBytes};
+use crate::transport::{Hold, LocalBytes, ResponseWait};
 use std::task::{Context, Poll};
 
 impl Core {
@@ -283,40 +283,52 @@ impl Core {
     }
 
     /// Blocks until `p`'s outcome is known: busy-waits first (a response
-    /// that arrives meanwhile is taken without waking this thread; on an
-    /// engine that supports it this thread even receives it itself, see
-    /// `ReceiveRole::help`), then parks. How long: [`park::RequestSpinPolicy`].
+    /// that arrives meanwhile is taken without waking this thread), then
+    /// parks. How long: [`park::RequestSpinPolicy`]. On an engine that
+    /// supports it this thread reads its connection itself meanwhile (TCP:
+    /// until the outcome is in, sleeping on the socket after the
+    /// busy-wait; InfiniBand: while it busy-waits, see
+    /// `ReceiveRole::help`), see [`Transport::read_while_waiting`].
     pub fn wait_response(&self, p: PendingResponse) -> Outcome {
         let park = &self.config.park;
-        if park.request_spin_us == 0 || p.is_done() {
+        if p.is_done() {
             return p.wait();
         }
         let mut waiting = park::RequestWait::enter(park);
-        if !waiting.may_spin() {
-            // Many requesters are blocked: park and leave the cores to the
-            // threads that carry the responses.
-            return p.wait();
-        }
+        // Many requesters blocked: no busy-wait, the cores go to the
+        // threads that carry the responses.
+        let may_spin = park.request_spin_us > 0 && waiting.may_spin();
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
-        let spin = conn.as_ref().map_or_else(
-            || park::RequestSpinPolicy::full(park),
-            |c| c.request_spin.spin(park),
-        );
+        let spin = match (&conn, may_spin) {
+            (_, false) => Duration::ZERO,
+            (Some(c), true) => c.request_spin.spin(park),
+            (None, true) => park::RequestSpinPolicy::full(park),
+        };
         inline::before_blocking();
-        {
-            let until = (start + spin).min(p.deadline());
-            let helped = self
-                .transport()
-                .is_some_and(|t| t.receive_while_waiting(&|| p.is_done(), until));
-            if !helped {
+        let until = (start + spin).min(p.deadline());
+        let read = self.transport().and_then(|t| {
+            t.read_while_waiting(&ResponseWait {
+                peer: p.peer(),
+                done: &|| p.is_done(),
+                on_done: &|w| p.set_waker(w),
+                may_spin,
+                spin_until: until,
+                deadline: p.deadline(),
+            })
+        });
+        let answered = match read {
+            Some(answered) => answered,
+            None if may_spin => {
                 p.spin_until(until);
+                p.is_done()
             }
-        }
+            None => return p.wait(),
+        };
         waiting.stop_spinning();
-        if let Some(c) = &conn {
+        if let (Some(c), true) = (&conn, may_spin) {
             let spun = spin.min(p.deadline().saturating_duration_since(start));
-            c.request_spin.record(park, spun, p.is_done());
+            c.request_spin.record(park, spun, answered);
         }
         p.wait()
     }

@@ -1,7 +1,7 @@
 //! Concurrency primitives that know nothing of messages, connections or
 //! transports: the layers above (`core`, `transport`) use them, they use
 //! nothing above them (plain configuration structs aside). Each is tested on its own; the lock-free ones (`orb`,
-//! `write_interest`, `credit`, `wait_queue`, `in_order`) also by loom models of the same code (`sync` is the
+//! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
@@ -16,6 +16,9 @@
 //! - [`write_interest`]: the queue of connections with data for the send
 //!   thread, each at most once, round-robin.
 //! - [`pool`]: pooled, reusable receive buffers.
+//! - [`read_lease`]: one reader at a time for a source that a regular
+//!   reader polls and other threads may read in its place, no readiness
+//!   lost between them.
 //! - [`region_mem`]: address-stable memory of exposed regions, CPU
 //!   accesses under a lock.
 //! - [`park`]: load-adaptive idling (spin, yield, park) and wake-up signals.
@@ -37,6 +40,7 @@ pub mod mailbox;
 pub mod orb;
 pub mod park;
 pub mod pool;
+pub mod read_lease;
 pub mod region_mem;
 pub mod stats;
 pub mod sync;

@@ -28,6 +28,24 @@ pub mod tls;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+/// A response the calling thread waits for (see
+/// [`Transport::read_while_waiting`]).
+pub struct ResponseWait<'a> {
+    /// The node the request went to.
+    pub peer: NodeId,
+    /// True once the outcome is known.
+    pub done: &'a dyn Fn() -> bool,
+    /// Registers a waker that the outcome's arrival calls, from whichever
+    /// thread completes it (before the thread sleeps).
+    pub on_done: &'a dyn Fn(&std::task::Waker),
+    /// Whether this requester may busy-wait at all.
+    pub may_spin: bool,
+    /// Busy-wait until then at most.
+    pub spin_until: Instant,
+    /// The request's timeout.
+    pub deadline: Instant,
+}
+
 /// The long-lived threads of an engine: spawned by name at start, joined
 /// at shutdown.
 #[derive(Debug, Default)]
@@ -101,13 +119,18 @@ pub trait Transport: Send + Sync + 'static {
     fn send_standalone(&self, _core: &Core, _conn: &Arc<Connection>, _frame: &[u8]) -> bool {
         false
     }
-    /// The calling thread waits for a response (`done()` tells when it is
-    /// in) and may busy-wait until `until`: an engine that can receive on
-    /// this thread meanwhile (see [`crate::core::inline::ReceiveRole::help`])
-    /// does so and returns true (whether or not the response came); false:
-    /// not supported, the caller spins as usual.
-    fn receive_while_waiting(&self, _done: &dyn Fn() -> bool, _until: Instant) -> bool {
-        false
+    /// The calling thread waits for a response from `w.peer`: an engine
+    /// that can let it receive itself meanwhile does so and returns whether
+    /// the response came while it busy-polled (until `w.spin_until`, if
+    /// `w.may_spin`); the caller then parks until the outcome is in. TCP
+    /// reads that connection, sleeping on its socket after the busy-wait
+    /// until the outcome or `w.deadline` (see `tcp/lease.rs`); InfiniBand
+    /// polls the completion queues while it busy-waits (see
+    /// [`crate::core::inline::ReceiveRole::help`]). `None`: the engine
+    /// cannot, or another thread reads that connection now; the caller
+    /// waits as usual.
+    fn read_while_waiting(&self, _w: &ResponseWait<'_>) -> Option<bool> {
+        None
     }
     /// Receive buffers or incoming-queue room came free: a receiver that
     /// stopped for lack of them may go on.

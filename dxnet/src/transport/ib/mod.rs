@@ -24,7 +24,7 @@
 //!   batches; buffers that received data go in order to the incoming queue,
 //!   the others stay with their work request's slot and are posted again.
 //! - A thread waiting for a response receives itself meanwhile
-//!   (`receive_while_waiting`, see `ReceiveRole::help`): one busy-polling
+//!   (`read_while_waiting`, see `ReceiveRole::help`): one busy-polling
 //!   thread per side in a ping-pong, as in perftest.
 //! - Connection thread: a job queue (create, close) and a UDP socket on the
 //!   node-map address, over which it runs the connection handshake
@@ -572,13 +572,14 @@ impl Transport for IbEngine {
         self.recv_signal.notify_one();
     }
 
-    fn receive_while_waiting(&self, done: &dyn Fn() -> bool, until: Instant) -> bool {
-        let Some(core) = self.core.upgrade() else {
-            return false;
-        };
+    fn read_while_waiting(&self, w: &crate::transport::ResponseWait<'_>) -> Option<bool> {
+        if !w.may_spin {
+            return None;
+        }
+        let core = self.core.upgrade()?;
         self.receiver.help(
-            done,
-            until,
+            w.done,
+            w.spin_until,
             |r| {
                 self.poll_once(&core, r, false);
             },
@@ -594,7 +595,7 @@ impl Transport for IbEngine {
                 self.poll_once(&core, r, false);
             },
         );
-        true
+        Some((w.done)())
     }
 
     fn remote_memory(&self) -> Option<&dyn crate::transport::RemoteMemory> {

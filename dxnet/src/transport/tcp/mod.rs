@@ -39,6 +39,7 @@ use crate::core::{Core, InlineWork};
 use crate::primitives::orb::Consumer;
 use crate::primitives::park::Idle;
 use crate::primitives::pool::RecvBuffer;
+use crate::primitives::read_lease::ReadLease;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
 use crate::proto::wire::{
     encode_chunk_header, ChunkParser, HandshakeError, Hello, Status, CHUNK_HEADER_LEN,
@@ -47,9 +48,10 @@ use crate::proto::wire::{
 use crate::transport::cannot_connect;
 use crate::transport::driver::run_send_loop;
 use crate::transport::tls::{self, TlsContext, TlsStream};
-use crate::transport::{resolve, EngineThreads, Transport};
+use crate::transport::{resolve, EngineThreads, ResponseWait, Transport};
 use crate::{Error, NodeId, Result};
 
+mod lease;
 mod recv;
 mod send;
 mod setup;
@@ -142,6 +144,11 @@ struct TcpConn {
     /// TLS state when the node uses TLS; locked by the send path (after
     /// `send`) and by the receive thread.
     tls: Option<Mutex<tls::Session>>,
+    /// Held by the one thread reading the socket: a receive thread for one
+    /// read, or a requester for its wait (see `lease.rs`).
+    read: ReadLease,
+    /// Whether the socket is in the receive poll.
+    polled: Mutex<lease::Polled>,
 }
 
 /// The TCP engine of one node.
@@ -352,8 +359,8 @@ impl Transport for TcpEngine {
     fn close(&self, conn: &Arc<Connection>) {
         let tc = self.by_token.lock().remove(&(conn.id as usize));
         if let Some(tc) = tc {
+            self.close_poll(&tc);
             let fd = tc.stream.as_raw_fd();
-            let _ = self.recv_registry.deregister(&mut SourceFd(&fd));
             let _ = self.send_registry.deregister(&mut SourceFd(&fd));
             let _ = tc.stream.shutdown(std::net::Shutdown::Both);
         }
@@ -379,6 +386,10 @@ impl Transport for TcpEngine {
             }
         }
         true
+    }
+
+    fn read_while_waiting(&self, w: &ResponseWait<'_>) -> Option<bool> {
+        TcpEngine::read_while_waiting(self, w)
     }
 
     fn wake_sender(&self) {

@@ -100,7 +100,12 @@ impl TcpEngine {
                 let Some(tc) = readable.pop_front() else {
                     break;
                 };
-                match self.read_once(core, &tc, &mut inline) {
+                let outcome = match tc.read.take_or_note() {
+                    Some(_reading) => self.read_once(core, &tc, Some(&mut inline)),
+                    // A requester reads it (and hands it back if needed).
+                    None => ReadOutcome::Drained,
+                };
+                match outcome {
                     ReadOutcome::More => readable.push_back(tc),
                     ReadOutcome::Drained => tc.recv.lock().readable = false,
                     ReadOutcome::Starved => {
@@ -123,11 +128,14 @@ impl TcpEngine {
         None
     }
 
+    /// Reads one buffer from `tc`'s socket (the caller holds its reader)
+    /// and delivers it; `inline`: the receive role's slot for a buffer to
+    /// handle on the calling thread, `None` to deliver only.
     pub(super) fn read_once(
         &self,
         core: &Arc<Core>,
         tc: &TcpConn,
-        inline: &mut Option<InlineWork>,
+        inline: Option<&mut Option<InlineWork>>,
     ) -> ReadOutcome {
         if !tc.conn.is_alive() {
             return ReadOutcome::Closed;
@@ -189,7 +197,7 @@ impl TcpEngine {
         tc: &TcpConn,
         mut buf: RecvBuffer,
         n: usize,
-        inline: &mut Option<InlineWork>,
+        inline: Option<&mut Option<InlineWork>>,
     ) {
         {
             let mut rs = tc.recv.lock();
@@ -197,10 +205,9 @@ impl TcpEngine {
             rs.parser
                 .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
         }
-        if inline.is_none() {
-            *inline = core.deliver_or_inline(&tc.conn, buf);
-        } else {
-            core.deliver(&tc.conn, buf);
+        match inline {
+            Some(slot) if slot.is_none() => *slot = core.deliver_or_inline(&tc.conn, buf),
+            _ => core.deliver(&tc.conn, buf),
         }
     }
 
@@ -212,7 +219,7 @@ impl TcpEngine {
         tc: &TcpConn,
         tls: &Mutex<tls::Session>,
         mut buf: RecvBuffer,
-        inline: &mut Option<InlineWork>,
+        inline: Option<&mut Option<InlineWork>>,
     ) -> ReadOutcome {
         let mut t = tls.lock();
         let fail = |t: &mut tls::Session, buf: RecvBuffer, why: String| {

@@ -280,6 +280,8 @@ impl TcpEngine {
             poke: AtomicBool::new(false),
             read_closed: AtomicBool::new(false),
             tls: tls_conn.map(Mutex::new),
+            read: ReadLease::new(),
+            polled: Mutex::new(lease::Polled::default()),
         });
         if !conn.attach_engine(&tc) {
             return Err("connection already attached".into());
