@@ -58,7 +58,7 @@ pub use buffer::{Buffer, BufferHandle, SendHandle};
 pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind, ZeroCopyConfig};
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
-pub use node::{MultiSend, Node, NodeStats, ResponseHandle};
+pub use node::{HeldWindow, MultiSend, Node, NodeStats, ResponseHandle};
 pub use pull::{PullReceiver, RecvError};
 pub use region::{Access, Region, RemoteRegion};
 

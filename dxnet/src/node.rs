@@ -74,6 +74,53 @@ pub struct NodeStats {
     pub speculation_stops: u64,
 }
 
+/// One received message's share of its sender's flow-control window,
+/// given to a receiver registered with [`Node::register_raw_held`]: the
+/// bytes go back to the sender's window when this drops. A message to the
+/// own node holds nothing.
+#[must_use = "dropping it gives the window back at once"]
+pub struct HeldWindow {
+    core: std::sync::Weak<Core>,
+    conn: Arc<crate::core::connection::Connection>,
+    bytes: u64,
+}
+
+impl HeldWindow {
+    pub(crate) fn new(
+        core: std::sync::Weak<Core>,
+        conn: &Arc<crate::core::connection::Connection>,
+        bytes: u64,
+    ) -> Self {
+        Self {
+            core,
+            conn: conn.clone(),
+            bytes,
+        }
+    }
+
+    /// Bytes of the window held (the message with its header).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl std::fmt::Debug for HeldWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldWindow")
+            .field("peer", &self.conn.peer)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl Drop for HeldWindow {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.upgrade() {
+            core.release_held(&self.conn, self.bytes);
+        }
+    }
+}
+
 /// A response that has not arrived yet. Wait for it with
 /// [`ResponseHandle::wait`] or `.await` it (runtime-agnostic `Future`).
 pub struct ResponseHandle<T> {
@@ -145,6 +192,23 @@ impl Node {
         F: Fn(NodeId, &[u8]) + Send + Sync + 'static,
     {
         self.core.register_raw(msg_type, subtype, f, Mode::Ordered)
+    }
+
+    /// [`Node::register_raw`] whose receiver keeps each message's share of
+    /// the sender's flow-control window until it drops the message's
+    /// [`HeldWindow`] (not when it returns). A receiver that puts messages
+    /// into its own queue and keeps the window with each thereby bounds
+    /// that queue by the senders' windows (`flow_control.window` per
+    /// connection) without ever blocking a handler thread: a sender whose
+    /// window is held blocks (or times out) until the consumer takes its
+    /// messages. Dropping the window at once behaves as `register_raw`.
+    /// Messages come in connection order on the connection's handler
+    /// thread, as with `register_raw`.
+    pub fn register_raw_held<F>(&self, msg_type: u8, subtype: u8, f: F) -> Result<()>
+    where
+        F: Fn(NodeId, &[u8], HeldWindow) + Send + Sync + 'static,
+    {
+        self.core.register_raw_held(msg_type, subtype, f)
     }
 
     /// [`Node::register_raw`] whose receiver runs on several handler

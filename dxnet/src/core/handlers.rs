@@ -59,6 +59,7 @@ impl Core {
     /// [`Core::owner_blocking`]).
     pub(super) fn process_item(self: &Arc<Self>, conn: &Owned, item: Incoming) {
         let mut processed = 0u64;
+        let mut held = 0u64;
         let mut responses = 0u64;
         let mut count = 0u64;
         let mut pending = take_scratch();
@@ -73,7 +74,7 @@ impl Core {
                     // stats only.
                     responses += (HEADER_LEN + p.len()) as u64;
                     count += 1;
-                    self.dispatch(conn.peer, h, p);
+                    self.dispatch(conn, h, p);
                     return;
                 }
                 // Payloads inside the buffer are referenced, reassembled
@@ -119,7 +120,8 @@ impl Core {
                     };
                     processed += (HEADER_LEN + payload.len()) as u64;
                     count += 1;
-                    self.dispatch(conn.peer, &m.header, payload);
+                    // Bytes a receiver holds go back when it lets go.
+                    held += self.dispatch(conn, &m.header, payload);
                     if inline::take_blocked() {
                         conn.inbox.lock().set_owner_blocked(false);
                     }
@@ -141,7 +143,7 @@ impl Core {
                 self.resources_freed();
             }
         }
-        if conn.id != 0 && conn.flow.on_processed(processed) && conn.is_alive() {
+        if conn.id != 0 && conn.flow.on_processed(processed - held) && conn.is_alive() {
             self.on_write_interest(conn.peer);
         }
         if let Err(e) = res {
@@ -194,6 +196,14 @@ impl Core {
         v
     }
 
+    /// Gives back the window of bytes a receiver held (see
+    /// [`crate::HeldWindow`]).
+    pub(crate) fn release_held(&self, conn: &Connection, bytes: u64) {
+        if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {
+            self.on_write_interest(conn.peer);
+        }
+    }
+
     /// Runs one parallel message and gives its bytes back to its
     /// connection's flow-control window.
     fn run_parallel(&self, job: ParallelJob) {
@@ -202,7 +212,7 @@ impl Core {
             header,
             mut payload,
         } = job;
-        self.dispatch(conn.peer, &header, &payload);
+        self.dispatch(&conn, &header, &payload);
         let bytes = (HEADER_LEN + payload.len()) as u64;
         if payload.capacity() <= PARALLEL_SPARE_MAX_BYTES {
             payload.clear();
@@ -215,7 +225,11 @@ impl Core {
         }
     }
 
-    pub(super) fn dispatch(&self, src: NodeId, h: &MessageHeader, payload: &[u8]) {
+    /// Runs the receiver of one message from `conn`; returns the bytes
+    /// whose flow-control window its receiver holds on to (see
+    /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
+    pub(super) fn dispatch(&self, conn: &Arc<Connection>, h: &MessageHeader, payload: &[u8]) -> u64 {
+        let src = conn.peer;
         let kind = h.kind();
         if kind.is_response() {
             let completed = if kind == MessageKind::ErrorResponse {
@@ -231,12 +245,19 @@ impl Core {
                     h.request_id
                 );
             }
-            return;
+            return 0;
         }
         let Some(entry) = self.handlers[h.type_key() as usize].get() else {
-            return self.drop_unknown(src, h);
+            self.drop_unknown(src, h);
+            return 0;
         };
         match &entry.kind {
+            HandlerKind::Held(f) if kind == MessageKind::Plain => {
+                let bytes = (HEADER_LEN + payload.len()) as u64;
+                f(src, payload, crate::HeldWindow::new(self.me.clone(), conn, bytes));
+                return bytes;
+            }
+            HandlerKind::Held(_) => self.drop_unknown(src, h),
             HandlerKind::Request(f) => {
                 if kind != MessageKind::Request {
                     tracing::warn!(
@@ -245,7 +266,7 @@ impl Core {
                         h.msg_type,
                         h.subtype
                     );
-                    return;
+                    return 0;
                 }
                 f(self, src, h.request_id, payload)
             }
@@ -275,6 +296,7 @@ impl Core {
                 ),
             },
         }
+        0
     }
 
     /// Counts and logs a message no receiver takes; a request gets an

@@ -87,6 +87,7 @@ const LOCAL_DEPTHS: usize = 4;
 
 type MessageFn = Box<dyn Fn(NodeId, &[u8]) -> Result<()> + Send + Sync>;
 type RequestFn = Box<dyn Fn(&Core, NodeId, u32, &[u8]) + Send + Sync>;
+type HeldFn = Box<dyn Fn(NodeId, &[u8], crate::HeldWindow) + Send + Sync>;
 
 enum HandlerKind {
     /// Typed or raw message: decodes and calls the receiver.
@@ -97,6 +98,9 @@ enum HandlerKind {
     Own(fn(&Core, NodeId, &[u8])),
     /// A type taken through a pull receiver (`crate::pull`).
     Pull(Arc<pull::PullSlot>),
+    /// Raw message whose receiver keeps the flow-control window of the
+    /// message until it drops the [`crate::HeldWindow`] it gets.
+    Held(HeldFn),
 }
 
 struct HandlerEntry {
@@ -184,6 +188,8 @@ pub struct InlineWork {
 
 /// The shared state of one node.
 pub struct Core {
+    /// Itself, for what outlives a call (a held window's release).
+    me: std::sync::Weak<Core>,
     config: Config,
     own: NodeId,
     /// Random id of this node's lifetime (detects restarts).
@@ -290,7 +296,8 @@ impl Core {
             .collect();
         let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
         let identity = config.identity()?;
-        let core = Arc::new(Core {
+        let core = Arc::new_cyclic(|me| Core {
+            me: me.clone(),
             own,
             identity,
             instance: loop {
@@ -435,6 +442,23 @@ impl Core {
             Ok(())
         }));
         self.register(t, s, HandlerEntry { kind, mode })
+    }
+
+    /// Registers a raw receiver that keeps each message's flow-control
+    /// window until it drops the message's [`crate::HeldWindow`].
+    pub fn register_raw_held<F>(&self, t: u8, s: u8, f: F) -> Result<()>
+    where
+        F: Fn(NodeId, &[u8], crate::HeldWindow) + Send + Sync + 'static,
+    {
+        let kind = HandlerKind::Held(Box::new(f));
+        self.register(
+            t,
+            s,
+            HandlerEntry {
+                kind,
+                mode: Mode::Ordered,
+            },
+        )
     }
 
     /// Registers a request handler; its result is sent back as the response.

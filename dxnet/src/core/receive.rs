@@ -161,7 +161,7 @@ impl Core {
         if let Some(seg) = buf.segments().next() {
             let mut pos = 0;
             while let Some((h, end)) = message_at(seg, pos, self.config.limits.max_message_size) {
-                self.dispatch(conn.peer, &h, &seg[pos + HEADER_LEN..end]);
+                self.dispatch(conn, &h, &seg[pos + HEADER_LEN..end]);
                 processed += (end - pos) as u64;
                 count += 1;
                 pos = end;
@@ -294,7 +294,7 @@ impl Core {
             if h.kind().is_response() {
                 done += (HEADER_LEN + p.len()) as u64;
                 self.stats.msgs_received.add(1);
-                self.dispatch(conn.peer, h, p);
+                self.dispatch(conn, h, p);
             } else {
                 let mut hb = [0u8; HEADER_LEN];
                 h.encode(&mut hb);

@@ -295,9 +295,12 @@ impl Core {
             return p.wait();
         }
         let mut waiting = park::RequestWait::enter(park);
-        // Many requesters blocked: no busy-wait, the cores go to the
-        // threads that carry the responses.
-        let may_spin = park.request_spin_us > 0 && waiting.may_spin();
+        // Many requesters blocked: no busy-wait (the cores go to the
+        // threads that carry the responses), and none reads its connection
+        // (one preempted while it holds the socket would hold up the
+        // responses of all the others).
+        let few = waiting.may_spin();
+        let may_spin = park.request_spin_us > 0 && few;
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
         let spin = match (&conn, may_spin) {
@@ -307,7 +310,7 @@ impl Core {
         };
         inline::before_blocking();
         let until = (start + spin).min(p.deadline());
-        let read = self.transport().and_then(|t| {
+        let read = self.transport().filter(|_| few).and_then(|t| {
             t.read_while_waiting(&ResponseWait {
                 peer: p.peer(),
                 done: &|| p.is_done(),
