@@ -71,7 +71,10 @@ fn held_windows(kind: Kind) {
             "the held window did not hold the sender back"
         );
     }
-    assert!(sent as usize * SIZE <= WINDOW, "{sent} messages in a window");
+    assert!(
+        sent as usize * SIZE <= WINDOW,
+        "{sent} messages in a window"
+    );
     wait_for(10, "the sent messages queued", || {
         q.lock().unwrap().len() as u64 == sent
     });

@@ -47,7 +47,14 @@
 //!
 //! **Messages mode** ([`Mode::Messages`]): the same API over plain dxnet
 //! messages (batches of `batch_bytes`), the sockets-style push design the
-//! paper compares with; dxnet's flow control is its back-pressure.
+//! paper compares with; dxnet's flow control is its back-pressure. Each
+//! batch keeps its share of the sending process's flow-control window
+//! ([`dxnet::Node::register_raw_held`]) until its puller has read it, so a
+//! push to a process whose pullers lag waits (up to dxnet's send timeout)
+//! once that process holds a window's worth of unread batches from this
+//! one. Pullers of one process share the window of each sending process:
+//! run them concurrently (a thread each), as the paper's receiving
+//! threads do.
 //!
 //! **Guarantees.** Every record pushed reaches its destination worker
 //! exactly once, and records of one pusher to one destination in order. A
@@ -59,8 +66,8 @@
 //! [`ShuffleError::Net`]. Memory: per process, `threads` incoming regions
 //! and up to `threads` outgoing buffers of `workers × segment_bytes` each
 //! (one-sided). In messages mode each pusher holds one batch per
-//! destination, and a puller's inbox holds the batches that arrived ahead
-//! of it: not bounded yet (a slow puller lets it grow).
+//! destination, and the inboxes of a process hold at most dxnet's
+//! `flow_control_window` of unread batches per sending process.
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use dxnet::region::{Access, RegionWrite, WriteHandle};
-use dxnet::{Node, NodeId, Region, RemoteRegion};
+use dxnet::{HeldWindow, Node, NodeId, Region, RemoteRegion};
 
 use crate::frame::{self, Frame};
 use crate::{Mode, ShuffleConfig, ShuffleError};
@@ -51,8 +51,14 @@ const SUB_BATCH: u8 = 4;
 enum Note {
     /// Bytes `[off, off + len)` of the segment of sender `seg` are written.
     Written { seg: usize, off: usize, len: usize },
-    /// A batch of frames from worker `from` (messages mode).
-    Batch { from: usize, bytes: Vec<u8> },
+    /// A batch of frames from worker `from` (messages mode), with its
+    /// share of the sending process's flow-control window: given back once
+    /// the puller has read the batch.
+    Batch {
+        from: usize,
+        bytes: Vec<u8>,
+        window: HeldWindow,
+    },
 }
 
 /// What the node's receivers reach: inboxes, writers' tails.
@@ -114,7 +120,7 @@ impl Routes {
         c.notify_all();
     }
 
-    fn on_batch(&self, payload: &[u8]) {
+    fn on_batch(&self, payload: &[u8], window: HeldWindow) {
         if payload.len() < 8 {
             return;
         }
@@ -126,6 +132,7 @@ impl Routes {
         let _ = self.inboxes[to % self.threads].send(Note::Batch {
             from,
             bytes: payload[8..].to_vec(),
+            window,
         });
         self.wake_stream(to % self.threads);
     }
@@ -191,7 +198,10 @@ impl Shuffle {
         }
         // A puller's inbox. One-sided: notes of written ranges, a few per
         // sender at most (its segment's room bounds them). Messages: the
-        // batches themselves, as many as senders push ahead of the puller.
+        // batches themselves, each holding its share of the sending
+        // process's flow-control window until read, so the batches queued
+        // from one process never exceed its window (and no handler thread
+        // waits for a puller).
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..cfg.threads).map(|_| channel::unbounded()).unzip();
         let incoming = match cfg.mode {
@@ -236,7 +246,7 @@ impl Shuffle {
         let r = routes.clone();
         node.on_region_write(move |w| r.on_written(w))?;
         let r = routes.clone();
-        node.register_raw(MSG_TYPE, SUB_BATCH, move |_src, p| r.on_batch(p))?;
+        node.register_raw_held(MSG_TYPE, SUB_BATCH, move |_src, p, w| r.on_batch(p, w))?;
         let own: Vec<RemoteRegion> = incoming.iter().map(Region::descriptor).collect();
         let _ = routes.descriptors.set(own.clone());
 
@@ -782,8 +792,9 @@ pub struct Puller {
     ready: VecDeque<usize>,
     /// Senders whose stream has not ended.
     open: usize,
-    /// Messages mode: batches not read to the end, with the read offset.
-    batches: VecDeque<(usize, Vec<u8>, usize)>,
+    /// Messages mode: batches not read to the end, with the read offset
+    /// (and the window each holds until it is dropped here).
+    batches: VecDeque<(usize, Vec<u8>, usize, HeldWindow)>,
 }
 
 impl std::fmt::Debug for Puller {
@@ -844,8 +855,12 @@ impl Puller {
 
     fn apply(&mut self, note: Note) -> Result<()> {
         match note {
-            Note::Batch { from, bytes } => {
-                self.batches.push_back((from, bytes, 0));
+            Note::Batch {
+                from,
+                bytes,
+                window,
+            } => {
+                self.batches.push_back((from, bytes, 0, window));
                 Ok(())
             }
             Note::Written { seg, off, len } => {
@@ -874,7 +889,7 @@ impl Puller {
 
     /// The next record of any ready segment or batch.
     fn parse(&mut self) -> Result<Option<Record>> {
-        while let Some((from, bytes, at)) = self.batches.front_mut() {
+        while let Some((from, bytes, at, _)) = self.batches.front_mut() {
             let from = *from;
             if *at == bytes.len() {
                 self.batches.pop_front();

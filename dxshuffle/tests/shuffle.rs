@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{nodes, run, Case, Kind};
+use common::{nodes, nodes_with, run, Case, Kind};
 use dxnet::{Node, NodeId};
 use dxshuffle::{Mode, Shuffle, ShuffleConfig, ShuffleError};
 
@@ -66,6 +66,76 @@ fn messages_loopback_and_tcp() {
             per_worker: 300,
         });
     }
+}
+
+/// Messages mode keeps the batches a process has not read within the
+/// sending process's flow-control window: a pusher to a process that does
+/// not pull yet cannot run ahead by more (nor does it block a handler
+/// thread there), and once that process pulls, every record arrives once
+/// and in order.
+#[test]
+fn messages_mode_holds_unread_batches_within_the_window() {
+    const WINDOW: usize = 64 << 10;
+    const RECORD: usize = 100;
+    const RECORDS: u64 = (10 * WINDOW / RECORD) as u64;
+    let nodes = nodes_with(Kind::Tcp, 2, |c| {
+        c.limits.flow_control_window = WINDOW;
+        c.limits.send_timeout_ms = 60_000;
+    });
+    let mut cfg = ShuffleConfig::new(vec![NodeId(0), NodeId(1)], 1);
+    cfg.mode = Mode::Messages;
+    cfg.segment_bytes = 4096;
+    cfg.batch_bytes = 1024;
+    cfg.timeout = Duration::from_secs(60);
+    let make = |n: Arc<Node>| {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || Shuffle::new(n, cfg).unwrap())
+    };
+    let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let record = |i: u64| {
+        let mut r = vec![(i % 253) as u8; RECORD];
+        r[..8].copy_from_slice(&i.to_le_bytes());
+        r
+    };
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushing = {
+        let (a, done) = (a.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut p = a.pusher(0).unwrap();
+            for i in 0..RECORDS {
+                p.push_bytes(1, &record(i)).unwrap();
+            }
+            p.finish().unwrap();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    // Ten windows of records and nobody pulls at process 1: the pusher
+    // cannot be done, however long it has.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "ten windows pushed while nobody pulled"
+    );
+    let a_pulls = {
+        let a = a.clone();
+        std::thread::spawn(move || a.puller(0).unwrap().count())
+    };
+    b.pusher(0).unwrap().finish().unwrap();
+    let mut next = 0u64;
+    for r in b.puller(0).unwrap() {
+        let r = r.unwrap();
+        assert_eq!(r.from, 0);
+        assert_eq!(
+            r.bytes(),
+            &record(next)[..],
+            "record {next} once and in order"
+        );
+        next += 1;
+    }
+    assert_eq!(next, RECORDS);
+    pushing.join().unwrap();
+    assert_eq!(a_pulls.join().unwrap(), 0);
 }
 
 #[test]

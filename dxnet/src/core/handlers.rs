@@ -228,7 +228,12 @@ impl Core {
     /// Runs the receiver of one message from `conn`; returns the bytes
     /// whose flow-control window its receiver holds on to (see
     /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
-    pub(super) fn dispatch(&self, conn: &Arc<Connection>, h: &MessageHeader, payload: &[u8]) -> u64 {
+    pub(super) fn dispatch(
+        &self,
+        conn: &Arc<Connection>,
+        h: &MessageHeader,
+        payload: &[u8],
+    ) -> u64 {
         let src = conn.peer;
         let kind = h.kind();
         if kind.is_response() {
@@ -254,7 +259,11 @@ impl Core {
         match &entry.kind {
             HandlerKind::Held(f) if kind == MessageKind::Plain => {
                 let bytes = (HEADER_LEN + payload.len()) as u64;
-                f(src, payload, crate::HeldWindow::new(self.me.clone(), conn, bytes));
+                f(
+                    src,
+                    payload,
+                    crate::HeldWindow::new(self.me.clone(), conn, bytes),
+                );
                 return bytes;
             }
             HandlerKind::Held(_) => self.drop_unknown(src, h),

@@ -53,6 +53,11 @@ fn base_port(n: u16) -> u16 {
 }
 
 pub fn nodes(kind: Kind, n: u16) -> Vec<Arc<Node>> {
+    nodes_with(kind, n, |_| {})
+}
+
+/// [`nodes`] with each configuration changed by `tweak`.
+pub fn nodes_with(kind: Kind, n: u16, tweak: impl Fn(&mut Config)) -> Vec<Arc<Node>> {
     static FABRIC: AtomicU64 = AtomicU64::new(0);
     let fabric = format!("shuffle-{}", FABRIC.fetch_add(1, Ordering::SeqCst));
     let base = if kind == Kind::Loopback {
@@ -70,6 +75,7 @@ pub fn nodes(kind: Kind, n: u16) -> Vec<Arc<Node>> {
             // 2-core machine: idle threads must not hog it.
             c.park.spin_us = 20;
             c.park.yield_us = 200;
+            tweak(&mut c);
             Arc::new(Node::start(c).unwrap())
         })
         .collect()
