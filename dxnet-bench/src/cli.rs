@@ -142,9 +142,25 @@ struct ShuffleCli {
     /// `tcp` (127.0.0.1) or `ib` (the device in RDMA_DEV).
     #[arg(long, default_value = "tcp")]
     transport: String,
-    /// Modes, e.g. `one-sided,messages`.
+    /// Modes, e.g. `one-sided,messages`; `mpi` adds the same exchange with
+    /// Open MPI's `MPI_Alltoallv` (needs `mpicc` and `mpirun`: Debian's
+    /// `libopenmpi-dev` and `openmpi-bin`).
     #[arg(long, value_delimiter = ',', default_value = "one-sided,messages")]
     mode: Vec<String>,
+    /// MPI mode: records per worker per `MPI_Alltoallv` round (0: all in
+    /// one). The default was the fastest of 1000–64000 and one round for
+    /// 100 B records on a 2-core host.
+    #[arg(long, default_value_t = 4000)]
+    mpi_chunk: u64,
+    /// MPI mode: options for `mpirun`. The default keeps Open MPI on TCP
+    /// over loopback, as dxnet's TCP runs (the ob1 layer with the tcp
+    /// transport: no shared memory, no UCX).
+    #[arg(
+        long,
+        default_value = "--mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo",
+        allow_hyphen_values = true
+    )]
+    mpirun_options: String,
     /// Bytes of each sender's segment at each receiver.
     #[arg(long, default_value_t = 65536)]
     segment: usize,
@@ -177,6 +193,8 @@ impl ShuffleCli {
             batch: self.batch,
             rounds: self.rounds,
             base_port: self.base_port,
+            mpi_chunk: self.mpi_chunk,
+            mpirun_options: self.mpirun_options.clone(),
         })
     }
 }

@@ -1,5 +1,7 @@
 //! `dxnet-bench shuffle`: a dxshuffle all-to-all among P processes × T
-//! threads, one-sided against messages mode on the same transport, in
+//! threads, one-sided against messages mode on the same transport, and
+//! against the same exchange with Open MPI's `MPI_Alltoallv` (`mpi`
+//! mode: `mpi/shuffle.c`, built with `mpicc` at the first run), in
 //! alternating rounds.
 //!
 //! Every worker pushes `records` records of `size` bytes to destinations
@@ -38,7 +40,7 @@ pub struct ShuffleArgs {
     /// `tcp` or `ib`.
     pub transport: String,
     /// Modes, each run per round.
-    pub modes: Vec<Mode>,
+    pub modes: Vec<BenchMode>,
     /// Segment bytes (dxshuffle's `segment_bytes`).
     pub segment: usize,
     /// Batch bytes (dxshuffle's `batch_bytes`).
@@ -47,6 +49,19 @@ pub struct ShuffleArgs {
     pub rounds: u32,
     /// First port of the node map (127.0.0.1).
     pub base_port: u16,
+    /// MPI mode: records per worker per `MPI_Alltoallv` round (0: one).
+    pub mpi_chunk: u64,
+    /// MPI mode: options for `mpirun`.
+    pub mpirun_options: String,
+}
+
+/// What one run of the benchmark uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchMode {
+    /// dxshuffle in this mode.
+    Shuffle(Mode),
+    /// Open MPI's `MPI_Alltoallv`, one rank per process.
+    Mpi,
 }
 
 /// One process's result line.
@@ -70,19 +85,21 @@ struct RunResult {
     elapsed_s: f64,
 }
 
-/// Parses `one-sided` / `messages`.
-pub fn parse_mode(s: &str) -> Result<Mode> {
+/// Parses `one-sided` / `messages` / `mpi`.
+pub fn parse_mode(s: &str) -> Result<BenchMode> {
     match s {
-        "one-sided" | "one_sided" => Ok(Mode::OneSided),
-        "messages" => Ok(Mode::Messages),
-        other => bail!("mode {other}: one-sided or messages"),
+        "one-sided" | "one_sided" => Ok(BenchMode::Shuffle(Mode::OneSided)),
+        "messages" => Ok(BenchMode::Shuffle(Mode::Messages)),
+        "mpi" => Ok(BenchMode::Mpi),
+        other => bail!("mode {other}: one-sided, messages or mpi"),
     }
 }
 
-fn mode_name(m: Mode) -> &'static str {
+fn mode_name(m: BenchMode) -> &'static str {
     match m {
-        Mode::OneSided => "one-sided",
-        _ => "messages",
+        BenchMode::Shuffle(Mode::OneSided) => "one-sided",
+        BenchMode::Shuffle(_) => "messages",
+        BenchMode::Mpi => "mpi",
     }
 }
 
@@ -99,7 +116,7 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
         "{:>5} {:>10} {:>12} {:>10} {:>12} {:>14} {:>10}",
         "round", "mode", "records/s", "MB/s", "cpu_us/rec", "blocked_ms/p", "time_s"
     );
-    let mut all: Vec<(Mode, RunResult)> = Vec::new();
+    let mut all: Vec<(BenchMode, RunResult)> = Vec::new();
     for round in 0..a.rounds {
         // Alternate the order of the modes between rounds.
         let mut modes = a.modes.clone();
@@ -107,7 +124,10 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
             modes.reverse();
         }
         for &m in &modes {
-            let r = one_run(a, m, round)?;
+            let r = match m {
+                BenchMode::Shuffle(mode) => one_run(a, mode, round)?,
+                BenchMode::Mpi => mpi_run(a)?,
+            };
             println!(
                 "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.2} {:>14.1} {:>10.2}",
                 round,
@@ -144,11 +164,19 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
         );
         medians.push((m, rate));
     }
-    if let (Some(o), Some(s)) = (
-        medians.iter().find(|(m, _)| *m == Mode::OneSided),
-        medians.iter().find(|(m, _)| *m == Mode::Messages),
-    ) {
-        println!("one-sided / messages (records/s): {:.2}x", o.1 / s.1);
+    let rate = |m: BenchMode| medians.iter().find(|(x, _)| *x == m).map(|(_, r)| *r);
+    let (one_sided, messages, mpi) = (
+        rate(BenchMode::Shuffle(Mode::OneSided)),
+        rate(BenchMode::Shuffle(Mode::Messages)),
+        rate(BenchMode::Mpi),
+    );
+    if let (Some(o), Some(s)) = (one_sided, messages) {
+        println!("one-sided / messages (records/s): {:.2}x", o / s);
+    }
+    for (name, r) in [("one-sided", one_sided), ("messages", messages)] {
+        if let (Some(r), Some(m)) = (r, mpi) {
+            println!("{name} / mpi (records/s): {:.2}x", r / m);
+        }
     }
     Ok(())
 }
@@ -173,7 +201,7 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
                 .args(["--size", &a.size.to_string()])
                 .args(["--skew", &a.skew.to_string()])
                 .args(["--transport", &a.transport])
-                .args(["--mode", mode_name(mode)])
+                .args(["--mode", mode_name(BenchMode::Shuffle(mode))])
                 .args(["--segment", &a.segment.to_string()])
                 .args(["--batch", &a.batch.to_string()])
                 .args(["--base-port", &base.to_string()])
@@ -240,6 +268,86 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
     })
 }
 
+/// The MPI peer's source (`mpi/shuffle.c`).
+const MPI_SOURCE: &str = include_str!("../mpi/shuffle.c");
+
+/// The MPI peer, compiled with `mpicc` into the temporary directory once
+/// per version of its source.
+fn mpi_program() -> Result<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    MPI_SOURCE.hash(&mut h);
+    let dir = std::env::temp_dir().join(format!("dxnet-bench-mpi-{:016x}", h.finish()));
+    let exe = dir.join("shuffle-mpi");
+    if exe.exists() {
+        return Ok(exe);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join("shuffle.c");
+    std::fs::write(&src, MPI_SOURCE)?;
+    let tmp = dir.join(format!("shuffle-mpi.{}", std::process::id()));
+    let st = Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .context("running mpicc (Debian: libopenmpi-dev)")?;
+    if !st.success() {
+        bail!("mpicc failed on {}: {st}", src.display());
+    }
+    std::fs::rename(&tmp, &exe)?;
+    Ok(exe)
+}
+
+/// One run of the MPI peer: `procs` ranks of `mpirun` on this host.
+fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
+    if a.transport != "tcp" {
+        bail!("the mpi mode runs on the host (transport tcp)");
+    }
+    let exe = mpi_program()?;
+    let out = Command::new("mpirun")
+        // Root in containers and VMs; more ranks than cores.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-np", &a.procs.to_string()])
+        .args(a.mpirun_options.split_whitespace())
+        .arg(&exe)
+        .args([
+            a.threads.to_string(),
+            a.records.to_string(),
+            a.size.to_string(),
+            a.skew.to_string(),
+            a.mpi_chunk.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .context("running mpirun (Debian: openmpi-bin)")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "mpirun failed ({}): {}{}",
+            out.status,
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let line = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("RESULT "))
+        .ok_or_else(|| anyhow!("no result from the MPI run: {stdout}"))?;
+    let r = parse_result(line)?;
+    if r.pushed != r.received {
+        bail!("MPI: {} records pushed, {} received", r.pushed, r.received);
+    }
+    Ok(RunResult {
+        records_per_s: r.received as f64 / r.elapsed_s,
+        bytes_per_s: r.bytes as f64 / r.elapsed_s,
+        cpu_us_per_record: r.cpu_s * 1e6 / r.received.max(1) as f64,
+        blocked_ms_per_pusher: 0.0,
+        elapsed_s: r.elapsed_s,
+    })
+}
+
 fn parse_result(s: &str) -> Result<ProcResult> {
     let mut r = ProcResult::default();
     for kv in s.split_whitespace() {
@@ -290,7 +398,10 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     c.limits.send_timeout_ms = 60_000;
     let node = Arc::new(Node::start(c)?);
     let mut cfg = ShuffleConfig::new((0..procs).map(NodeId).collect(), a.threads);
-    cfg.mode = a.modes[0];
+    cfg.mode = match a.modes[0] {
+        BenchMode::Shuffle(m) => m,
+        BenchMode::Mpi => bail!("shuffle-node runs dxshuffle modes only"),
+    };
     cfg.segment_bytes = a.segment;
     cfg.batch_bytes = a.batch;
     cfg.timeout = Duration::from_secs(120);

@@ -496,3 +496,60 @@ fn shuffle_between_processes() {
     assert!(text.contains("one-sided / messages (records/s)"), "{text}");
     assert_eq!(text.matches(" one-sided ").count(), 2, "{text}");
 }
+
+/// `shuffle --mode messages,mpi`: the MPI peer (Open MPI's
+/// `MPI_Alltoallv`, built with `mpicc`) exchanges the same records between
+/// the same number of processes, and the run fails unless every rank
+/// received every record addressed to it. Needs `mpicc` and `mpirun`
+/// (Debian: `libopenmpi-dev`, `openmpi-bin`; CI installs them): skipped
+/// without them, except under CI, where it fails.
+#[test]
+fn shuffle_mpi_peer() {
+    let _g = serial();
+    let have = |c: &str| Command::new(c).arg("--version").output().is_ok();
+    if !(have("mpicc") && have("mpirun")) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI: mpicc and mpirun are missing"
+        );
+        println!("skipped: no Open MPI (install libopenmpi-dev and openmpi-bin)");
+        return;
+    }
+    let out = Command::new(EXE)
+        .args([
+            "shuffle",
+            "--procs",
+            "3",
+            "--threads",
+            "2",
+            "--records",
+            "3000",
+            "--size",
+            "100",
+            "--skew",
+            "0.2",
+            "--mode",
+            "messages,mpi",
+            "--mpi-chunk",
+            "700",
+            "--rounds",
+            "1",
+            "--base-port",
+            "15850",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("messages / mpi (records/s)"), "{text}");
+    let rows = |mode: &str| {
+        text.lines()
+            .filter(|l| l.split_whitespace().take(2).eq(["0", mode]))
+            .count()
+    };
+    assert_eq!((rows("messages"), rows("mpi")), (1, 1), "{text}");
+}
