@@ -67,7 +67,9 @@
 //! and up to `threads` outgoing buffers of `workers × segment_bytes` each
 //! (one-sided). In messages mode each pusher holds one batch per
 //! destination, and the inboxes of a process hold at most dxnet's
-//! `flow_control_window` of unread batches per sending process.
+//! `flow_control_window` of unread batches per other sending process
+//! (batches a process sends to its own pullers are not held back: they
+//! take no connection).
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.

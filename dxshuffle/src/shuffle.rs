@@ -70,6 +70,10 @@ struct Routes {
     inboxes: Vec<Sender<Note>>,
     /// Per local thread: the waker of its puller polled as a `Stream`.
     stream_wakers: Vec<Mutex<Option<Waker>>>,
+    /// Messages mode, per local thread: storage of batches its puller has
+    /// read, for the next batches (a fresh buffer per batch, freed on
+    /// another thread, costs page faults).
+    spare_batches: Vec<Mutex<Vec<Vec<u8>>>>,
     /// Region id → local thread.
     region_thread: HashMap<u32, usize>,
     /// Tail reported by each destination, per local pusher:
@@ -129,9 +133,12 @@ impl Routes {
         if to / self.threads != self.me || from >= self.workers {
             return;
         }
-        let _ = self.inboxes[to % self.threads].send(Note::Batch {
+        let t = to % self.threads;
+        let mut bytes = self.spare_batches[t].lock().pop().unwrap_or_default();
+        bytes.extend_from_slice(&payload[8..]);
+        let _ = self.inboxes[t].send(Note::Batch {
             from,
-            bytes: payload[8..].to_vec(),
+            bytes,
             window,
         });
         self.wake_stream(to % self.threads);
@@ -217,6 +224,7 @@ impl Shuffle {
             me,
             inboxes: senders,
             stream_wakers: (0..cfg.threads).map(|_| Mutex::new(None)).collect(),
+            spare_batches: (0..cfg.threads).map(|_| Mutex::new(Vec::new())).collect(),
             region_thread: incoming
                 .iter()
                 .enumerate()
@@ -797,6 +805,23 @@ pub struct Puller {
     batches: VecDeque<(usize, Vec<u8>, usize, HeldWindow)>,
 }
 
+/// Where a parsed record's bytes are, until the puller parses again.
+struct At {
+    /// The worker that pushed it (one-sided: also its segment).
+    from: usize,
+    place: Place,
+    start: usize,
+    len: usize,
+}
+
+/// The buffer an [`At`] points into.
+enum Place {
+    /// The front batch (messages mode).
+    Batch,
+    /// The sender's segment buffer (one-sided mode).
+    Segment,
+}
+
 impl std::fmt::Debug for Puller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Puller")
@@ -810,6 +835,18 @@ impl Puller {
     /// The next record; `None` once every worker finished. Waits up to the
     /// shuffle's timeout for one.
     pub fn next_record(&mut self) -> Result<Option<Record>> {
+        Ok(self.next_loc()?.map(|at| self.record(at)))
+    }
+
+    /// Like [`Puller::next_record`], but lends the record's sender and
+    /// bytes to `f` instead of copying them into a [`Record`]: no
+    /// allocation per record.
+    pub fn next_with<R>(&mut self, f: impl FnOnce(usize, &[u8]) -> R) -> Result<Option<R>> {
+        Ok(self.next_loc()?.map(|at| f(at.from, self.bytes_at(&at))))
+    }
+
+    /// Where the next record is, waiting for one (see `next_record`).
+    fn next_loc(&mut self) -> Result<Option<At>> {
         let mut deadline = None;
         loop {
             self.drain_inbox()?;
@@ -838,7 +875,24 @@ impl Puller {
         if r.is_none() {
             self.report_all()?;
         }
-        Ok(r)
+        Ok(r.map(|at| self.record(at)))
+    }
+
+    /// The bytes of the record at `at` (valid until the next parse).
+    fn bytes_at(&self, at: &At) -> &[u8] {
+        let buf = match at.place {
+            Place::Batch => &self.batches.front().expect("the record's batch").1,
+            Place::Segment => &self.segs[at.from].buf,
+        };
+        &buf[at.start..at.start + at.len]
+    }
+
+    /// The record at `at`, copied out.
+    fn record(&self, at: At) -> Record {
+        Record {
+            from: at.from,
+            bytes: self.bytes_at(&at).to_vec(),
+        }
     }
 
     /// Whether every worker finished and every record was read.
@@ -887,12 +941,24 @@ impl Puller {
         }
     }
 
+    /// Keeps a read batch's storage for the next batches to this puller.
+    fn keep_batch(&self, bytes: &mut Vec<u8>) {
+        const KEEP: usize = 64;
+        let mut spare = self.inner.routes.spare_batches[self.thread].lock();
+        if spare.len() < KEEP {
+            bytes.clear();
+            spare.push(std::mem::take(bytes));
+        }
+    }
+
     /// The next record of any ready segment or batch.
-    fn parse(&mut self) -> Result<Option<Record>> {
+    fn parse(&mut self) -> Result<Option<At>> {
         while let Some((from, bytes, at, _)) = self.batches.front_mut() {
             let from = *from;
             if *at == bytes.len() {
-                self.batches.pop_front();
+                if let Some((_, mut bytes, _, _window)) = self.batches.pop_front() {
+                    self.keep_batch(&mut bytes);
+                }
                 continue;
             }
             let rest = &bytes[*at..];
@@ -909,11 +975,13 @@ impl Puller {
             if h > frame::MAX_LEN || rest.len() - frame::HEADER < n {
                 return Err(corrupt(from, "a record runs past its batch"));
             }
-            let record = rest[frame::HEADER..frame::HEADER + n].to_vec();
+            let start = *at + frame::HEADER;
             *at += frame::HEADER + n;
-            return Ok(Some(Record {
+            return Ok(Some(At {
                 from,
-                bytes: record,
+                place: Place::Batch,
+                start,
+                len: n,
             }));
         }
         while let Some(&seg) = self.ready.front() {
@@ -938,7 +1006,7 @@ impl Puller {
     }
 
     /// The next record of `seg`'s segment, if a whole one is written.
-    fn parse_segment(&mut self, seg: usize) -> Result<Option<Record>> {
+    fn parse_segment(&mut self, seg: usize) -> Result<Option<At>> {
         let size = self.inner.cfg.segment_bytes;
         loop {
             let s = &self.segs[seg];
@@ -975,10 +1043,14 @@ impl Puller {
                         return Ok(None); // the rest is still coming
                     }
                     let s = &self.segs[seg];
-                    let i = (read - s.buf_from) as usize + frame::HEADER;
-                    let bytes = s.buf[i..i + n].to_vec();
+                    let start = (read - s.buf_from) as usize + frame::HEADER;
                     self.consumed(seg, read + len as u64)?;
-                    return Ok(Some(Record { from: seg, bytes }));
+                    return Ok(Some(At {
+                        from: seg,
+                        place: Place::Segment,
+                        start,
+                        len: n,
+                    }));
                 }
             }
         }

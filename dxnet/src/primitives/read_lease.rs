@@ -21,7 +21,9 @@ pub struct ReadLease {
     missed: AtomicBool,
 }
 
-/// A held [`ReadLease`]; dropping it lets go without looking at notes.
+/// A held [`ReadLease`]. Dropping it lets go without looking at notes:
+/// right for the regular reader (the only one that leaves notes); other
+/// holders call [`Lease::release`].
 #[derive(Debug)]
 pub struct Lease<'a> {
     lease: &'a ReadLease,

@@ -175,26 +175,42 @@ pub fn run(case: Case) {
                         s.spawn(move || {
                             let mut next_seq: HashMap<usize, u64> = HashMap::new();
                             let mut n = 0u64;
-                            for r in puller.by_ref() {
-                                let r = r.unwrap();
-                                let bytes = match r.bytes()[0] {
-                                    RAW => r.bytes()[1..].to_vec(),
+                            // Half the pullers borrow each record's bytes.
+                            let lend = t % 2 == 1;
+                            loop {
+                                let (r_from, raw) = if lend {
+                                    match puller.next_with(|f, b| (f, b.to_vec())).unwrap() {
+                                        Some(x) => x,
+                                        None => break,
+                                    }
+                                } else {
+                                    match puller.next() {
+                                        Some(r) => {
+                                            let r = r.unwrap();
+                                            (r.from, r.into_bytes())
+                                        }
+                                        None => break,
+                                    }
+                                };
+                                let bytes = match raw[0] {
+                                    RAW => raw[1..].to_vec(),
                                     _ => {
-                                        let (m, b) = r.decode::<(u8, Vec<u8>)>().unwrap();
+                                        let (m, b) =
+                                            dxnet::proto::codec::decode::<(u8, Vec<u8>)>(&raw)
+                                                .unwrap();
                                         assert_eq!(m, SERDE);
                                         b
                                     }
                                 };
                                 let from = u32::from_le_bytes(bytes[..4].try_into().unwrap());
-                                assert_eq!(from as usize, r.from, "sender");
+                                assert_eq!(from as usize, r_from, "sender");
                                 let seq = u64::from_le_bytes(bytes[4..12].try_into().unwrap());
-                                let want = next_seq.entry(r.from).or_insert(0);
-                                assert_eq!(seq, *want, "worker {me}: order from {}", r.from);
+                                let want = next_seq.entry(r_from).or_insert(0);
+                                assert_eq!(seq, *want, "worker {me}: order from {r_from}");
                                 *want += 1;
                                 assert!(
-                                    bytes == record(r.from, me, seq, bytes.len() - 12),
-                                    "worker {me}: record {seq} from {} damaged",
-                                    r.from
+                                    bytes == record(r_from, me, seq, bytes.len() - 12),
+                                    "worker {me}: record {seq} from {r_from} damaged"
                                 );
                                 n += 1;
                             }

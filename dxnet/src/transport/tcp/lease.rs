@@ -37,6 +37,7 @@ use std::task::{Wake, Waker};
 use super::recv::ReadOutcome;
 use super::*;
 use crate::primitives::park::YieldingSpin;
+use crate::primitives::read_lease::Lease;
 use crate::transport::ResponseWait;
 
 /// Whether a connection's socket is in the receive poll.
@@ -179,6 +180,7 @@ impl TcpEngine {
         let tc = core.engine_half::<TcpConn>(w.peer)?;
         let reader = tc.read.try_take()?;
         if !self.out_of_poll(&tc) {
+            self.hand_back(&tc, reader);
             return None;
         }
         let fd = tc.stream.as_raw_fd();
@@ -235,11 +237,17 @@ impl TcpEngine {
             sw.asleep.store(false, Ordering::Relaxed);
         }
         self.back_in_poll(&tc);
-        if reader.release() {
+        self.hand_back(&tc, reader);
+        Some(answered_spinning)
+    }
+
+    /// Lets the lease go; a receive thread that skipped the socket
+    /// meanwhile is told to read it.
+    fn hand_back(&self, tc: &Arc<TcpConn>, lease: Lease<'_>) {
+        if lease.release() {
             self.kick.lock().push(tc.clone());
             self.wake_receiver();
         }
-        Some(answered_spinning)
     }
 
     /// Reads until the socket has no more data (delivering, never handling
