@@ -6,8 +6,10 @@
 //! runs `threads` workers. Worker `w = p * threads + t` is thread `t` of
 //! process `p`. Each worker pushes records to any worker with a
 //! [`Pusher`] and reads the records addressed to it with a [`Puller`]: a
-//! blocking `Iterator`, [`Puller::try_next`] without waiting, or an async
-//! `Stream` (`futures_core::Stream`).
+//! blocking `Iterator`, [`Puller::try_next`] without waiting, an async
+//! `Stream` (`futures_core::Stream`), or [`Puller::next_with`], which
+//! lends each record's bytes to a closure instead of copying them into a
+//! [`Record`] (no allocation per record).
 //!
 //! ```no_run
 //! # fn demo(node: std::sync::Arc<dxnet::Node>) -> Result<(), dxshuffle::ShuffleError> {
