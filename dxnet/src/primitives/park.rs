@@ -33,15 +33,38 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// Spinning only helps while a core is free: with more runnable threads than
 /// cores, a spinning thread takes the core from the very thread that would
 /// produce its work (measured here: a 64-byte round trip between two
-/// processes on two cores took 340 µs with every thread spinning 50 µs, and
-/// 20 µs with none spinning). So idle threads spin only within a budget,
-/// `park.max_spinning` or, by default, a quarter of the cores (none on a
-/// two-core machine), and park otherwise.
+/// processes on two cores took 340 µs with every thread spinning 50 µs
+/// without yielding, and 20 µs with none spinning). So idle threads spin
+/// only within a budget, `park.max_spinning` or, by default, half of the
+/// cores (at least one), they give the core away every few polls, and one
+/// that finds its core wanted by another thread parks (see
+/// [`CONTENDED_YIELD`]).
 fn spin_budget(cfg: &ParkConfig) -> usize {
     static AUTO: OnceLock<usize> = OnceLock::new();
     cfg.max_spinning.unwrap_or_else(|| {
-        *AUTO.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) / 4)
+        *AUTO.get_or_init(|| {
+            (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
+        })
     })
+}
+
+/// A `sched_yield` that took at least this long ran another thread
+/// meanwhile: a thread of this or another process wants the core, so an
+/// idle thread stops spinning and parks rather than share the core with
+/// it. One that returns sooner found nothing else runnable: spinning costs
+/// nobody anything then, and saves the wake-up (3–55 µs on small VMs, where
+/// a halted virtual CPU must be woken by an interrupt).
+pub const CONTENDED_YIELD: Duration = Duration::from_micros(10);
+
+/// Spin-phase polls between two yields.
+const POLLS_PER_YIELD: u32 = 16;
+
+/// Gives the core away; true if another thread ran meanwhile (the yield
+/// took [`CONTENDED_YIELD`] or longer).
+fn yield_contended() -> bool {
+    let t = Instant::now();
+    std::thread::yield_now();
+    t.elapsed() >= CONTENDED_YIELD
 }
 
 /// Per-thread idle state machine: call [`Idle::reset`] after finding work and
@@ -162,21 +185,39 @@ impl Idle {
         self.step_hinting_every(8)
     }
 
+    /// A spin step yields every [`POLLS_PER_YIELD`] polls (the first one
+    /// included) and a yield step
+    /// every poll; a yield that ran another thread ends the spinning (the
+    /// caller parks, see [`CONTENDED_YIELD`]).
     #[inline]
     fn step_hinting_every(&mut self, n: u32) -> bool {
-        match self.phase() {
+        self.step_with(n, yield_contended)
+    }
+
+    /// [`Idle::step_hinting_every`] with the yield given (tests pass one
+    /// that reports contention or not).
+    #[inline]
+    fn step_with(&mut self, n: u32, yield_now: impl FnOnce() -> bool) -> bool {
+        let contended = match self.phase() {
             IdlePhase::Spin => {
-                if self.polls % n == 0 {
-                    std::hint::spin_loop();
+                // From the first poll on: a busy core is noticed at once.
+                if self.polls % POLLS_PER_YIELD == 1 {
+                    yield_now()
+                } else {
+                    if self.polls % n == 0 {
+                        std::hint::spin_loop();
+                    }
+                    false
                 }
-                false
             }
-            IdlePhase::Yield => {
-                std::thread::yield_now();
-                false
-            }
-            IdlePhase::Park => true,
+            IdlePhase::Yield => yield_now(),
+            IdlePhase::Park => return true,
+        };
+        if contended {
+            self.phase = IdlePhase::Park;
+            self.release();
         }
+        contended
     }
 }
 
@@ -582,6 +623,44 @@ mod tests {
         // No spinning budget: park at once however long spinning is allowed.
         let mut none = Idle::new(&cfg(0));
         assert_eq!(none.phase(), IdlePhase::Park);
+    }
+
+    #[test]
+    fn idle_thread_parks_once_a_yield_ran_another_thread() {
+        // A budget far above what other tests hold at the same time (the
+        // count is process-wide).
+        let cfg = ParkConfig {
+            spin_us: 10_000_000,
+            yield_us: 20_000_000,
+            max_spinning: Some(1000),
+            ..ParkConfig::default()
+        };
+        let mut idle = Idle::new(&cfg);
+        // Yields that find the core free: spinning goes on, yielding at the
+        // first poll and every `POLLS_PER_YIELD` polls after it.
+        let mut yields = 0;
+        for _ in 0..(3 * POLLS_PER_YIELD) {
+            assert!(!idle.step_with(1, || {
+                yields += 1;
+                false
+            }));
+        }
+        assert_eq!(yields, 3);
+        assert!(idle.spinning);
+        // A yield that ran another thread: park, and the budget is given back.
+        let mut parked = false;
+        for _ in 0..POLLS_PER_YIELD {
+            parked = idle.step_with(1, || true);
+            if parked {
+                break;
+            }
+        }
+        assert!(parked);
+        assert!(!idle.spinning);
+        // Work found: the next idle period spins again.
+        idle.reset();
+        assert!(!idle.step_with(1, || false));
+        assert!(idle.spinning);
     }
 
     #[test]
