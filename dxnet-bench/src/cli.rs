@@ -170,9 +170,18 @@ struct ShuffleCli {
     /// Rounds (modes alternate within each).
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// First port of the node map (127.0.0.1).
+    /// First port of the node map (127.0.0.1); with --netns the port of
+    /// every process.
     #[arg(long, default_value_t = 24600)]
     base_port: u16,
+    /// One network namespace per process on a bridge (root; TCP over veth
+    /// links instead of loopback, as if on separate hosts; not for the
+    /// mpi mode, whose launcher cannot reach ranks in other namespaces).
+    #[arg(long)]
+    netns: bool,
+    /// Namespace name prefix for --netns.
+    #[arg(long, default_value = "dxs")]
+    netns_prefix: String,
 }
 
 impl ShuffleCli {
@@ -195,6 +204,9 @@ impl ShuffleCli {
             base_port: self.base_port,
             mpi_chunk: self.mpi_chunk,
             mpirun_options: self.mpirun_options.clone(),
+            netns: self
+                .netns
+                .then(|| Layout::new(&self.netns_prefix, self.procs, 1500)),
         })
     }
 }

@@ -23,6 +23,7 @@ use dxnet::{Config, Node, NodeId, TransportKind};
 use dxshuffle::{Mode, Shuffle, ShuffleConfig};
 
 use crate::metrics::process_cpu_s;
+use crate::netns::{Guard, Layout};
 
 /// What `shuffle` runs.
 #[derive(Debug, Clone)]
@@ -53,6 +54,9 @@ pub struct ShuffleArgs {
     pub mpi_chunk: u64,
     /// MPI mode: options for `mpirun`.
     pub mpirun_options: String,
+    /// One network namespace per process (TCP over veth links): process
+    /// `p` runs in `namespace(p)` at `address(p)`, port `base_port`.
+    pub netns: Option<Layout>,
 }
 
 /// What one run of the benchmark uses.
@@ -112,6 +116,24 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
         "shuffle: {} processes x {} threads, {} records of {} B per worker, skew {}, {} transport, segments {} B, batches {} B",
         a.procs, a.threads, a.records, a.size, a.skew, a.transport, a.segment, a.batch
     );
+    let _guard = match &a.netns {
+        Some(l) => {
+            if a.transport != "tcp" {
+                bail!("--netns runs over tcp");
+            }
+            l.setup()?;
+            println!(
+                "network namespaces {}0..{}{} ({}..{})",
+                l.prefix,
+                l.prefix,
+                a.procs - 1,
+                l.address(0),
+                l.address(a.procs - 1)
+            );
+            Some(Guard(l.clone()))
+        }
+        None => None,
+    };
     println!(
         "{:>5} {:>10} {:>12} {:>10} {:>12} {:>14} {:>10}",
         "round", "mode", "records/s", "MB/s", "cpu_us/rec", "blocked_ms/p", "time_s"
@@ -192,9 +214,21 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
         };
     let mut children: Vec<Child> = (0..a.procs)
         .map(|p| {
-            Command::new(&exe)
-                .arg("shuffle-node")
-                .args(["--proc", &p.to_string()])
+            let mut cmd = match &a.netns {
+                Some(l) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", &l.namespace(p)]).arg(&exe);
+                    c.arg("shuffle-node");
+                    c.args(["--netns", "--netns-prefix", &l.prefix]);
+                    c
+                }
+                None => {
+                    let mut c = Command::new(&exe);
+                    c.arg("shuffle-node");
+                    c
+                }
+            };
+            cmd.args(["--proc", &p.to_string()])
                 .args(["--procs", &a.procs.to_string()])
                 .args(["--threads", &a.threads.to_string()])
                 .args(["--records", &a.records.to_string()])
@@ -305,9 +339,14 @@ fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
         bail!("the mpi mode runs on the host (transport tcp)");
     }
     let exe = mpi_program()?;
-    let out = Command::new("mpirun")
-        // Root in containers and VMs; more ranks than cores.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    if a.netns.is_some() {
+        // Measured: its ranks fail in MPI_Init ("Unreachable"), as the PMIx
+        // server of `mpirun` listens on the host's loopback only.
+        bail!("the mpi mode runs without --netns: Open MPI's launcher cannot reach ranks in other network namespaces");
+    }
+    let mut cmd = Command::new("mpirun");
+    // Root in containers and VMs; more ranks than cores.
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .args(["--oversubscribe", "-np", &a.procs.to_string()])
         .args(a.mpirun_options.split_whitespace())
@@ -318,7 +357,8 @@ fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
             a.size.to_string(),
             a.skew.to_string(),
             a.mpi_chunk.to_string(),
-        ])
+        ]);
+    let out = cmd
         .stdin(Stdio::null())
         .output()
         .context("running mpirun (Debian: openmpi-bin)")?;
@@ -383,6 +423,11 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     let a = &n.run;
     let procs = a.procs as u16;
     let mut c = Config::tcp_localhost(n.proc as u16, procs, a.base_port);
+    if let Some(l) = &a.netns {
+        for (i, e) in c.nodes.iter_mut().enumerate() {
+            e.address = format!("{}:{}", l.address(i), a.base_port);
+        }
+    }
     if a.transport == "ib" {
         c.transport = TransportKind::Ib;
         // The device the environment names (RDMA_DEV, RDMA_PORT,

@@ -37,8 +37,8 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// without yielding, and 20 µs with none spinning). So idle threads spin
 /// only within a budget, `park.max_spinning` or, by default, half of the
 /// cores (at least one), they give the core away every few polls, and one
-/// that finds its core wanted by another thread parks (see
-/// [`CONTENDED_YIELD`]).
+/// that finds its core wanted by another thread parks, and parks at once
+/// for a while after (see [`CONTENDED_YIELD`]).
 fn spin_budget(cfg: &ParkConfig) -> usize {
     static AUTO: OnceLock<usize> = OnceLock::new();
     cfg.max_spinning.unwrap_or_else(|| {
@@ -55,6 +55,11 @@ fn spin_budget(cfg: &ParkConfig) -> usize {
 /// nobody anything then, and saves the wake-up (3–55 µs on small VMs, where
 /// a halted virtual CPU must be woken by an interrupt).
 pub const CONTENDED_YIELD: Duration = Duration::from_micros(10);
+
+/// After a yield that ran another thread, the idle periods of the next
+/// this long park at once (under steady load every yield would find the
+/// core wanted; one look per period is enough to notice when it is not).
+const CONTENDED_BACKOFF: Duration = Duration::from_micros(250);
 
 /// Spin-phase polls between two yields.
 const POLLS_PER_YIELD: u32 = 16;
@@ -81,6 +86,8 @@ pub struct Idle {
     budget: usize,
     /// Holds one unit of the process-wide spinning budget.
     spinning: bool,
+    /// A yield ran another thread: no spinning before then.
+    contended_until: Option<Instant>,
 }
 
 impl Drop for Idle {
@@ -101,6 +108,7 @@ impl Idle {
             phase: IdlePhase::Spin,
             budget: spin_budget(cfg),
             spinning: false,
+            contended_until: None,
         }
     }
 
@@ -149,9 +157,11 @@ impl Idle {
             if self.spinning && SPINNING.load(Ordering::Relaxed) > self.budget {
                 self.release();
             }
-            let since = *self.idle_since.get_or_insert_with(Instant::now);
-            let idle = since.elapsed();
-            self.phase = if idle < self.yield_until && self.acquire() {
+            let now = Instant::now();
+            let since = *self.idle_since.get_or_insert(now);
+            let idle = now.saturating_duration_since(since);
+            let contended = self.contended_until.is_some_and(|t| now < t);
+            self.phase = if idle < self.yield_until && !contended && self.acquire() {
                 if idle < self.spin {
                     IdlePhase::Spin
                 } else {
@@ -215,6 +225,7 @@ impl Idle {
         };
         if contended {
             self.phase = IdlePhase::Park;
+            self.contended_until = Some(Instant::now() + CONTENDED_BACKOFF);
             self.release();
         }
         contended
@@ -657,7 +668,11 @@ mod tests {
         }
         assert!(parked);
         assert!(!idle.spinning);
-        // Work found: the next idle period spins again.
+        // Work found: the next idle periods park at once for a while, then
+        // spin again.
+        idle.reset();
+        assert!(idle.step_with(1, || false));
+        idle.contended_until = Some(Instant::now());
         idle.reset();
         assert!(!idle.step_with(1, || false));
         assert!(idle.spinning);
