@@ -553,3 +553,53 @@ fn shuffle_mpi_peer() {
     };
     assert_eq!((rows("messages"), rows("mpi")), (1, 1), "{text}");
 }
+
+/// `shuffle --netns`: one process per network namespace, TCP over the veth
+/// links, both modes, every record received (needs root and iproute2:
+/// `cargo test -p dxnet-bench --test e2e -- --ignored`); the mpi mode is
+/// refused there with a clear error before anything is set up.
+#[test]
+#[ignore]
+fn shuffle_in_namespaces() {
+    let _g = serial();
+    let prefix = format!("dxs{}-", std::process::id() % 1000);
+    let run = |mode: &str| {
+        Command::new(EXE)
+            .args([
+                "shuffle",
+                "--procs",
+                "3",
+                "--threads",
+                "2",
+                "--records",
+                "2000",
+                "--size",
+                "100",
+                "--rounds",
+                "1",
+                "--mode",
+                mode,
+                "--netns",
+                "--netns-prefix",
+                &prefix,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run("one-sided,messages");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("network namespaces"), "{text}");
+    assert!(text.contains("one-sided / messages (records/s)"), "{text}");
+    let out = run("messages,mpi");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the mpi mode runs without --netns"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
