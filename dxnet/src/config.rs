@@ -108,12 +108,13 @@ pub struct ParkConfig {
     /// Longest single park in milliseconds (a safety net; wakes are explicit).
     /// Default 100.
     pub max_park_ms: u64,
-    /// How many threads of the process may busy-poll at once; the others park
-    /// at once. Default (`None`): half of the cores, at least one. A
-    /// spinning thread gives its core away every few polls and parks as
-    /// soon as that ran another thread (the core is wanted), so spinning
-    /// never starves working threads; it only saves wake-ups while a core
-    /// would otherwise be idle.
+    /// How many internal threads of the process may busy-poll at once
+    /// (handler threads never do); the others park at once. Default
+    /// (`None`): half of the cores, at least one. A spinning thread gives
+    /// its core away every few polls and parks as soon as that ran another
+    /// thread (the core is wanted), and parks at once for a while after, so
+    /// spinning does not starve working threads; it saves wake-ups while a
+    /// core would otherwise be idle.
     pub max_spinning: Option<usize>,
     /// How long a blocking `request` to a slow peer busy-waits for its
     /// response before it parks, in microseconds (the caller's own thread;

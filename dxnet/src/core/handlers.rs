@@ -11,7 +11,11 @@ thread_local! {
 impl Core {
     pub(super) fn handler_loop(self: Arc<Self>) {
         IS_HANDLER_THREAD.with(|h| h.set(true));
-        let mut idle = Idle::new(&self.config.park);
+        // Handler threads never spin: while all of them are parked a
+        // receive thread handles small buffers inline (no hop at all), and
+        // a spinning handler would take a core from the application's
+        // threads under load.
+        let mut idle = Idle::parking(&self.config.park);
         loop {
             // Parallel messages first: each holds back flow-control window
             // of its connection until it ran.

@@ -112,6 +112,14 @@ impl Idle {
         }
     }
 
+    /// Idle state that never spins: parks as soon as it finds no work.
+    pub fn parking(cfg: &ParkConfig) -> Self {
+        Self {
+            budget: 0,
+            ..Self::new(cfg)
+        }
+    }
+
     fn release(&mut self) {
         if self.spinning {
             self.spinning = false;
