@@ -109,7 +109,7 @@ pub struct ParkConfig {
     /// Default 100.
     pub max_park_ms: u64,
     /// How many internal threads of the process may busy-poll at once
-    /// (handler threads never do); the others park at once. Default
+    /// (handler and send threads never do); the others park at once. Default
     /// (`None`): half of the cores, at least one. A spinning thread gives
     /// its core away every few polls and parks as soon as that ran another
     /// thread (the core is wanted), and parks at once for a while after, so

@@ -43,7 +43,11 @@ pub(crate) trait SendSide {
 
 /// Runs `side`'s send thread until it stops.
 pub(crate) fn run_send_loop(side: &mut impl SendSide, core: &Core) {
-    let mut idle = Idle::new(core.park());
+    // The send thread never spins: while it is parked, requests and
+    // responses are written by the threads that make them (no hop, see
+    // `Core::on_urgent_write_interest`), and plain messages aggregate
+    // during its wake-up.
+    let mut idle = Idle::parking(core.park());
     while !side.stopping() {
         side.round(core);
         let mut worked = false;
