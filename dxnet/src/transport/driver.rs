@@ -1,10 +1,9 @@
 //! The send thread every engine runs: take the connections with data to
 //! write from the write-interest queue, let the engine write each, and when
-//! there is none, spin, yield and park by the node's idle policy
-//! ([`Idle`]). The engine supplies only what differs ([`SendSide`]): how a
-//! connection is written, what else a round does (retire completions,
-//! look at connections waiting for the peer), and how it waits (a poll
-//! set, a wake-up signal).
+//! there is none, park ([`Idle::parking`]). The engine supplies only what
+//! differs ([`SendSide`]): how a connection is written, what else a round
+//! does (retire completions, look at connections waiting for the peer),
+//! and how it waits (a poll set, a wake-up signal).
 
 use std::time::Duration;
 
