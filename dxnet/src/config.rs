@@ -109,7 +109,9 @@ pub struct ParkConfig {
     /// Default 100.
     pub max_park_ms: u64,
     /// How many internal threads of the process may busy-poll at once
-    /// (handler and send threads never do); the others park at once. Default
+    /// (TCP receive threads, senders waiting for flow-control window;
+    /// handler, send and InfiniBand receive threads never do); the others
+    /// park at once. Default
     /// (`None`): half of the cores, at least one. A spinning thread gives
     /// its core away every few polls and parks as soon as that ran another
     /// thread (the core is wanted), and parks at once for a while after, so
