@@ -111,12 +111,11 @@ pub struct ParkConfig {
     /// How many internal threads of the process may busy-poll at once
     /// (TCP receive threads, senders waiting for flow-control window;
     /// handler, send and InfiniBand receive threads never do); the others
-    /// park at once. Default
-    /// (`None`): half of the cores, at least one. A spinning thread gives
-    /// its core away every few polls and parks as soon as that ran another
-    /// thread (the core is wanted), and parks at once for a while after, so
-    /// spinning does not starve working threads; it saves wake-ups while a
-    /// core would otherwise be idle.
+    /// park at once. Default (`None`): half of the cores, at least one. A
+    /// spinning thread gives its core away every few polls and parks as
+    /// soon as that ran another thread (the core is wanted), and parks at
+    /// once for a while after, so spinning does not starve working threads;
+    /// it saves wake-ups while a core would otherwise be idle.
     pub max_spinning: Option<usize>,
     /// How long a blocking `request` to a slow peer busy-waits for its
     /// response before it parks, in microseconds (the caller's own thread;

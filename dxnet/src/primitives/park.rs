@@ -204,9 +204,8 @@ impl Idle {
     }
 
     /// A spin step yields every [`POLLS_PER_YIELD`] polls (the first one
-    /// included) and a yield step
-    /// every poll; a yield that ran another thread ends the spinning (the
-    /// caller parks, see [`CONTENDED_YIELD`]).
+    /// included) and a yield step every poll; a yield that ran another
+    /// thread ends the spinning (the caller parks, see [`CONTENDED_YIELD`]).
     #[inline]
     fn step_hinting_every(&mut self, n: u32) -> bool {
         self.step_with(n, yield_contended)
@@ -676,8 +675,11 @@ mod tests {
         }
         assert!(parked);
         assert!(!idle.spinning);
-        // Work found: the next idle periods park at once for a while, then
+        // Work found: the next idle periods park at once for a while (set
+        // far ahead here, so the test does not depend on the clock), then
         // spin again.
+        assert!(idle.contended_until.is_some());
+        idle.contended_until = Some(Instant::now() + Duration::from_secs(3600));
         idle.reset();
         assert!(idle.step_with(1, || false));
         idle.contended_until = Some(Instant::now());
