@@ -184,46 +184,26 @@ impl Idle {
     }
 
     /// Runs the spin or yield step for `phase`; returns true if the caller
-    /// should park now.
+    /// should park now. A spin step yields every [`POLLS_PER_YIELD`] polls
+    /// (the first one included) and a yield step every poll; a yield that
+    /// ran another thread ends the spinning (the caller parks, see
+    /// [`CONTENDED_YIELD`]).
     #[inline]
     pub fn step(&mut self) -> bool {
-        self.step_hinting_every(1)
+        self.step_with(yield_contended)
     }
 
-    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
-    /// Like [`Idle::step`], for a thread that polls a completion queue in
-    /// its spin phase: the spin-loop hint (`pause`) only every eighth poll.
-    /// An empty poll is a few loads and stores already (a gentle spin); a
-    /// hint per poll made each poll slower under CPU emulation (a `pause`
-    /// leaves the translated code), so a completion waited longer to be
-    /// seen. Side by side in the Soft-RoCE VM (6 alternating rounds): 64 B
-    /// round trip p50 median 52.0 → 48.8 µs.
+    /// [`Idle::step`] with the yield given (tests pass one that reports
+    /// contention or not).
     #[inline]
-    pub fn step_polling(&mut self) -> bool {
-        self.step_hinting_every(8)
-    }
-
-    /// A spin step yields every [`POLLS_PER_YIELD`] polls (the first one
-    /// included) and a yield step every poll; a yield that ran another
-    /// thread ends the spinning (the caller parks, see [`CONTENDED_YIELD`]).
-    #[inline]
-    fn step_hinting_every(&mut self, n: u32) -> bool {
-        self.step_with(n, yield_contended)
-    }
-
-    /// [`Idle::step_hinting_every`] with the yield given (tests pass one
-    /// that reports contention or not).
-    #[inline]
-    fn step_with(&mut self, n: u32, yield_now: impl FnOnce() -> bool) -> bool {
+    fn step_with(&mut self, yield_now: impl FnOnce() -> bool) -> bool {
         let contended = match self.phase() {
             IdlePhase::Spin => {
                 // From the first poll on: a busy core is noticed at once.
                 if self.polls % POLLS_PER_YIELD == 1 {
                     yield_now()
                 } else {
-                    if self.polls % n == 0 {
-                        std::hint::spin_loop();
-                    }
+                    std::hint::spin_loop();
                     false
                 }
             }
@@ -658,7 +638,7 @@ mod tests {
         // first poll and every `POLLS_PER_YIELD` polls after it.
         let mut yields = 0;
         for _ in 0..(3 * POLLS_PER_YIELD) {
-            assert!(!idle.step_with(1, || {
+            assert!(!idle.step_with(|| {
                 yields += 1;
                 false
             }));
@@ -668,7 +648,7 @@ mod tests {
         // A yield that ran another thread: park, and the budget is given back.
         let mut parked = false;
         for _ in 0..POLLS_PER_YIELD {
-            parked = idle.step_with(1, || true);
+            parked = idle.step_with(|| true);
             if parked {
                 break;
             }
@@ -681,10 +661,10 @@ mod tests {
         assert!(idle.contended_until.is_some());
         idle.contended_until = Some(Instant::now() + Duration::from_secs(3600));
         idle.reset();
-        assert!(idle.step_with(1, || false));
+        assert!(idle.step_with(|| false));
         idle.contended_until = Some(Instant::now());
         idle.reset();
-        assert!(!idle.step_with(1, || false));
+        assert!(!idle.step_with(|| false));
         assert!(idle.spinning);
     }
 

@@ -54,7 +54,7 @@ impl IbEngine {
                 r.armed = false;
                 return Turn::Sleep(r.idle.max_park);
             }
-            if r.idle.step_polling() {
+            if r.idle.step() {
                 let can_post = || {
                     core.recv_buffers_available() >= self.sges_per_recv && core.incoming_has_room()
                 };
