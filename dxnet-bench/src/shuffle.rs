@@ -223,16 +223,14 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
                 Some(l) => {
                     let mut c = Command::new("ip");
                     c.args(["netns", "exec", &l.namespace(p)]).arg(&exe);
-                    c.arg("shuffle-node");
-                    c.args(["--netns", "--netns-prefix", &l.prefix]);
                     c
                 }
-                None => {
-                    let mut c = Command::new(&exe);
-                    c.arg("shuffle-node");
-                    c
-                }
+                None => Command::new(&exe),
             };
+            cmd.arg("shuffle-node");
+            if let Some(l) = &a.netns {
+                cmd.args(["--netns", "--netns-prefix", &l.prefix]);
+            }
             cmd.args(["--proc", &p.to_string()])
                 .args(["--procs", &a.procs.to_string()])
                 .args(["--threads", &a.threads.to_string()])

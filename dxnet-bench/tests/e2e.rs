@@ -459,40 +459,52 @@ fn verbs_bindings_on_a_device() {
     assert!(m.iter().any(|r| r["repetition"] == 1));
 }
 
+/// Runs `dxnet-bench shuffle` with `args`.
+fn shuffle_run(args: &[&str]) -> std::process::Output {
+    Command::new(EXE)
+        .arg("shuffle")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs `dxnet-bench shuffle` with `args`, checks that it succeeded and
+/// returns what it printed.
+fn shuffle_ok(args: &[&str]) -> String {
+    let out = shuffle_run(args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// `shuffle`: separate processes shuffle over TCP in both modes; each
 /// checks that the records it pushed were all received (the run fails
 /// otherwise) and the table shows both modes and their ratio.
 #[test]
 fn shuffle_between_processes() {
     let _g = serial();
-    let out = Command::new(EXE)
-        .args([
-            "shuffle",
-            "--procs",
-            "3",
-            "--threads",
-            "3",
-            "--records",
-            "2000",
-            "--size",
-            "100",
-            "--segment",
-            "4096",
-            "--batch",
-            "1024",
-            "--rounds",
-            "1",
-            "--base-port",
-            "15800",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = shuffle_ok(&[
+        "--procs",
+        "3",
+        "--threads",
+        "3",
+        "--records",
+        "2000",
+        "--size",
+        "100",
+        "--segment",
+        "4096",
+        "--batch",
+        "1024",
+        "--rounds",
+        "1",
+        "--base-port",
+        "15800",
+    ]);
     assert!(text.contains("one-sided / messages (records/s)"), "{text}");
     assert_eq!(text.matches(" one-sided ").count(), 2, "{text}");
 }
@@ -515,36 +527,26 @@ fn shuffle_mpi_peer() {
         println!("skipped: no Open MPI (install libopenmpi-dev and openmpi-bin)");
         return;
     }
-    let out = Command::new(EXE)
-        .args([
-            "shuffle",
-            "--procs",
-            "3",
-            "--threads",
-            "2",
-            "--records",
-            "3000",
-            "--size",
-            "100",
-            "--skew",
-            "0.2",
-            "--mode",
-            "messages,mpi",
-            "--mpi-chunk",
-            "700",
-            "--rounds",
-            "1",
-            "--base-port",
-            "15850",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = shuffle_ok(&[
+        "--procs",
+        "3",
+        "--threads",
+        "2",
+        "--records",
+        "3000",
+        "--size",
+        "100",
+        "--skew",
+        "0.2",
+        "--mode",
+        "messages,mpi",
+        "--mpi-chunk",
+        "700",
+        "--rounds",
+        "1",
+        "--base-port",
+        "15850",
+    ]);
     assert!(text.contains("messages / mpi (records/s)"), "{text}");
     let rows = |mode: &str| {
         text.lines()
@@ -563,39 +565,31 @@ fn shuffle_mpi_peer() {
 fn shuffle_in_namespaces() {
     let _g = serial();
     let prefix = format!("dxs{}-", std::process::id() % 1000);
-    let run = |mode: &str| {
-        Command::new(EXE)
-            .args([
-                "shuffle",
-                "--procs",
-                "3",
-                "--threads",
-                "2",
-                "--records",
-                "2000",
-                "--size",
-                "100",
-                "--rounds",
-                "1",
-                "--mode",
-                mode,
-                "--netns",
-                "--netns-prefix",
-                &prefix,
-            ])
-            .output()
-            .unwrap()
+    let args = |mode: &'static str| {
+        [
+            "--procs",
+            "3",
+            "--threads",
+            "2",
+            "--records",
+            "2000",
+            "--size",
+            "100",
+            "--rounds",
+            "1",
+            "--mode",
+            mode,
+            "--netns",
+            "--netns-prefix",
+        ]
+        .into_iter()
+        .chain([prefix.as_str()])
+        .collect::<Vec<_>>()
     };
-    let out = run("one-sided,messages");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = shuffle_ok(&args("one-sided,messages"));
     assert!(text.contains("network namespaces"), "{text}");
     assert!(text.contains("one-sided / messages (records/s)"), "{text}");
-    let out = run("messages,mpi");
+    let out = shuffle_run(&args("messages,mpi"));
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("the mpi mode runs without --netns"),
