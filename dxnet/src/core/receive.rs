@@ -103,23 +103,19 @@ impl Core {
         conn: &Arc<Connection>,
         buf: RecvBuffer,
     ) -> std::result::Result<(), RecvBuffer> {
-        let only_responses = {
-            let mut segs = buf.segments();
-            match (segs.next(), segs.next()) {
-                (Some(seg), None) => {
-                    let mut pos = 0;
-                    let mut ok = true;
-                    while ok && pos < seg.len() {
-                        match message_at(seg, pos, self.config.limits.max_message_size) {
-                            Some((h, end)) if h.kind().is_response() => pos = end,
-                            _ => ok = false,
-                        }
-                    }
-                    ok
+        // Every segment (one per chunk the read took in: several when
+        // responses to several requesters left in separate writes) holds
+        // whole responses only.
+        let only_responses = buf.segments().all(|seg| {
+            let mut pos = 0;
+            while pos < seg.len() {
+                match message_at(seg, pos, self.config.limits.max_message_size) {
+                    Some((h, end)) if h.kind().is_response() => pos = end,
+                    _ => return false,
                 }
-                _ => false,
             }
-        };
+            true
+        });
         if !only_responses {
             return Err(buf);
         }

@@ -404,6 +404,12 @@ impl PendingResponse {
         }
     }
 
+    /// The request's id (what its response carries).
+    #[cfg(test)]
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The node the request went to.
     pub fn peer(&self) -> NodeId {
         self.slot().peer

@@ -1,7 +1,8 @@
 //! The runtime's decisions, tested against a test engine (no sockets, no
 //! engine threads): what a failed or closed connection does to pending
-//! requests, least-recently-used closing, refused connections, and the
-//! flow-control window a send gives back when it cannot be written.
+//! requests, least-recently-used closing, refused connections, the
+//! flow-control window a send gives back when it cannot be written, and
+//! where received responses complete.
 
 use std::collections::HashSet;
 use std::sync::Weak;
@@ -181,5 +182,47 @@ fn a_send_that_times_out_gives_its_window_back() {
         pos.reserved - pos.front
     );
     assert_eq!(conn.flow.in_flight(), pos.reserved - pos.front);
+    core.shutdown();
+}
+
+/// A received buffer of whole responses, in several segments (chunks that
+/// left the peer in separate writes, read at once), completes its requests
+/// on the receiving thread: nothing goes to the handler threads, whose
+/// wake-up would cost a thread hop per buffer.
+#[test]
+fn responses_in_several_segments_complete_on_the_receiving_thread() {
+    let (core, _engine) = start(|_| {});
+    let a = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
+    let b = core.send_request(NodeId(1), &Ask(2), LONG).unwrap();
+    let conn = core.connections.get(NodeId(1)).unwrap();
+    let mut buf = core.pool.get().expect("a receive buffer");
+    let mut at = 0;
+    for (id, answer) in [(a.id(), 10u32), (b.id(), 20)] {
+        let mut payload = Vec::new();
+        codec::encode_into(&mut payload, &Answer(answer)).unwrap();
+        let header = MessageHeader {
+            msg_type: 40,
+            subtype: 2,
+            flags: MessageKind::Response.flags(),
+            request_id: id,
+            payload_len: payload.len() as u32,
+        };
+        let end = at + HEADER_LEN + payload.len();
+        let space = buf.space();
+        header.encode((&mut space[at..at + HEADER_LEN]).try_into().unwrap());
+        space[at + HEADER_LEN..end].copy_from_slice(&payload);
+        buf.push_segment(at..end);
+        at = end + 8; // the next chunk's header lies between
+    }
+    core.deliver(&conn, buf);
+    assert!(
+        a.is_done() && b.is_done(),
+        "completed before deliver returned"
+    );
+    assert_eq!(core.stats().incoming_peak_buffers, 0, "nothing was queued");
+    for (p, want) in [(a, 10), (b, 20)] {
+        let bytes = core.wait_response(p).unwrap();
+        assert_eq!(codec::decode::<Answer>(&bytes).unwrap().0, want);
+    }
     core.shutdown();
 }
