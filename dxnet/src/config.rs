@@ -129,12 +129,14 @@ pub struct ParkConfig {
     /// notice when the peer is fast again). A response that comes while
     /// the requester spins needs no wake-up. Default 1000.
     pub request_spin_max_us: u64,
-    /// How many blocking `request`s of the process may busy-wait for their
-    /// response at once; the others park at once and are woken by the
-    /// response. Default (`None`): the number of cores. Spinning requesters
-    /// give their core away every few microseconds, so the threads that
-    /// carry their responses still run; more spinners than cores would only
-    /// burn CPU.
+    /// Up to how many blocked `request`s of the process busy-wait for
+    /// their response (and read their connection meanwhile); with more
+    /// requesters blocked, a new one parks at once and the response wakes
+    /// it. Default (`None`): 16 per core. Spinning requesters give their
+    /// core away every few microseconds, so the threads that carry their
+    /// responses still run, and cores kept busy save the wake-ups of
+    /// parked threads; with far more spinners than that their yields would
+    /// starve those threads.
     pub max_request_spinners: Option<usize>,
 }
 

@@ -40,12 +40,7 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// that finds its core wanted by another thread parks, and parks at once
 /// for a while after (see [`CONTENDED_YIELD`]).
 fn spin_budget(cfg: &ParkConfig) -> usize {
-    static AUTO: OnceLock<usize> = OnceLock::new();
-    cfg.max_spinning.unwrap_or_else(|| {
-        *AUTO.get_or_init(|| {
-            (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1)
-        })
-    })
+    cfg.max_spinning.unwrap_or_else(|| (cores() / 2).max(1))
 }
 
 /// A `sched_yield` that took at least this long ran another thread
@@ -277,24 +272,37 @@ static REQUEST_WAITERS: AtomicUsize = AtomicUsize::new(0);
 /// Of those, the ones allowed to busy-wait (until they stop spinning).
 static REQUEST_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
-/// Up to how many blocked requesters may busy-wait
-/// (`park.max_request_spinners`).
+/// Blocked requesters per core that may busy-wait by default.
 ///
-/// Default: one per core. A spinner gives its core away every
-/// [`SPIN_YIELD_EVERY`], so the threads that carry its request and response
-/// still run; with more requesters than cores blocked at once their
-/// responses come in batches anyway, and more spinners would only burn the
-/// cores (16 requester threads on two cores, each spinning up to 1 ms,
-/// spent a third of all CPU time in the spin loop). Measured on two cores
-/// (`dxnet-bench --bindings dxnet-tcp --operations pingpong --sizes 64
-/// --threads 2,4,16,100`, three interleaved rounds): one spinner per core
-/// instead of one per two cores gave 1.7× the round trips with two
-/// requester threads, 1.07× with four, the same with 16 and 100.
+/// A spinner gives its core away every [`SPIN_YIELD_EVERY`], so the
+/// threads that carry requests and responses still run, and cores busy
+/// with spinners never halt: on a small virtual machine a wake-up onto a
+/// halted core is the dearest step of a loopback round trip (a futex
+/// wake-up of a parked requester, or of a receive thread asleep in its
+/// poll). A spinner also reads its connection while it waits (the
+/// engine's `read_while_waiting`), so responses reach spinning requesters
+/// without a receive thread. Measured on two cores (`dxnet-bench --bindings
+/// dxnet-tcp --operations pingpong --sizes 64 --threads 1,16,32,64,100`,
+/// interleaved rounds, against one spinner per core): 16 per core gave
+/// 1.39–1.42× the round trips with 16 requester threads and 1.19–1.26×
+/// with 32, at less CPU time per round trip and a lower p99; with 64 and
+/// 100 the same (all spinning, or none). Spinning without reading (one
+/// reader per core) gave only 1.07× with 16. With no limit, 100 spinning
+/// requesters got 0.82×: their yields left the threads that carry the
+/// responses too little of the cores.
+pub const REQUEST_SPINNERS_PER_CORE: usize = 16;
+
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Up to how many blocked requesters may busy-wait
+/// (`park.max_request_spinners`; default [`REQUEST_SPINNERS_PER_CORE`] per
+/// core).
 fn request_spin_budget(cfg: &ParkConfig) -> usize {
-    static AUTO: OnceLock<usize> = OnceLock::new();
-    cfg.max_request_spinners.unwrap_or_else(|| {
-        *AUTO.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    })
+    cfg.max_request_spinners
+        .unwrap_or_else(|| REQUEST_SPINNERS_PER_CORE * cores())
 }
 
 /// A thread blocked in a request, counted until the guard drops. It may
