@@ -290,7 +290,7 @@ static REQUEST_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 /// reader per core) gave only 1.07× with 16. With no limit, 100 spinning
 /// requesters got 0.82×: their yields left the threads that carry the
 /// responses too little of the cores.
-pub const REQUEST_SPINNERS_PER_CORE: usize = 16;
+const REQUEST_SPINNERS_PER_CORE: usize = 16;
 
 fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
