@@ -140,8 +140,7 @@ impl Core {
             });
         }
         put_scratch(pending);
-        self.stats.msgs_received.add(count);
-        self.stats.bytes_received.add(processed + responses);
+        self.stats.received.add(count, processed + responses);
         if let Incoming::Pooled(b) = item {
             if self.pool.put(b) {
                 self.resources_freed();
@@ -222,8 +221,7 @@ impl Core {
             payload.clear();
             let _ = self.parallel_spare.push(payload);
         }
-        self.stats.msgs_received.add(1);
-        self.stats.bytes_received.add(bytes);
+        self.stats.received.add(1, bytes);
         if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {
             self.on_write_interest(conn.peer);
         }

@@ -499,10 +499,10 @@ impl Core {
         let (peak_buffers, peak_bytes) = self.incoming.peaks();
         let z = &self.zero_copy.stats;
         NodeStats {
-            msgs_sent: s.msgs_sent.get(),
-            msgs_received: s.msgs_received.get(),
-            bytes_sent: s.bytes_sent.get(),
-            bytes_received: s.bytes_received.get(),
+            msgs_sent: s.sent.messages(),
+            msgs_received: s.received.messages(),
+            bytes_sent: s.sent.bytes(),
+            bytes_received: s.received.bytes(),
             connections_opened: s.connections_opened.get(),
             connections_closed: s.connections_closed.get(),
             unknown_messages: s.unknown_messages.get(),

@@ -163,8 +163,7 @@ impl Core {
                 pos = end;
             }
         }
-        self.stats.msgs_received.add(count);
-        self.stats.bytes_received.add(processed);
+        self.stats.received.add(count, processed);
         if self.pool.put(buf) {
             self.resources_freed();
         }
@@ -286,10 +285,11 @@ impl Core {
     ) -> std::result::Result<Vec<u8>, crate::message::HeaderError> {
         let mut out = Vec::new();
         let mut done = 0u64;
+        let mut responses = 0u64;
         let mut on_msg = |h: &MessageHeader, p: &[u8]| {
             if h.kind().is_response() {
                 done += (HEADER_LEN + p.len()) as u64;
-                self.stats.msgs_received.add(1);
+                responses += 1;
                 self.dispatch(conn, h, p);
             } else {
                 let mut hb = [0u8; HEADER_LEN];
@@ -308,7 +308,7 @@ impl Core {
         }
         // Only responses were processed: outside the flow-control window,
         // nothing to confirm.
-        self.stats.bytes_received.add(done);
+        self.stats.received.add(responses, done);
         res.map(|()| out)
     }
 

@@ -194,8 +194,7 @@ impl Core {
             }
         };
         drop((keep, guard));
-        self.stats.msgs_sent.add(1);
-        self.stats.bytes_sent.add(total);
+        self.stats.sent.add(1, total);
         Ok(Some(PendingSend {
             conn,
             seq,
@@ -556,8 +555,7 @@ impl Core {
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
                 if t.send_standalone(self, conn, &small[..total]) {
-                    self.stats.msgs_sent.add(1);
-                    self.stats.bytes_sent.add(total as u64);
+                    self.stats.sent.add(1, total as u64);
                     return Ok(());
                 }
                 encoded_frame = Some(&small[..total]);
@@ -586,8 +584,7 @@ impl Core {
                 });
         match res {
             Ok(()) => {
-                self.stats.msgs_sent.add(1);
-                self.stats.bytes_sent.add(total as u64);
+                self.stats.sent.add(1, total as u64);
                 Ok(())
             }
             Err(OrbError::Timeout) => {
@@ -641,8 +638,7 @@ impl Core {
             _ => 0,
         };
         self.enqueue(&self.locals[depth], Incoming::Local(v));
-        self.stats.msgs_sent.add(1);
-        self.stats.bytes_sent.add(total as u64);
+        self.stats.sent.add(1, total as u64);
         Ok(())
     }
 }
