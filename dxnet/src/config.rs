@@ -129,14 +129,16 @@ pub struct ParkConfig {
     /// notice when the peer is fast again). A response that comes while
     /// the requester spins needs no wake-up. Default 1000.
     pub request_spin_max_us: u64,
-    /// Up to how many blocked `request`s of the process busy-wait for
-    /// their response (and read their connection meanwhile); with more
-    /// requesters blocked, a new one parks at once and the response wakes
-    /// it. Default (`None`): 16 per core. Spinning requesters give their
-    /// core away every few microseconds, so the threads that carry their
-    /// responses still run, and cores kept busy save the wake-ups of
-    /// parked threads; with far more spinners than that their yields would
-    /// starve those threads.
+    /// Up to how many blocked `request`s of the process wait for their
+    /// response without parking (one of them reading the connection, the
+    /// others yielding their core between two looks at their request);
+    /// with more requesters blocked, a new one parks at once and the
+    /// response wakes it. Default (`None`): no limit. A waiting requester
+    /// yields its core to any thread with work at once and waits at most
+    /// its spin time (`request_spin_us` / `request_spin_max_us`), and
+    /// cores kept busy save the wake-ups of parked threads; a limit keeps
+    /// the CPU that waiting requesters spend lower where that matters more
+    /// than their latency.
     pub max_request_spinners: Option<usize>,
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::primitives::park::YieldingSpin;
+use crate::primitives::park;
 
 use crate::error::{Cancelled, Waited};
 use crate::{Error, NodeId, Result};
@@ -426,18 +426,10 @@ impl PendingResponse {
         self.slot().deadline
     }
 
-    /// Busy-waits until the outcome is known or `until`, giving the core
-    /// away now and then (see [`YieldingSpin`]).
+    /// Waits without parking until the outcome is known or `until`,
+    /// giving the core away between two looks (see [`park::yield_spin`]).
     pub fn spin_until(&self, until: Instant) {
-        let mut n = 0u32;
-        let mut spin = YieldingSpin::until(until);
-        while !self.slot().done.load(Ordering::Acquire) {
-            std::hint::spin_loop();
-            n = n.wrapping_add(1);
-            if n % 64 == 0 && spin.expired() {
-                break;
-            }
-        }
+        park::yield_spin(until, || self.slot().done.load(Ordering::Acquire));
     }
 
     /// Blocks until the outcome is known or the deadline passes.

@@ -226,6 +226,31 @@ impl Idle {
 /// p99 0.14 ms and 0.95×, one thread unchanged.
 pub const SPIN_YIELD_EVERY: Duration = Duration::from_micros(3);
 
+/// Waits for `done` without parking until `until`, giving the core away
+/// (`sched_yield`) between two looks; true if `done` came.
+///
+/// For a thread that has nothing to do but look (a requester that does not
+/// read its connection itself). Each yield lets any runnable thread of the
+/// core go first, often the one that carries what the waiter waits for,
+/// and returns at once when there is none, so the waiter costs the others
+/// a system call and a switch per turn, never a slice of busy polling;
+/// and the core stays awake, so the response needs no wake-up. Measured on
+/// two cores (`dxnet-bench --bindings dxnet-tcp --operations pingpong
+/// --sizes 64 --threads 16,100`, interleaved rounds): against busy polls
+/// with a yield every [`SPIN_YIELD_EVERY`], 1.2–1.35× the round trips with
+/// 16 requesters at 0.8× the CPU time per round trip.
+pub fn yield_spin(until: Instant, mut done: impl FnMut() -> bool) -> bool {
+    loop {
+        if done() {
+            return true;
+        }
+        std::thread::yield_now();
+        if Instant::now() >= until {
+            return done();
+        }
+    }
+}
+
 /// One busy-wait until a deadline, giving the core away every
 /// [`SPIN_YIELD_EVERY`]. The caller polls its condition and calls
 /// [`YieldingSpin::expired`] now and then (it reads the clock).
@@ -272,37 +297,28 @@ static REQUEST_WAITERS: AtomicUsize = AtomicUsize::new(0);
 /// Of those, the ones allowed to busy-wait (until they stop spinning).
 static REQUEST_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
-/// Blocked requesters per core that may busy-wait by default.
-///
-/// A spinner gives its core away every [`SPIN_YIELD_EVERY`], so the
-/// threads that carry requests and responses still run, and cores busy
-/// with spinners never halt: on a small virtual machine a wake-up onto a
-/// halted core is the dearest step of a loopback round trip (a futex
-/// wake-up of a parked requester, or of a receive thread asleep in its
-/// poll). A spinner also reads its connection while it waits (the
-/// engine's `read_while_waiting`), so responses reach spinning requesters
-/// without a receive thread. Measured on two cores (`dxnet-bench --bindings
-/// dxnet-tcp --operations pingpong --sizes 64 --threads 1,16,32,64,100`,
-/// interleaved rounds, against one spinner per core): 16 per core gave
-/// 1.39–1.42× the round trips with 16 requester threads and 1.19–1.26×
-/// with 32, at less CPU time per round trip and a lower p99; with 64 and
-/// 100 the same (all spinning, or none). Spinning without reading (one
-/// reader per core) gave only 1.07× with 16. With no limit, 100 spinning
-/// requesters got 0.82×: their yields left the threads that carry the
-/// responses too little of the cores.
-const REQUEST_SPINNERS_PER_CORE: usize = 16;
-
 fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Up to how many blocked requesters may busy-wait
-/// (`park.max_request_spinners`; default [`REQUEST_SPINNERS_PER_CORE`] per
-/// core).
+/// Up to how many blocked requesters may wait without parking
+/// (`park.max_request_spinners`; by default all of them).
+///
+/// A waiting requester reads its connection (the engine's
+/// `read_while_waiting`, one at a time) or yields between two looks at its
+/// slot ([`yield_spin`]), so it gives its core to any thread that has work
+/// at once, and its response needs no wake-up: on a small virtual machine
+/// a wake-up onto a halted core is the dearest step of a loopback round
+/// trip. Each waits only its request's spin time
+/// ([`RequestSpinPolicy`]), so the CPU it spends is bounded. Measured on
+/// two cores (`dxnet-bench --bindings dxnet-tcp --operations pingpong
+/// --sizes 64 --threads 32,100,250`, interleaved rounds, against raw-tcp):
+/// all waiting gave 1.2×, 1.9× and 2.4× raw-tcp's round trips; at most 64
+/// per core waiting (the others parked, woken by their responses) 1.2×,
+/// 1.6× and 1.5×.
 fn request_spin_budget(cfg: &ParkConfig) -> usize {
-    cfg.max_request_spinners
-        .unwrap_or_else(|| REQUEST_SPINNERS_PER_CORE * cores())
+    cfg.max_request_spinners.unwrap_or(usize::MAX)
 }
 
 /// A thread blocked in a request, counted until the guard drops. It may

@@ -204,9 +204,14 @@ impl TcpEngine {
             }
             if spinning {
                 // A look at the socket is a system call: the clock read of
-                // `expired` costs little beside it.
+                // `expired` costs little beside it. Nothing to read: the
+                // core goes to whoever has work first (the thread that
+                // carries the response, often), as in `park::yield_spin`.
                 if !spin.expired() {
                     readable = poll_in(&mut [pollfd(fd)], Duration::ZERO);
+                    if !readable {
+                        std::thread::yield_now();
+                    }
                     continue;
                 }
                 spinning = false;
