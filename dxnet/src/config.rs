@@ -130,8 +130,9 @@ pub struct ParkConfig {
     /// the requester spins needs no wake-up. Default 1000.
     pub request_spin_max_us: u64,
     /// Up to how many blocked `request`s of the process wait for their
-    /// response without parking (one of them reading the connection, the
-    /// others yielding their core between two looks at their request);
+    /// response without parking (one of them reading the connection: TCP's
+    /// read lease, InfiniBand's receive role; the others yielding their
+    /// core between two looks);
     /// with more requesters blocked, a new one parks at once and the
     /// response wakes it. Default (`None`): no limit. A waiting requester
     /// yields its core to any thread with work at once and waits at most

@@ -189,7 +189,8 @@ impl<R> ReceiveRole<R> {
     /// Called by a thread that waits for a response: takes the role while
     /// it is free and calls `poll` (one pass over the receive queue, no
     /// user code run: other messages go to the handler threads) until
-    /// `done` or `until`. The receive threads step aside meanwhile. When
+    /// `done` or `until`; while another thread holds the role it yields
+    /// its core between two looks at `done`. The receive threads step aside meanwhile. When
     /// the last helper leaves without its response (it is about to park),
     /// or with it while other requesters of the process are parked (their
     /// responses must not wait for the next helper), `hand_back` runs once
@@ -212,12 +213,17 @@ impl<R> ReceiveRole<R> {
         while !done() {
             if let Some(mut st) = self.state.try_lock() {
                 poll(&mut st);
+                n = n.wrapping_add(1);
+                if n % 32 == 0 && spin.expired() {
+                    break;
+                }
             } else {
-                std::hint::spin_loop();
-            }
-            n = n.wrapping_add(1);
-            if n % 32 == 0 && spin.expired() {
-                break;
+                // Another thread polls: only look at the own request,
+                // yielding the core between two looks (`park::yield_spin`).
+                std::thread::yield_now();
+                if std::time::Instant::now() >= until {
+                    break;
+                }
             }
         }
         let got = done();

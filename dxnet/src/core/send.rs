@@ -281,9 +281,9 @@ impl Core {
         Ok(pending)
     }
 
-    /// Blocks until `p`'s outcome is known: busy-waits first (a response
-    /// that arrives meanwhile is taken without waking this thread), then
-    /// parks. How long: [`park::RequestSpinPolicy`]. On an engine that
+    /// Blocks until `p`'s outcome is known: waits without parking first (a
+    /// response that arrives meanwhile is taken without waking this
+    /// thread), then parks. How long: [`park::RequestSpinPolicy`]. On an engine that
     /// supports it this thread reads its connection itself meanwhile (TCP:
     /// until the outcome is in, sleeping on the socket after the
     /// busy-wait; InfiniBand: while it busy-waits, see
@@ -294,12 +294,11 @@ impl Core {
             return p.wait();
         }
         let mut waiting = park::RequestWait::enter(park);
-        // Many requesters blocked: no busy-wait (the cores go to the
-        // threads that carry the responses), and none reads its connection
-        // (one preempted while it holds the socket would hold up the
-        // responses of all the others).
-        let few = waiting.may_spin();
-        let may_spin = park.request_spin_us > 0 && few;
+        // More requesters blocked than `park.max_request_spinners` allows
+        // (no limit by default): this one neither waits without parking
+        // nor reads its connection; it parks at once.
+        let may_wait = waiting.may_spin();
+        let may_spin = park.request_spin_us > 0 && may_wait;
         let start = Instant::now();
         let conn = self.connections.get(p.peer());
         let spin = match (&conn, may_spin) {
@@ -309,7 +308,7 @@ impl Core {
         };
         inline::before_blocking();
         let until = (start + spin).min(p.deadline());
-        let read = self.transport().filter(|_| few).and_then(|t| {
+        let read = self.transport().filter(|_| may_wait).and_then(|t| {
             t.read_while_waiting(&ResponseWait {
                 peer: p.peer(),
                 done: &|| p.is_done(),
@@ -325,7 +324,11 @@ impl Core {
                 p.spin_until(until);
                 p.is_done()
             }
-            None => return p.wait(),
+            None => {
+                // Parks: no longer one of the process's spinning threads.
+                waiting.stop_spinning();
+                return p.wait();
+            }
         };
         waiting.stop_spinning();
         if let (Some(c), true) = (&conn, may_spin) {

@@ -22,7 +22,8 @@
 //! - [`region_mem`]: address-stable memory of exposed regions, CPU
 //!   accesses under a lock.
 //! - [`park`]: load-adaptive idling (spin, yield, park) and wake-up signals.
-//! - [`stats`]: striped counters for hot paths.
+//! - [`stats`]: per-thread counters for hot paths (one writer per cell,
+//!   summed when read).
 //! - [`wait_queue`]: threads blocked on ring space or flow-control window,
 //!   none overtaken without bound.
 //!

@@ -621,6 +621,20 @@ mod tests {
     }
 
     #[test]
+    fn yield_spin_returns_when_done_or_at_its_deadline() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let mut looks = 0;
+        assert!(yield_spin(far, || {
+            looks += 1;
+            looks == 3
+        }));
+        assert_eq!(looks, 3, "one look per turn until done");
+        let past = Instant::now();
+        assert!(!yield_spin(past, || false), "not done by the deadline");
+        assert!(yield_spin(past, || true), "done at the first look");
+    }
+
+    #[test]
     fn yielding_spin_ends_at_its_deadline() {
         assert!(YieldingSpin::until(Instant::now()).expired());
         let mut long = YieldingSpin::until(Instant::now() + Duration::from_secs(3600));

@@ -14,8 +14,9 @@
 //!   ([`Polled`]), so no event wakes a receive thread for data it would
 //!   only have to skip. The requester reads everything that arrives (other
 //!   messages go to the incoming queue, other requesters' responses
-//!   complete on this thread), busy-polls the socket while the request's
-//!   spin budget lasts, then sleeps in `poll(2)` on the socket and on its
+//!   complete on this thread), looks at the socket while the request's
+//!   spin budget lasts (yielding its core after each look that finds
+//!   nothing), then sleeps in `poll(2)` on the socket and on its
 //!   thread's eventfd, which the completion of its response by any other
 //!   path writes (the connection closed, the response was read before the
 //!   lease), until the response is in or the deadline passes.
@@ -36,7 +37,6 @@ use std::task::{Wake, Waker};
 
 use super::recv::ReadOutcome;
 use super::*;
-use crate::primitives::park::YieldingSpin;
 use crate::primitives::read_lease::Lease;
 use crate::transport::ResponseWait;
 
@@ -187,9 +187,6 @@ impl TcpEngine {
         let mut answered_spinning = false;
         let mut wake: Option<(Arc<SleepWake>, Waker)> = None;
         let mut spinning = w.may_spin;
-        // Gives the core away now and then: a thread woken onto it (often
-        // the one that carries the response) would wait a time slice.
-        let mut spin = YieldingSpin::until(w.spin_until);
         // Whether the socket may have data (a look said so, or not looked).
         let mut readable = true;
         loop {
@@ -207,7 +204,7 @@ impl TcpEngine {
                 // `expired` costs little beside it. Nothing to read: the
                 // core goes to whoever has work first (the thread that
                 // carries the response, often), as in `park::yield_spin`.
-                if !spin.expired() {
+                if Instant::now() < w.spin_until {
                     readable = poll_in(&mut [pollfd(fd)], Duration::ZERO);
                     if !readable {
                         std::thread::yield_now();
