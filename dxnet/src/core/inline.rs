@@ -190,7 +190,8 @@ impl<R> ReceiveRole<R> {
     /// it is free and calls `poll` (one pass over the receive queue, no
     /// user code run: other messages go to the handler threads) until
     /// `done` or `until`; while another thread holds the role it yields
-    /// its core between two looks at `done`. The receive threads step aside meanwhile. When
+    /// its core between two looks at `done`. The receive threads step
+    /// aside meanwhile. When
     /// the last helper leaves without its response (it is about to park),
     /// or with it while other requesters of the process are parked (their
     /// responses must not wait for the next helper), `hand_back` runs once

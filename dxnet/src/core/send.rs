@@ -283,10 +283,10 @@ impl Core {
 
     /// Blocks until `p`'s outcome is known: waits without parking first (a
     /// response that arrives meanwhile is taken without waking this
-    /// thread), then parks. How long: [`park::RequestSpinPolicy`]. On an engine that
-    /// supports it this thread reads its connection itself meanwhile (TCP:
-    /// until the outcome is in, sleeping on the socket after the
-    /// busy-wait; InfiniBand: while it busy-waits, see
+    /// thread), then parks. How long: [`park::RequestSpinPolicy`]. On an
+    /// engine that supports it this thread reads its connection itself
+    /// meanwhile (TCP: until the outcome is in, sleeping on the socket
+    /// after the wait; InfiniBand: while it waits, see
     /// `ReceiveRole::help`), see [`Transport::read_while_waiting`].
     pub fn wait_response(&self, p: PendingResponse) -> Outcome {
         let park = &self.config.park;

@@ -302,7 +302,8 @@ impl YieldingSpin {
 /// parked).
 static REQUEST_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
-/// Of those, the ones allowed to busy-wait (until they stop spinning).
+/// Of those, the ones allowed to wait without parking (until they stop
+/// spinning).
 static REQUEST_SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
 fn cores() -> usize {
@@ -330,7 +331,7 @@ fn request_spin_budget(cfg: &ParkConfig) -> usize {
 }
 
 /// A thread blocked in a request, counted until the guard drops. It may
-/// busy-wait ([`RequestWait::may_spin`]) only if at most
+/// wait without parking ([`RequestWait::may_spin`]) only if at most
 /// `park.max_request_spinners` requesters were blocked when it came; then it
 /// holds a unit of the spinning budget, even over the idle threads' budget
 /// (see [`Idle::phase`]), until [`RequestWait::stop_spinning`] or drop.
@@ -351,7 +352,8 @@ impl RequestWait {
         RequestWait { spinning }
     }
 
-    /// Threads of the process blocked in a request that do not busy-wait
+    /// Threads of the process blocked in a request that do not wait
+    /// without parking
     /// (they parked, or are about to): someone must receive their
     /// responses. Approximate (two counters read one after the other).
     pub fn parked() -> usize {
@@ -361,7 +363,7 @@ impl RequestWait {
             .saturating_sub(spinners)
     }
 
-    /// Whether this requester may busy-wait.
+    /// Whether this requester may wait without parking.
     pub fn may_spin(&self) -> bool {
         self.spinning
     }
@@ -474,7 +476,7 @@ impl Signal {
     }
 }
 
-/// Decides how long blocking requests to one peer busy-wait for their
+/// Decides how long blocking requests to one peer wait without parking for their
 /// responses (one per connection; see `Core::wait_response`).
 ///
 /// A response that comes while its requester spins needs no wake-up; one

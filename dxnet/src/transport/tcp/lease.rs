@@ -200,10 +200,10 @@ impl TcpEngine {
                 break;
             }
             if spinning {
-                // A look at the socket is a system call: the clock read of
-                // `expired` costs little beside it. Nothing to read: the
-                // core goes to whoever has work first (the thread that
-                // carries the response, often), as in `park::yield_spin`.
+                // A look at the socket is a system call: the clock read
+                // costs little beside it. Nothing to read: the core goes to
+                // whoever has work first (the thread that carries the
+                // response, often), as in `park::yield_spin`.
                 if Instant::now() < w.spin_until {
                     readable = poll_in(&mut [pollfd(fd)], Duration::ZERO);
                     if !readable {
