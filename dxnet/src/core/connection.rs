@@ -7,14 +7,13 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 
 use crate::core::flow::FlowControl;
+use crate::primitives::hazard::{Guard, HazardTable};
 use crate::primitives::in_order::InOrderTrack;
 use crate::primitives::orb::Orb;
 use crate::primitives::park::{RequestSpinPolicy, Signal};
@@ -428,15 +427,12 @@ impl Connection {
     }
 }
 
-/// Open connections by peer id: lock-free lookup on the send path, creation
-/// and removal serialized by a lock.
+/// Open connections by peer id: lookup without a locked instruction on the
+/// send path (a [`HazardTable`]), creation and removal serialized by a
+/// lock.
 pub struct ConnectionTable {
-    /// One slot per possible peer id. `ManuallyDrop`: dropping an
-    /// `ArcSwapOption` walks arc-swap's process-wide list of reader threads,
-    /// which for 65,536 slots took seconds in a process that had run a few
-    /// hundred threads; `Drop` below empties the slots that hold a
-    /// connection instead, and an empty slot owns nothing.
-    slots: Box<[ManuallyDrop<ArcSwapOption<Connection>>]>,
+    /// One slot per possible peer id.
+    slots: HazardTable<Connection>,
     /// Serializes creation, replacement and removal; holds the count.
     pub lock: Mutex<usize>,
     next_id: AtomicU64,
@@ -457,22 +453,10 @@ impl std::fmt::Debug for ConnectionTable {
 impl Default for ConnectionTable {
     fn default() -> Self {
         Self {
-            slots: (0..=u16::MAX as usize)
-                .map(|_| ManuallyDrop::new(ArcSwapOption::empty()))
-                .collect(),
+            slots: HazardTable::new(u16::MAX as usize + 1),
             lock: Mutex::new(0),
             next_id: AtomicU64::new(1),
             last: Mutex::new(std::collections::HashMap::new()),
-        }
-    }
-}
-
-impl Drop for ConnectionTable {
-    fn drop(&mut self) {
-        for slot in self.slots.iter() {
-            if slot.load().is_some() {
-                slot.store(None);
-            }
         }
     }
 }
@@ -481,14 +465,15 @@ impl ConnectionTable {
     /// The current connection to `peer`, if any.
     #[inline]
     pub fn get(&self, peer: NodeId) -> Option<Arc<Connection>> {
-        self.slots[peer.0 as usize].load_full()
+        self.slots.get(peer.0 as usize)
     }
 
     /// The current connection to `peer` without touching its reference
-    /// count (the send hot path: no contended atomic per message).
+    /// count (the send hot path: no locked instruction per message); the
+    /// connection stays alive while the guard lives.
     #[inline]
-    pub fn guard(&self, peer: NodeId) -> arc_swap::Guard<Option<Arc<Connection>>> {
-        self.slots[peer.0 as usize].load()
+    pub fn guard(&self, peer: NodeId) -> Option<Guard<'_, Connection>> {
+        self.slots.protect(peer.0 as usize)
     }
 
     /// A fresh connection id.
@@ -507,28 +492,26 @@ impl ConnectionTable {
 
     /// Installs `conn` (caller holds `lock`, passing the guarded count).
     pub fn install(&self, count: &mut usize, conn: Arc<Connection>) {
-        let old = self.slots[conn.peer.0 as usize].swap(Some(conn));
-        if old.is_none() {
+        let peer = conn.peer.0 as usize;
+        if !self.slots.replace(peer, Some(conn)) {
             *count += 1;
         }
     }
 
     /// Removes `conn` if it is still the installed one (caller holds `lock`).
     pub fn remove_if_current(&self, count: &mut usize, conn: &Connection) -> bool {
-        let slot = &self.slots[conn.peer.0 as usize];
-        let cur = slot.load();
-        if cur.as_ref().is_some_and(|c| c.id == conn.id) {
-            slot.store(None);
+        let peer = conn.peer.0 as usize;
+        let current = self.slots.protect(peer).is_some_and(|c| c.id == conn.id);
+        if current {
+            self.slots.replace(peer, None);
             *count -= 1;
-            true
-        } else {
-            false
         }
+        current
     }
 
     /// All installed connections (a snapshot).
     pub fn all(&self) -> Vec<Arc<Connection>> {
-        self.slots.iter().filter_map(|s| s.load_full()).collect()
+        self.slots.all()
     }
 }
 

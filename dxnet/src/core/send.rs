@@ -459,7 +459,7 @@ impl Core {
         }
         let guard = self.connections.guard(dest);
         let slow;
-        let conn: &Arc<Connection> = match &*guard {
+        let conn: &Connection = match guard.as_deref() {
             Some(c) if c.state() == ConnState::Open => c,
             _ => {
                 slow = self.connection(dest, deadline.get())?;
@@ -496,7 +496,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn send_frame_on<F>(
         &self,
-        conn: &Arc<Connection>,
+        conn: &Connection,
         dest: NodeId,
         hb: &[u8; HEADER_LEN],
         total: usize,
@@ -600,7 +600,10 @@ impl Core {
                 Unreachable::ConnectionLost(conn.close_reason()),
             )),
             Err(OrbError::Corrupted) => {
-                self.close_connection(conn, "message stream corrupted by a failed send", true);
+                // Still installed unless it closed meanwhile.
+                if let Some(c) = self.connections.get(dest).filter(|c| c.id == conn.id) {
+                    self.close_connection(&c, "message stream corrupted by a failed send", true);
+                }
                 Err(Error::Timeout(Waited::RingBuffer))
             }
         }

@@ -1,12 +1,14 @@
 //! Concurrency primitives that know nothing of messages, connections or
 //! transports: the layers above (`core`, `transport`) use them, they use
 //! nothing above them (plain configuration structs aside). Each is tested on its own; the lock-free ones (`orb`,
-//! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`) also by loom models of the same code (`sync` is the
+//! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`, `hazard`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
 //!   (flow control).
 //! - [`deadline`]: a timeout that reads the clock only when a wait begins.
+//! - [`hazard`]: a table of shared objects read without locked
+//!   instructions (hazard pointers, `membarrier` on the writers' side).
 //! - [`in_order`]: outcomes of work a queue finishes in order (one report
 //!   settles a run of items), with parking and wakers.
 //! - [`mailbox`]: a bounded queue to application threads (blocking, with
@@ -36,6 +38,7 @@ use std::sync::OnceLock;
 pub mod buffer_mem;
 pub mod credit;
 pub mod deadline;
+pub mod hazard;
 pub mod in_order;
 pub mod mailbox;
 pub mod orb;

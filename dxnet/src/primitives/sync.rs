@@ -9,14 +9,14 @@
 
 #[cfg(loom)]
 pub use loom::{
-    sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,
 };
 #[cfg(not(loom))]
 pub use std::{
     hint::spin_loop,
-    sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     sync::Arc,
     thread,
 };

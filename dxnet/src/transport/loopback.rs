@@ -293,11 +293,11 @@ impl Transport for LoopbackEngine {
     /// has no unsent ring-buffer bytes (under the link's send lock, which
     /// the send thread's round holds too: earlier messages were delivered
     /// before).
-    fn send_standalone(&self, _core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
+    fn send_standalone(&self, _core: &Core, conn: &Connection, frame: &[u8]) -> bool {
         let Some(link) = self.links.lock().get(&conn.peer.0).cloned() else {
             return false;
         };
-        if !Arc::ptr_eq(&link.local, conn) || !conn.is_alive() {
+        if !std::ptr::eq(Arc::as_ptr(&link.local), conn) || !conn.is_alive() {
             return false;
         }
         let Some(rcore) = link.remote_engine.upgrade().and_then(|e| e.core.upgrade()) else {

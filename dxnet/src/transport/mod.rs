@@ -116,7 +116,7 @@ pub trait Transport: Send + Sync + 'static {
     /// False: nothing was sent; the caller writes the frame into the ring
     /// buffer as usual. Saves the ring-buffer round on a latency-bound
     /// request/response (see the InfiniBand engine).
-    fn send_standalone(&self, _core: &Core, _conn: &Arc<Connection>, _frame: &[u8]) -> bool {
+    fn send_standalone(&self, _core: &Core, _conn: &Connection, _frame: &[u8]) -> bool {
         false
     }
     /// The calling thread waits for a response from `w.peer`: an engine

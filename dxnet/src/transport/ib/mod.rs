@@ -527,11 +527,11 @@ impl Transport for IbEngine {
     /// message the ring has split across posts cannot have this frame
     /// land between its parts in the peer's stream (it is not part of the
     /// stream).
-    fn send_standalone(&self, core: &Core, conn: &Arc<Connection>, frame: &[u8]) -> bool {
+    fn send_standalone(&self, core: &Core, conn: &Connection, frame: &[u8]) -> bool {
         let Some(ic) = self.inline_poster(core, conn.peer) else {
             return false;
         };
-        if !Arc::ptr_eq(&ic.conn, conn)
+        if !std::ptr::eq(Arc::as_ptr(&ic.conn), conn)
             || frame.len() > ic.max_inline
             || conn.state() != ConnState::Open
         {
@@ -566,7 +566,7 @@ impl Transport for IbEngine {
             Err(e) => {
                 // The units taken went nowhere: the connection closes.
                 drop(st);
-                core.close_connection(conn, &format!("posting a send failed: {e}"), true);
+                core.close_connection(&ic.conn, &format!("posting a send failed: {e}"), true);
                 false
             }
         }
