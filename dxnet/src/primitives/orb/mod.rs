@@ -401,26 +401,36 @@ impl Orb {
         }
     }
 
-    /// Asks this core to take the ring's lines a few messages ahead of
-    /// `pos` for writing (x86 `prefetchw`). The send thread read them on
-    /// the other core a ring-lap ago; a producer's store there waits for
-    /// the line's ownership at the next full barrier (the write-interest
-    /// fence), once per message. Fetched while earlier messages are being
-    /// written, the next message finds its lines owned. A hint: it never
-    /// faults and changes no memory.
+    /// Asks this core to take the ring's lines and their commit slots a
+    /// few messages ahead of `pos` for writing (x86 `prefetchw`). The send
+    /// thread read those bytes and cleared those slots on the other core;
+    /// a producer's store there waits for the line's ownership at the next
+    /// full barrier (the write-interest fence), once per message. Fetched
+    /// while earlier messages are being written, the next messages find
+    /// their lines owned. A hint: it never faults and changes no memory.
     #[inline]
     fn prefetch_ahead(&self, pos: u64) {
         #[cfg(all(target_arch = "x86_64", not(loom)))]
         if prefetchw_supported() {
             let base = self.base_ptr();
-            for ahead in [128u64, 192] {
-                let off = self.offset_of(pos + ahead);
+            let lines = [128u64, 192]
+                .map(|ahead| base.wrapping_add(self.offset_of(pos + ahead)).cast_const())
+                .into_iter()
+                .chain(
+                    // A slot line covers 16 slots: 128 ring bytes.
+                    [128u64, 256].map(|ahead| {
+                        let s: *const AtomicU32 = self.slot(pos + ahead);
+                        s.cast::<u8>()
+                    }),
+                );
+            for line in lines {
                 // SAFETY: `prefetchw` reads and writes no memory and does not
-                // fault; `off` lies inside the buffer anyway.
+                // fault; the addresses lie inside the buffer and the slot
+                // array anyway.
                 unsafe {
                     std::arch::asm!(
                         "prefetchw [{0}]",
-                        in(reg) base.add(off),
+                        in(reg) line,
                         options(nostack, preserves_flags, readonly)
                     );
                 }
