@@ -198,7 +198,11 @@ fn two_nodes_claiming_one_id_get_an_error_at_both_and_no_takeover() {
     let seed_events = seed.connection_events(64).unwrap();
     let first = start(seeded(1, base + 1, &[base], SECRET));
     let first_events = first.connection_events(64).unwrap();
+    // Both ways: the seed learns node 1 from its probe, node 1 learns the
+    // seed from the answer; a connection before that answer arrived is
+    // refused (node 1 does not know node 0 yet).
     seed.wait_for_nodes(2, T).unwrap();
+    first.wait_for_nodes(2, T).unwrap();
     assert_eq!(ask(&seed, 1, 1).unwrap().port, base + 1);
     // A second node 1 probes the seed and the first node 1 itself (seeds
     // added after subscribing: events made before the first subscription
