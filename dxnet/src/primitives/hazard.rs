@@ -191,7 +191,9 @@ impl<T> HazardTable<T> {
         if retired.is_empty() {
             return Vec::new();
         }
-        asym::heavy();
+        if !asym::heavy() {
+            return Vec::new();
+        }
         let mut held: Vec<*mut ()> = Vec::new();
         self.records.for_each(|p| {
             if !p.is_null() {
@@ -424,18 +426,22 @@ mod asym {
 
     /// The writers' side: every running thread of the process executes a
     /// full fence before this returns (threads not running pass one when
-    /// they are switched in).
-    pub(super) fn heavy() {
+    /// they are switched in). False if that could not be done: readers
+    /// that use only a compiler fence are then not ordered with the
+    /// caller, who must not free anything.
+    #[must_use]
+    pub(super) fn heavy() -> bool {
         #[cfg(all(target_os = "linux", not(loom)))]
         if EXPEDITED.load(Ordering::Relaxed) {
-            // Registered: the command cannot fail for a registered process.
+            // Registered: the command does not fail for a registered
+            // process; if it ever did, nothing is freed (a leak, not a
+            // use after free).
             let r = membarrier(CMD_PRIVATE_EXPEDITED);
             debug_assert_eq!(r, 0, "membarrier failed");
-            if r == 0 {
-                return;
-            }
+            return r == 0;
         }
         fence(Ordering::SeqCst);
+        true
     }
 
     /// Whether readers get by with a compiler fence (tests report it).
