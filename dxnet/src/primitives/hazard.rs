@@ -27,9 +27,13 @@
 //!   no record holds. Either a reader's record store precedes the writer's
 //!   fence (the scan sees it and keeps the object) or the reader's second
 //!   load follows it (it sees the new slot value and does not use `p`).
-//! - Objects a record still held stay retired until a later
-//!   [`HazardTable::reclaim`]: at most one per reading thread, and only
-//!   while that thread uses it.
+//! - Objects a record still held stay retired, with `pending` set before
+//!   the writer's fence: a reader whose record leaves such an object (its
+//!   guard dropped, or a lookup that retried) fences and, seeing
+//!   `pending`, reclaims. Either the writer's scan saw the record empty,
+//!   or the reader sees `pending`: a removed object is freed by whoever
+//!   lets it go last. Readers of objects still in their slot never take
+//!   the lock.
 //! - Each thread has [`RECORDS`] records per table (a lookup inside a
 //!   lookup, e.g. the engine's half of the connection a send holds, needs
 //!   a second). A lookup while all of them are in use takes the writers'
@@ -95,35 +99,54 @@ impl<T> HazardTable<T> {
             .iter()
             .find(|r| r.load(Ordering::Relaxed).is_null())
         else {
-            return self.clone_locked(i).map(Guard::Owned);
+            return self.clone_locked(i).map(|a| Guard(Held::Owned(a)));
         };
+        let mut moved = false;
         loop {
-            rec.store(p.cast(), Ordering::Relaxed);
+            // Release: a writer that finds this record also finds the
+            // reader's earlier uses of the object it protected before.
+            rec.store(p.cast(), Ordering::Release);
             asym::light();
             let now = slot.load(Ordering::Acquire);
             if now == p {
+                if moved {
+                    self.reclaim_if_pending();
+                }
                 // SAFETY: `p` came from `Arc::into_raw` and stays alive
                 // while the record holds it (see the protocol above).
-                return Some(Guard::Protected {
+                return Some(Guard(Held::Protected {
                     obj: unsafe { &*p },
                     rec,
                     table: self,
                     slot: i,
-                });
+                }));
             }
+            // The slot changed: a writer may have retired the object this
+            // record held and kept it for this record; once the record
+            // moved off it, this reader reclaims (as a guard's drop does).
+            moved = true;
             if now.is_null() {
                 rec.store(ptr::null_mut(), Ordering::Release);
+                asym::light();
+                self.reclaim_if_pending();
                 return None;
             }
             p = now;
         }
     }
 
+    /// Reclaims if objects wait for their readers (a plain load first).
+    fn reclaim_if_pending(&self) {
+        if self.pending.load(Ordering::Relaxed) {
+            self.reclaim();
+        }
+    }
+
     /// A strong reference to the object in slot `i`.
     pub fn get(&self, i: usize) -> Option<Arc<T>> {
         let g = self.protect(i)?;
-        match &g {
-            Guard::Protected { obj, .. } => {
+        match &g.0 {
+            Held::Protected { obj, .. } => {
                 let p: *const T = *obj;
                 // SAFETY: `p` came from `Arc::into_raw` and is protected
                 // (alive) while the guard exists: adding a strong count
@@ -133,7 +156,7 @@ impl<T> HazardTable<T> {
                     Some(Arc::from_raw(p))
                 }
             }
-            Guard::Owned(a) => Some(a.clone()),
+            Held::Owned(a) => Some(a.clone()),
         }
     }
 
@@ -165,6 +188,9 @@ impl<T> HazardTable<T> {
         // SAFETY: `old` came from `Arc::into_raw` and the slot's strong
         // reference moves to the retired list.
         retired.push(unsafe { Arc::from_raw(old) });
+        // Before the fence: a reader that lets the object go after it
+        // sees this and reclaims (see `Guard`'s drop).
+        self.pending.store(true, Ordering::Relaxed);
         let freed = self.reclaim_locked(&mut retired);
         drop(retired);
         // Dropped outside the lock: an object's own drop may look up.
@@ -192,6 +218,7 @@ impl<T> HazardTable<T> {
             return Vec::new();
         }
         if !asym::heavy() {
+            // Nothing freed; `pending` stays set, so readers retry.
             return Vec::new();
         }
         let mut held: Vec<*mut ()> = Vec::new();
@@ -249,12 +276,13 @@ impl<T> std::fmt::Debug for HazardTable<T> {
     }
 }
 
-/// A looked-up object: protected by this thread's record (cleared on
-/// drop), or a strong reference where the record was in use.
-pub enum Guard<'a, T> {
-    /// Protected by the record `rec`.
+/// A looked-up object, usable while the guard lives: protected by this
+/// thread's record (cleared on drop), or a strong reference where the
+/// thread's records were all in use.
+pub struct Guard<'a, T>(Held<'a, T>);
+
+enum Held<'a, T> {
     Protected {
-        /// The object.
         obj: &'a T,
         /// The thread's record, cleared on drop.
         rec: &'a AtomicPtr<()>,
@@ -263,32 +291,42 @@ pub enum Guard<'a, T> {
         /// The object's slot.
         slot: usize,
     },
-    /// A clone (nested lookup).
     Owned(Arc<T>),
+}
+
+impl<T> Guard<'_, T> {
+    /// Whether a record protects the object (not a clone).
+    #[cfg(test)]
+    fn is_protected(&self) -> bool {
+        matches!(self.0, Held::Protected { .. })
+    }
 }
 
 impl<T> std::ops::Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        match self {
-            Guard::Protected { obj, .. } => obj,
-            Guard::Owned(a) => a,
+        match &self.0 {
+            Held::Protected { obj, .. } => obj,
+            Held::Owned(a) => a,
         }
     }
 }
 
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
-        if let Guard::Protected {
+        if let Held::Protected {
             obj,
             rec,
             table,
             slot,
-        } = self
+        } = &self.0
         {
             // Release: the reader's uses of the object come before a
             // writer's scan that finds the record empty.
             rec.store(ptr::null_mut(), Ordering::Release);
+            // Pairs with the writer's fence: either its scan sees the
+            // record empty, or these loads see its `pending` and slot.
+            asym::light();
             // Plain loads of lines written only when objects are retired:
             // a reader whose object left the table meanwhile may be its
             // last one and frees it (readers of objects still in the
@@ -508,9 +546,9 @@ mod tests {
         // Nested lookups on the same thread: the second record, then a
         // clone under the writers' lock.
         let nested = t.protect(0).unwrap();
-        assert!(matches!(nested, Guard::Protected { .. }));
+        assert!(nested.is_protected());
         let third = t.protect(0).unwrap();
-        assert!(matches!(third, Guard::Owned(_)));
+        assert!(!third.is_protected());
         drop((nested, third));
         assert!(t.replace(0, None));
         assert_eq!(t.retired_len(), 1, "still protected");
@@ -623,8 +661,10 @@ mod loom_tests {
             };
             t.replace(0, Some(b));
             reader.join().unwrap();
-            t.reclaim();
-            assert_eq!(t.retired_len(), 0);
+            // Without a reclaim here: the writer or the reader's guard
+            // freed `a` (a reader that let it go after the writer's scan
+            // reclaims itself).
+            assert_eq!(t.retired_len(), 0, "a removed object left behind");
             drop(t);
             assert!(fa.load(Ordering::SeqCst) && fb.load(Ordering::SeqCst));
         });
