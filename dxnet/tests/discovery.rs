@@ -199,8 +199,7 @@ fn two_nodes_claiming_one_id_get_an_error_at_both_and_no_takeover() {
     let first = start(seeded(1, base + 1, &[base], SECRET));
     let first_events = first.connection_events(64).unwrap();
     // Both ways: the seed learns node 1 from its probe, node 1 learns the
-    // seed from the answer; a connection before that answer arrived is
-    // refused (node 1 does not know node 0 yet).
+    // seed from the answer.
     seed.wait_for_nodes(2, T).unwrap();
     first.wait_for_nodes(2, T).unwrap();
     assert_eq!(ask(&seed, 1, 1).unwrap().port, base + 1);
@@ -232,6 +231,50 @@ fn two_nodes_claiming_one_id_get_an_error_at_both_and_no_takeover() {
         assert_eq!(ask(&seed, 1, x).unwrap().port, base + 1);
     }
     assert!(!second.nodes().contains(&NodeId(0)));
+}
+
+/// A node that discovered a peer before the peer heard of it (the peer's
+/// probe arrived, this node's answer or probe not yet) may send to it at
+/// once: the peer's refusal of an unknown node is dialed again until it
+/// knows this node, within the connect timeout.
+#[test]
+fn sending_to_a_peer_that_has_not_heard_of_this_node_yet_succeeds() {
+    let base = base_port(2);
+    // Probes every 3 s: node 1 hears of node 0 only at node 0's next
+    // round, long after node 0 learned node 1 and sent.
+    let slow = |id: u16, port: u16| {
+        let mut c = seeded(id, port, &[], SECRET);
+        c.discovery.as_mut().unwrap().interval_ms = 3000;
+        c.limits.connect_timeout_ms = 10_000;
+        c
+    };
+    let a = start(slow(0, base));
+    let b = start(slow(1, base + 1));
+    // Node 1's probe, as node 1 would send it (same secret, its address),
+    // from another socket: node 0 learns node 1 and answers that socket.
+    let probe = dxnet::proto::discovery::Announcement {
+        kind: dxnet::proto::discovery::Kind::Probe,
+        sender: 1,
+        subject: 1,
+        instance: 77,
+        nonce: [7; 16],
+        address: format!("127.0.0.1:{}", base + 1),
+    };
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(
+        &probe.encode(Some(SECRET.as_bytes()), None),
+        format!("127.0.0.1:{base}"),
+    )
+    .unwrap();
+    a.wait_for_nodes(2, T).unwrap();
+    assert!(
+        !b.nodes().contains(&NodeId(0)),
+        "node 1 heard of node 0 too early"
+    );
+    // Refused while node 1 does not know node 0; answered once it does.
+    assert_eq!(ask(&a, 1, 1).unwrap().port, base + 1);
+    assert!(b.nodes().contains(&NodeId(0)));
+    assert_eq!(ask(&b, 0, 2).unwrap().port, base);
 }
 
 #[test]

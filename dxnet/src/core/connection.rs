@@ -278,6 +278,10 @@ pub struct Connection {
     /// Signalled when the state changes.
     pub state_changed: Signal,
     close_reason: Mutex<Option<String>>,
+    /// The peer refused this connection because it does not know this
+    /// node (not in its node map yet): with discovery, a dial worth
+    /// repeating once the peer has heard of this node.
+    refused_as_unknown: AtomicBool,
     /// The last response to this peer timed out: further responses are
     /// dropped instead of blocking a handler thread (see `Core::send_response`).
     pub responses_stalled: AtomicBool,
@@ -315,6 +319,7 @@ impl Connection {
             last_used: AtomicU64::new(0),
             state_changed: Signal::new(),
             close_reason: Mutex::new(None),
+            refused_as_unknown: AtomicBool::new(false),
             responses_stalled: AtomicBool::new(false),
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
@@ -392,6 +397,19 @@ impl Connection {
             .lock()
             .clone()
             .unwrap_or_else(|| "connection closed".into())
+    }
+
+    /// Notes that the peer refused this connection as from a node it does
+    /// not know (the engine's handshake was rejected so), before the
+    /// connection closes.
+    pub fn set_refused_as_unknown(&self) {
+        self.refused_as_unknown.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer refused this connection as from a node it does not
+    /// know.
+    pub fn refused_as_unknown(&self) -> bool {
+        self.refused_as_unknown.load(Ordering::Acquire)
     }
 
     /// The peer's instance id (from the handshake).

@@ -12,6 +12,29 @@ impl Core {
             deadline
                 .min(Instant::now() + Duration::from_millis(self.config.limits.connect_timeout_ms))
         };
+        // Dials refused because the peer does not know this node yet (it
+        // answered, but discovery found it from its side first: it learns
+        // of this node from this node's answer or next probe) are made
+        // again until the connect timeout, pausing 5 ms doubling to 100 ms;
+        // `refused` holds until when and the next pause.
+        let mut refused: Option<(Instant, Duration)> = None;
+        let mut dial_again = |c: &Connection| {
+            if !(c.refused_as_unknown() && self.membership.discovery()) {
+                return false;
+            }
+            let (until, pause) =
+                *refused.get_or_insert_with(|| (connect_deadline(), Duration::from_millis(5)));
+            if Instant::now() + pause >= until {
+                return false;
+            }
+            tracing::debug!(
+                "{}: node {dest} does not know this node yet; dialing again",
+                self.own
+            );
+            std::thread::sleep(pause);
+            refused = Some((until, (pause * 2).min(Duration::from_millis(100))));
+            true
+        };
         loop {
             if let Some(c) = self.connections.get(dest) {
                 match c.state() {
@@ -32,6 +55,7 @@ impl Core {
                                     ),
                                 ))
                             }
+                            ConnState::Closed if dial_again(&c) => continue,
                             ConnState::Closed => {
                                 return Err(Error::Unreachable(
                                     dest,
@@ -87,8 +111,14 @@ impl Core {
                         other => Unreachable::Connect(other.to_string()),
                     };
                     self.close_connection(&conn, cause.detail(), true);
-                    // Probed again before the next attempt.
-                    self.membership.lost(dest);
+                    if dial_again(&conn) {
+                        continue;
+                    }
+                    if !conn.refused_as_unknown() {
+                        // Probed again before the next attempt (a peer that
+                        // refused this node answered its probes).
+                        self.membership.lost(dest);
+                    }
                     return Err(Error::Unreachable(dest, cause));
                 }
             }
@@ -266,7 +296,11 @@ impl Core {
             Some(cause) => Error::Unreachable(conn.peer, cause),
             None => Error::Cancelled(Cancelled::ConnectionClosed),
         };
-        self.requests.fail_peer(conn.peer, &err);
+        // A dial the peer refused as from a node it does not know yet is
+        // repeated (see `connection`): the requests waiting for it stay.
+        if !(was == ConnState::Connecting && conn.refused_as_unknown()) {
+            self.requests.fail_peer(conn.peer, &err);
+        }
         if was == ConnState::Open
             && failed
             && !matches!(err, Error::Unreachable(_, Unreachable::Removed))

@@ -66,6 +66,11 @@ pub struct Membership {
 }
 
 impl Membership {
+    /// Whether discovery is on (nodes learn of each other at run time).
+    pub fn discovery(&self) -> bool {
+        self.discovery
+    }
+
     /// The configured node map.
     pub fn from_config(config: &Config) -> Self {
         let discovery = config.discovery.is_some();

@@ -457,11 +457,14 @@ impl Core {
         if dest == self.own {
             return self.send_local(&hb, total, deadline.get(), fill);
         }
-        let guard = self.connections.guard(dest);
+        let mut guard = self.connections.guard(dest);
         let slow;
         let conn: &Connection = match guard.as_deref() {
             Some(c) if c.state() == ConnState::Open => c,
             _ => {
+                // Lets a closed connection go before the wait for a new one
+                // (it is freed once no reader holds it).
+                drop(guard.take());
                 slow = self.connection(dest, deadline.get())?;
                 &slow
             }

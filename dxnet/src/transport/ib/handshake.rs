@@ -358,6 +358,9 @@ impl IbEngine {
                     // connecting until that one is accepted.
                     tracing::debug!("{}: dial to node {peer} yields to the peer's", self.own);
                 } else {
+                    if e == HandshakeError::Rejected(Status::UnknownNode) {
+                        conn.set_refused_as_unknown();
+                    }
                     tracing::warn!("{}: handshake with node {peer} failed: {e}", self.own);
                     core.close_connection(&conn, &format!("handshake failed: {e}"), true);
                 }

@@ -351,7 +351,13 @@ impl Transport for TcpEngine {
                         ConnState::Connecting => continue,
                     }
                 }
-                Err(e) => return Err(cannot_connect(peer, e.to_string())),
+                Err(e) => {
+                    if let SetupFailure::Protocol(HandshakeError::Rejected(Status::UnknownNode)) = e
+                    {
+                        conn.set_refused_as_unknown();
+                    }
+                    return Err(cannot_connect(peer, e.to_string()));
+                }
             }
         }
     }
