@@ -388,6 +388,15 @@ pub struct TcpConfig {
     /// the whole connect timeout), so half-open connections cannot exhaust
     /// threads or memory nor lock new nodes out. Default 64.
     pub max_pending_handshakes: usize,
+    /// Outgoing ring buffers per connection (1–16), each
+    /// `limits.orb_size`: a sending thread always writes into the same one
+    /// (threads take them in turn as they first send), and the send thread
+    /// writes them out in turn. Threads on different cores then do not
+    /// share the lines of one ring (the cost that made more senders
+    /// slower than one). A thread's messages to one node stay in order;
+    /// messages of different threads are not ordered with each other
+    /// beyond that (as with one ring). Default 2.
+    pub rings: usize,
 }
 
 impl Default for TcpConfig {
@@ -395,6 +404,7 @@ impl Default for TcpConfig {
         Self {
             listen_backlog: 4096,
             max_pending_handshakes: 64,
+            rings: 2,
         }
     }
 }
@@ -694,6 +704,12 @@ impl Config {
         }
         if self.tcp.max_pending_handshakes == 0 || self.tcp.listen_backlog == 0 {
             return bad("tcp: max_pending_handshakes and listen_backlog must be > 0".into());
+        }
+        if !(1..=16).contains(&self.tcp.rings) {
+            return bad(format!(
+                "tcp: rings must be 1 to 16, not {}",
+                self.tcp.rings
+            ));
         }
         let zc = &self.zero_copy;
         let fractions_ok = zc.speculative_fraction > 0.0

@@ -262,8 +262,11 @@ pub struct Connection {
     pub peer: NodeId,
     /// Unique id of this connection within the node (never reused).
     pub id: u64,
-    /// Outgoing ring buffer.
+    /// Outgoing ring buffer (the first of the connection's rings; the only
+    /// one unless the engine drains several, see [`Connection::ring_for_thread`]).
     pub orb: Orb,
+    /// The connection's further rings.
+    more_rings: Box<[Orb]>,
     /// Flow control, both directions.
     pub flow: FlowControl,
     /// Received data waiting for processing.
@@ -299,11 +302,12 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// A new connection in state `Connecting`.
+    /// A new connection in state `Connecting` with `rings` outgoing rings
+    /// (at least one) of `orb_size` bytes.
     pub fn new(
         peer: NodeId,
         id: u64,
-        orb_size: usize,
+        (orb_size, rings): (usize, usize),
         flow: FlowControl,
         max_payload: usize,
     ) -> Self {
@@ -311,6 +315,7 @@ impl Connection {
             peer,
             id,
             orb: Orb::new(orb_size),
+            more_rings: (1..rings.max(1)).map(|_| Orb::new(orb_size)).collect(),
             flow,
             inbox: Mutex::new(Inbox::default()),
             decoder: Mutex::new(Decoder::new(max_payload)),
@@ -381,7 +386,9 @@ impl Connection {
             return None;
         }
         *self.close_reason.lock() = Some(reason.to_string());
-        self.orb.close();
+        for r in self.rings() {
+            r.close();
+        }
         self.flow.wake_all();
         self.state_changed.notify_all();
         Some(if prev == ConnState::Open as u8 {
@@ -412,6 +419,36 @@ impl Connection {
         self.refused_as_unknown.load(Ordering::Acquire)
     }
 
+    /// The outgoing rings, the first one first.
+    pub fn rings(&self) -> impl Iterator<Item = &Orb> {
+        std::iter::once(&self.orb).chain(self.more_rings.iter())
+    }
+
+    /// Ring `i` (0: `orb`).
+    pub fn ring(&self, i: usize) -> &Orb {
+        if i == 0 {
+            &self.orb
+        } else {
+            &self.more_rings[i - 1]
+        }
+    }
+
+    /// How many outgoing rings the connection has.
+    pub fn ring_count(&self) -> usize {
+        1 + self.more_rings.len()
+    }
+
+    /// The ring the calling thread writes into: always the same one for a
+    /// thread (so its messages stay in order), threads taking the rings in
+    /// turn as they first send.
+    #[inline]
+    pub fn ring_for_thread(&self) -> &Orb {
+        if self.more_rings.is_empty() {
+            return &self.orb;
+        }
+        self.ring(thread_ring_index() % self.ring_count())
+    }
+
     /// The peer's instance id (from the handshake).
     pub fn peer_instance(&self) -> u64 {
         self.peer_instance.load(Ordering::Acquire)
@@ -436,13 +473,24 @@ impl Connection {
 
     /// True if nothing is queued to send or to process.
     pub fn is_idle(&self) -> bool {
-        self.orb.is_empty() && self.inbox.lock().is_empty()
+        self.rings().all(|r| r.is_empty()) && self.inbox.lock().is_empty()
     }
 
     /// Last use tick.
     pub fn last_used(&self) -> u64 {
         self.last_used.load(Ordering::Relaxed)
     }
+}
+
+/// This thread's ring index (before the modulo by a connection's ring
+/// count), taken in turn by threads as they first send.
+fn thread_ring_index() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
 }
 
 /// Open connections by peer id: lookup without a locked instruction on the
@@ -563,7 +611,7 @@ mod tests {
         Arc::new(Connection::new(
             NodeId(1),
             id,
-            4096,
+            (4096, 1),
             crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
             1 << 20,
         ))

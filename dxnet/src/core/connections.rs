@@ -159,21 +159,24 @@ impl Core {
                     evict = Some(l);
                 }
             }
+            let rings = self.transport().map_or(1, |t| t.rings());
             let conn = Arc::new(Connection::new(
                 peer,
                 self.connections.next_id(),
-                self.config.limits.orb_size,
+                (self.config.limits.orb_size, rings),
                 FlowControl::new(self.fc_window, self.fc_unit),
                 self.config.limits.max_message_size,
             ));
             conn.touch(self.tick(Instant::now()));
             if let Some(t) = self.transport() {
-                let t = Arc::downgrade(t);
-                conn.orb.on_blocked(Box::new(move || {
-                    if let Some(t) = t.upgrade() {
-                        t.wake_sender();
-                    }
-                }));
+                for r in conn.rings() {
+                    let t = Arc::downgrade(t);
+                    r.on_blocked(Box::new(move || {
+                        if let Some(t) = t.upgrade() {
+                            t.wake_sender();
+                        }
+                    }));
+                }
             }
             // Messages on the new connection wait for those the previous
             // one (closed, or being replaced) still has to handle.

@@ -286,7 +286,7 @@ impl Core {
                 let local = Arc::new(Connection::new(
                     own,
                     0,
-                    4096,
+                    (4096, 1),
                     FlowControl::new(fc_window, fc_unit),
                     config.limits.max_message_size,
                 ));
@@ -573,7 +573,7 @@ impl Core {
             self.connections
                 .all()
                 .iter()
-                .any(|c| c.state() == ConnState::Open && !c.orb.is_empty())
+                .any(|c| c.state() == ConnState::Open && c.rings().any(|r| !r.is_empty()))
         };
         while unsent() && Instant::now() < end {
             if let Some(t) = self.transport() {

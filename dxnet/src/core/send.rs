@@ -578,16 +578,16 @@ impl Core {
                 conn.touch(self.tick(Instant::now()));
             }
         };
-        let res =
-            conn.orb
-                .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {
-                    (Some(fill), _) => {
-                        w.write_all(hb)?;
-                        fill(w)
-                    }
-                    (None, Some(frame)) => w.write_all(frame),
-                    (None, None) => unreachable!("a frame is either encoded or still to fill"),
-                });
+        let res = conn
+            .ring_for_thread()
+            .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {
+                (Some(fill), _) => {
+                    w.write_all(hb)?;
+                    fill(w)
+                }
+                (None, Some(frame)) => w.write_all(frame),
+                (None, None) => unreachable!("a frame is either encoded or still to fill"),
+            });
         match res {
             Ok(()) => {
                 self.stats.sent.add(1, total as u64);

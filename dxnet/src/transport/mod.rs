@@ -87,6 +87,12 @@ pub trait Transport: Send + Sync + 'static {
     fn connect(&self, conn: &Arc<Connection>, deadline: Instant) -> Result<()>;
     /// Releases the engine's resources of `conn` (already marked closed).
     fn close(&self, conn: &Arc<Connection>);
+    /// Outgoing rings per connection the engine's send thread drains
+    /// ([`Connection::ring_for_thread`]); engines that drain only
+    /// `Connection::orb` keep 1.
+    fn rings(&self) -> usize {
+        1
+    }
     /// The write-interest manager got a new entry: wake the send thread.
     fn wake_sender(&self);
     /// Data for `peer` was just committed. An engine whose send thread is

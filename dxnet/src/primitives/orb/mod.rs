@@ -176,6 +176,10 @@ pub struct Orb {
     /// of the current lap, 0 while unpublished or already collected.
     commits: Box<[AtomicU32]>,
     closed: AtomicBool,
+    /// End position of the last message written in chunks (see
+    /// [`Orb::ends_inside_message`]); positions only grow, so an old value
+    /// lies behind every later chunk end.
+    chunked_end: AtomicU64,
     /// Producers blocked for space.
     waiters: WaitQueue,
     tracker: ByteTracker,
@@ -255,6 +259,7 @@ impl Orb {
             reserved: CachePadded::new(AtomicU64::new(0)),
             commits: (0..cap / GRANULE).map(|_| AtomicU32::new(0)).collect(),
             closed: AtomicBool::new(false),
+            chunked_end: AtomicU64::new(0),
             waiters: WaitQueue::new(),
             tracker: ByteTracker::new(cap),
             blocked_hook: std::sync::OnceLock::new(),
@@ -365,6 +370,9 @@ impl Orb {
             )
         } else {
             let start = self.wait_for(deadline, false, || self.try_acquire_exclusive())?;
+            // Before any of its chunks is committed: a consumer that
+            // collects one sees this too.
+            self.chunked_end.store(start + len, Ordering::Release);
             // From here on the writer's Drop clears the exclusive flag on
             // any early return.
             let mut w = OrbWriter::new(self, start, start, start + len, true, deadline, on_commit);
@@ -641,6 +649,18 @@ impl Orb {
         self.check_consumer(c);
         let fp = self.front_posted.load(Ordering::Acquire);
         (self.collect_commits() - fp) as usize
+    }
+
+    /// Whether the first `len` unposted bytes may end inside a message: a
+    /// message written in chunks (larger than `chunk_threshold`) is
+    /// published one chunk at a time, so the published bytes can stop
+    /// inside it. Conservative: true also while such a message lies wholly
+    /// after those bytes. A transport that interleaves several rings into
+    /// one stream switches rings only where this is false.
+    pub fn ends_inside_message(&self, c: &mut Consumer, len: usize) -> bool {
+        self.check_consumer(c);
+        let end = self.front_posted.load(Ordering::Acquire) + len as u64;
+        self.chunked_end.load(Ordering::Acquire) > end
     }
 
     /// Whether any byte is reserved but not yet handed to the transport,

@@ -286,6 +286,34 @@ fn chunked_message_times_out_midway_as_corrupted() {
     assert_eq!(take(&orb, &mut c, usize::MAX), vec![5; 4096]);
 }
 
+/// The published bytes of a message written in chunks end inside it until
+/// its last chunk; whole messages before it end at their boundary.
+#[test]
+fn published_bytes_inside_a_chunked_message_are_reported() {
+    let orb = Orb::new(4096);
+    let mut c = orb.consumer().unwrap();
+    put(&orb, &[1; 64]).unwrap();
+    assert!(!orb.ends_inside_message(&mut c, 64), "a whole message");
+    assert_eq!(take(&orb, &mut c, usize::MAX), vec![1; 64]);
+    std::thread::scope(|s| {
+        s.spawn(|| put(&orb, &[2; 3 * 4096]).unwrap());
+        let mut got = Vec::new();
+        while got.len() < 3 * 4096 {
+            let n = orb.unposted_len(&mut c);
+            if n == 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            let inside = orb.ends_inside_message(&mut c, n);
+            got.extend(take(&orb, &mut c, n));
+            assert_eq!(inside, got.len() < 3 * 4096, "after {} bytes", got.len());
+        }
+        assert_eq!(got, vec![2; 3 * 4096]);
+    });
+    put(&orb, &[3; 64]).unwrap();
+    assert!(!orb.ends_inside_message(&mut c, 64), "past the chunked one");
+}
+
 #[test]
 fn close_wakes_blocked_producers() {
     let orb = Arc::new(Orb::new(4096));

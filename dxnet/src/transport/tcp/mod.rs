@@ -99,8 +99,13 @@ impl Drop for HandshakeSlot<'_> {
 /// Send-side state of a connection's stream (send thread only).
 #[derive(Debug)]
 struct SendState {
-    /// The connection's ring-buffer consumer role.
-    consumer: Consumer,
+    /// The consumer role of each of the connection's rings.
+    consumers: Box<[Consumer]>,
+    /// The ring the current chunk comes from.
+    ring: usize,
+    /// The current chunk stops short of its ring's published data (it may
+    /// end inside a message): the next chunk comes from the same ring.
+    cut: bool,
     header: [u8; CHUNK_HEADER_LEN],
     /// Bytes of `header` already written (`CHUNK_HEADER_LEN`: none pending).
     header_off: usize,
@@ -158,6 +163,8 @@ pub struct TcpEngine {
     /// Incoming handshakes in progress at once (`tcp.max_pending_handshakes`):
     /// a new connection beyond it evicts the oldest one in progress.
     max_pending_handshakes: usize,
+    /// Outgoing rings per connection (`tcp.rings`).
+    rings: usize,
     /// Handshake threads alive at once (evicted ones may take a moment to
     /// exit); connections beyond it are refused.
     max_handshake_threads: usize,
@@ -211,6 +218,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         core: Arc::downgrade(core),
         own,
         max_pending_handshakes: cfg.tcp.max_pending_handshakes,
+        rings: cfg.tcp.rings,
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
@@ -396,6 +404,10 @@ impl Transport for TcpEngine {
 
     fn read_while_waiting(&self, w: &ResponseWait<'_>) -> Option<bool> {
         TcpEngine::read_while_waiting(self, w)
+    }
+
+    fn rings(&self) -> usize {
+        self.rings
     }
 
     fn wake_sender(&self) {

@@ -107,7 +107,7 @@ impl TcpEngine {
             }
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
                 let units = conn.flow.take_units(u32::MAX);
-                let avail = conn.orb.unposted_len(&mut st.consumer).min(MAX_CHUNK);
+                let avail = next_chunk_ring(conn, st);
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
                 if avail == 0 && units == 0 && !poke {
                     return false;
@@ -118,7 +118,8 @@ impl TcpEngine {
             }
             // The slices are written out (or copied into rustls) before
             // `mark_completed` frees them (they borrow the consumer).
-            let (a, b) = conn.orb.unposted(&mut st.consumer, st.data_left);
+            let orb = conn.ring(st.ring);
+            let (a, b) = orb.unposted(&mut st.consumers[st.ring], st.data_left);
             let hdr = &st.header[st.header_off..];
             let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
             let written = match tls.as_deref_mut() {
@@ -131,8 +132,9 @@ impl TcpEngine {
                     st.header_off += h;
                     let d = n - h;
                     if d > 0 {
-                        conn.orb.mark_posted(&mut st.consumer, d);
-                        conn.orb.mark_completed(&mut st.consumer, d);
+                        let consumer = &mut st.consumers[st.ring];
+                        orb.mark_posted(consumer, d);
+                        orb.mark_completed(consumer, d);
                         st.data_left -= d;
                     }
                 }
@@ -152,7 +154,7 @@ impl TcpEngine {
         // Budget used: come back after the other connections.
         st.data_left > 0
             || st.header_off < CHUNK_HEADER_LEN
-            || conn.orb.unposted_len(&mut st.consumer) > 0
+            || has_sendable(conn, st)
             || conn.flow.pending_units() > 0
     }
 
@@ -185,4 +187,43 @@ pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io
         }
     }
     Ok(())
+}
+
+/// Picks the ring of the next chunk and returns its length (at most
+/// `MAX_CHUNK`): the rings take turns, each chunk holding what its ring
+/// has published. A chunk that may end inside a message (cut at
+/// `MAX_CHUNK`, or part of a message written into the ring in chunks) is
+/// followed by the rest of its ring first, so the receiver's stream never
+/// switches rings inside a message.
+fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
+    let n = st.consumers.len();
+    // After a cut only the same ring may go on (nothing is sent until it
+    // has published more: a message written in chunks needs the room its
+    // sent chunks free, nothing else).
+    let (first, tries) = if st.cut {
+        (st.ring, 1)
+    } else {
+        ((st.ring + 1) % n, n)
+    };
+    for k in 0..tries {
+        let r = (first + k) % n;
+        let len = conn.ring(r).unposted_len(&mut st.consumers[r]);
+        if len > 0 {
+            let take = len.min(MAX_CHUNK);
+            st.ring = r;
+            st.cut = take < len || conn.ring(r).ends_inside_message(&mut st.consumers[r], take);
+            return take;
+        }
+    }
+    0
+}
+
+/// Whether [`next_chunk_ring`] would find data now.
+fn has_sendable(conn: &Connection, st: &mut SendState) -> bool {
+    if st.cut {
+        return conn.ring(st.ring).unposted_len(&mut st.consumers[st.ring]) > 0;
+    }
+    conn.rings()
+        .zip(st.consumers.iter_mut())
+        .any(|(r, c)| r.unposted_len(c) > 0)
 }

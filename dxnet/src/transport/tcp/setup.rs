@@ -261,16 +261,19 @@ impl TcpEngine {
     ) -> std::result::Result<(), String> {
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
-        let consumer = conn
-            .orb
-            .consumer()
+        let consumers = conn
+            .rings()
+            .map(|r| r.consumer())
+            .collect::<Option<Box<[Consumer]>>>()
             .ok_or("the connection's ring buffer already has a consumer")?;
         let token = Token(conn.id as usize);
         let tc = Arc::new(TcpConn {
             conn: conn.clone(),
             stream: s,
             send: Mutex::new(SendState {
-                consumer,
+                consumers,
+                ring: 0,
+                cut: false,
                 header: [0; CHUNK_HEADER_LEN],
                 header_off: CHUNK_HEADER_LEN,
                 data_left: 0,
