@@ -393,9 +393,12 @@ pub struct TcpConfig {
     /// (threads take them in turn as they first send), and the send thread
     /// writes them out in turn. Threads on different cores then do not
     /// share the lines of one ring (the cost that made more senders
-    /// slower than one). A thread's messages to one node stay in order;
-    /// messages of different threads are not ordered with each other
-    /// beyond that (as with one ring). Default 2.
+    /// slower than one). A thread's messages to one node stay in order.
+    /// With one ring, a message sent after other threads' sends to the
+    /// same node returned (ordered by a join, a barrier, a channel)
+    /// arrives after theirs; with more, it may overtake them (a thread
+    /// marking the end of other threads' data must then not rely on
+    /// arrival order). Default 1.
     pub rings: usize,
 }
 
@@ -404,7 +407,7 @@ impl Default for TcpConfig {
         Self {
             listen_backlog: 4096,
             max_pending_handshakes: 64,
-            rings: 2,
+            rings: 1,
         }
     }
 }

@@ -440,7 +440,9 @@ impl Connection {
 
     /// The ring the calling thread writes into: always the same one for a
     /// thread (so its messages stay in order), threads taking the rings in
-    /// turn as they first send.
+    /// turn as they first send. With one ring every message is ordered
+    /// after those whose sends returned before its own began; with several,
+    /// only after the same thread's.
     #[inline]
     pub fn ring_for_thread(&self) -> &Orb {
         if self.more_rings.is_empty() {
