@@ -563,10 +563,21 @@ struct RoundEnd {
 }
 dxnet::message!(RoundEnd, 40, 5);
 
+/// [`RoundEnd`] as a request (requests may be written by the requesting
+/// thread itself, past the ring, when the send thread sleeps); answered
+/// with whether it came after all data before it.
+#[derive(Serialize, Deserialize, Debug)]
+struct RoundEndRequest(RoundEnd);
+#[derive(Serialize, Deserialize, Debug)]
+struct InOrder(bool);
+dxnet::message!(InOrder, 40, 7);
+dxnet::request!(RoundEndRequest, 40, 6 => InOrder);
+
 /// Sends `rounds` rounds: `producers` threads each send `per` checked
 /// messages, then one other thread, woken once all their sends returned,
-/// sends a [`RoundEnd`]. Returns the number of marks that arrived before
-/// data sent ahead of them (and the first such mark).
+/// sends a [`RoundEnd`] (every other round as a request). Returns the
+/// number of marks that arrived before data sent ahead of them (and the
+/// first such mark).
 fn round_marks_overtaking_data(
     kind: Kind,
     cfg: impl Fn(&mut Config),
@@ -585,19 +596,30 @@ fn round_marks_overtaking_data(
         })
         .unwrap();
     let early = Arc::new(Mutex::new((0u64, None::<String>)));
-    let (r, e) = (received.clone(), early.clone());
-    nodes[1]
-        .register(move |_, m: RoundEnd| {
+    let check = {
+        let (r, e) = (received.clone(), early.clone());
+        move |m: &RoundEnd, kind: &str| {
             let got = r.load(Ordering::SeqCst);
-            if got < m.sent_before {
+            let in_order = got >= m.sent_before;
+            if !in_order {
                 let mut e = e.lock().unwrap();
                 e.0 += 1;
                 e.1.get_or_insert(format!(
-                    "round {}: {got} of the {} messages sent before the mark had arrived",
+                    "round {} ({kind}): {got} of the {} messages sent before the mark had arrived",
                     m.round, m.sent_before
                 ));
             }
+            in_order
+        }
+    };
+    let c = check.clone();
+    nodes[1]
+        .register(move |_, m: RoundEnd| {
+            c(&m, "message");
         })
+        .unwrap();
+    nodes[1]
+        .register_request(move |_, RoundEndRequest(m)| InOrder(check(&m, "request")))
         .unwrap();
     let node = &nodes[0];
     let barrier = std::sync::Barrier::new(producers as usize + 1);
@@ -625,8 +647,13 @@ fn round_marks_overtaking_data(
         for round in 0..rounds {
             barrier.wait();
             let sent_before = (round + 1) * per * producers as u64;
-            node.send(NodeId(1), &RoundEnd { round, sent_before })
-                .unwrap();
+            let mark = RoundEnd { round, sent_before };
+            if round % 2 == 0 {
+                node.send(NodeId(1), &mark).unwrap();
+            } else {
+                node.request(NodeId(1), &RoundEndRequest(mark), REQUEST_TIMEOUT)
+                    .unwrap();
+            }
             barrier.wait();
         }
     });
