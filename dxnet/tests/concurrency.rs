@@ -244,12 +244,7 @@ impl Side {
         let me = self.node.id().0;
         for seq in 0..reqs {
             let len = size_for(seq ^ (t as u64) << 40 ^ (me as u64) << 50, MAX_SIZE);
-            let d = Data {
-                from: me,
-                thread: t,
-                seq,
-                payload: pattern(me, t, seq, len),
-            };
+            let d = checked_data(me, t, seq, len);
             let expect = reply_for(&d);
             let problem = match self.node.request(NodeId(peer), &Job(d), REQUEST_TIMEOUT) {
                 Ok(r) if r == expect => continue,
@@ -553,7 +548,7 @@ fn tcp_rings_keep_each_threads_order_across_chunk_cuts() {
     chk.expect_streams("ring test", 0, THREADS, PER, WAIT_SECS);
 }
 
-/// Marks the end of a round in [`causal_order_across_threads`]: sent by
+/// Marks the end of a round in [`round_marks_overtaking_data`]: sent by
 /// another thread than the data, after the data senders' sends returned.
 #[derive(Serialize, Deserialize, Debug)]
 struct RoundEnd {
@@ -631,13 +626,8 @@ fn round_marks_overtaking_data(
                     for i in 0..per {
                         let seq = round * per + i;
                         let len = size_for(t as u64 ^ seq.wrapping_mul(31), 1024);
-                        let d = Data {
-                            from: node.id().0,
-                            thread: t,
-                            seq,
-                            payload: pattern(node.id().0, t, seq, len),
-                        };
-                        node.send(NodeId(1), &d).unwrap();
+                        node.send(NodeId(1), &checked_data(node.id().0, t, seq, len))
+                            .unwrap();
                     }
                     barrier.wait(); // this round's data sends returned
                     barrier.wait(); // the mark was sent
@@ -685,12 +675,7 @@ fn a_send_after_other_threads_sends_returned_arrives_after_them() {
 /// message, and a wrong response.
 #[test]
 fn checks_catch_loss_duplication_reordering_corruption() {
-    let msg = |thread: u16, seq: u64| Data {
-        from: 3,
-        thread,
-        seq,
-        payload: pattern(3, thread, seq, 100),
-    };
+    let msg = |thread: u16, seq: u64| checked_data(3, thread, seq, 100);
     // Node 3's thread 0 sends 0, 1, 2 intact; thread 1 sends `seqs`; 3
     // messages per thread are expected.
     let run = |seqs: &[u64]| {

@@ -252,14 +252,7 @@ fn sending_to_a_peer_that_has_not_heard_of_this_node_yet_succeeds() {
     let b = start(slow(1, base + 1));
     // Node 1's probe, as node 1 would send it (same secret, its address),
     // from another socket: node 0 learns node 1 and answers that socket.
-    let probe = dxnet::proto::discovery::Announcement {
-        kind: dxnet::proto::discovery::Kind::Probe,
-        sender: 1,
-        subject: 1,
-        instance: 77,
-        nonce: [7; 16],
-        address: format!("127.0.0.1:{}", base + 1),
-    };
+    let probe = probe_from(1, 77, 7, format!("127.0.0.1:{}", base + 1));
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     sock.send_to(
         &probe.encode(Some(SECRET.as_bytes()), None),
@@ -288,14 +281,7 @@ fn unauthenticated_and_malformed_probes_are_ignored_and_counted() {
     let to = format!("127.0.0.1:{base}");
     // Garbage, a truncated probe, a probe with another secret, one with no
     // MAC, one claiming node 1 from another address with a wrong MAC.
-    let forged = dxnet::proto::discovery::Announcement {
-        kind: dxnet::proto::discovery::Kind::Probe,
-        sender: 9,
-        subject: 9,
-        instance: 1,
-        nonce: [1; 16],
-        address: format!("127.0.0.1:{}", base + 2),
-    };
+    let forged = probe_from(9, 1, 1, format!("127.0.0.1:{}", base + 2));
     let mut takeover = forged.clone();
     takeover.sender = 1;
     takeover.subject = 1;

@@ -999,14 +999,7 @@ fn ib_discovery_finds_seeded_nodes_and_finds_a_restarted_one_again() {
     // ignored and counted.
     let ignored = a.stats().discovery_ignored;
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let forged = dxnet::proto::discovery::Announcement {
-        kind: dxnet::proto::discovery::Kind::Probe,
-        sender: 1,
-        subject: 1,
-        instance: 1,
-        nonce: [0; 16],
-        address: "127.0.0.1:1".into(),
-    };
+    let forged = probe_from(1, 1, 0, "127.0.0.1:1".into());
     for d in [forged.encode(Some(b"wrong"), None), b"DXdp".to_vec()] {
         sock.send_to(&d, ("127.0.0.1", base)).unwrap();
     }

@@ -200,15 +200,39 @@ pub fn try_send_checked(
         let sq = *next;
         *next += 1;
         let len = size_for(i ^ (thread as u64) << 40 ^ (id as u64) << 50, max);
-        let m = Data {
-            from: id,
-            thread,
-            seq: sq,
-            payload: pattern(id, thread, sq, len),
-        };
-        node.send(NodeId(dest), &m).map_err(|e| (i, e))?;
+        node.send(NodeId(dest), &checked_data(id, thread, sq, len))
+            .map_err(|e| (i, e))?;
     }
     Ok(())
+}
+
+/// Message `seq` of thread `thread` of node `from`, with a payload of
+/// `len` bytes derived from those three (what [`Checker`] verifies).
+pub fn checked_data(from: u16, thread: u16, seq: u64, len: usize) -> Data {
+    Data {
+        from,
+        thread,
+        seq,
+        payload: pattern(from, thread, seq, len),
+    }
+}
+
+/// A discovery probe from `node` (as its own subject) announcing
+/// `address`, for tests that forge or replay one.
+pub fn probe_from(
+    node: u16,
+    instance: u64,
+    nonce: u8,
+    address: String,
+) -> dxnet::proto::discovery::Announcement {
+    dxnet::proto::discovery::Announcement {
+        kind: dxnet::proto::discovery::Kind::Probe,
+        sender: node,
+        subject: node,
+        instance,
+        nonce: [nonce; 16],
+        address,
+    }
 }
 
 pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
