@@ -196,17 +196,7 @@ pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io
 /// followed by the rest of its ring first, so the receiver's stream never
 /// switches rings inside a message.
 fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
-    let n = st.consumers.len();
-    // After a cut only the same ring may go on (nothing is sent until it
-    // has published more: a message written in chunks needs the room its
-    // sent chunks free, nothing else).
-    let (first, tries) = if st.cut {
-        (st.ring, 1)
-    } else {
-        ((st.ring + 1) % n, n)
-    };
-    for k in 0..tries {
-        let r = (first + k) % n;
+    for r in candidate_rings(st) {
         let len = conn.ring(r).unposted_len(&mut st.consumers[r]);
         if len > 0 {
             let take = len.min(MAX_CHUNK);
@@ -220,10 +210,19 @@ fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
 
 /// Whether [`next_chunk_ring`] would find data now.
 fn has_sendable(conn: &Connection, st: &mut SendState) -> bool {
-    if st.cut {
-        return conn.ring(st.ring).unposted_len(&mut st.consumers[st.ring]) > 0;
-    }
-    conn.rings()
-        .zip(st.consumers.iter_mut())
-        .any(|(r, c)| r.unposted_len(c) > 0)
+    candidate_rings(st).any(|r| conn.ring(r).unposted_len(&mut st.consumers[r]) > 0)
+}
+
+/// The rings the next chunk may come from, in the order to try them: the
+/// ones after the current ring in turn, or after a cut only the current
+/// ring (nothing is sent until it has published more: a message written in
+/// chunks needs the room its sent chunks free, nothing else).
+fn candidate_rings(st: &SendState) -> impl Iterator<Item = usize> {
+    let n = st.consumers.len();
+    let (first, tries) = if st.cut {
+        (st.ring, 1)
+    } else {
+        ((st.ring + 1) % n, n)
+    };
+    (0..tries).map(move |k| (first + k) % n)
 }
