@@ -7,6 +7,8 @@
 //! - 16 sender threads to a slow receiver (memory stays flat);
 //! - link down / up between two network namespaces (skipped, with the reason
 //!   printed, where namespaces cannot be created);
+//! - a dial the kernel connects to itself (nobody listens at the address and
+//!   the ephemeral range is that one port) fails and frees the port;
 //! - a soak test (`#[ignore]`, run by `scripts/soak.sh [MINUTES]`).
 //!
 //! Every data message is checked at its receiver (intact, in order, once per
@@ -987,6 +989,65 @@ fn link_down_up_between_namespaces() {
     rx.finish(30);
     tx.command("EXIT");
     tx.finish(30);
+}
+
+/// Node 0 alone in a namespace whose ephemeral port range is the one port
+/// node 1 should listen on (nobody does): dialling node 1 makes the kernel
+/// connect the socket to itself (TCP simultaneous open). Env: PORT.
+#[test]
+fn child_self_dial() {
+    if !is_child() {
+        return;
+    }
+    init_child_log();
+    let port: u16 = env_parse("PORT");
+    let mut c = Config::tcp_localhost(0, 2, port - 1);
+    c.limits.connect_timeout_ms = 2000;
+    let node = Node::start(c).unwrap();
+    let r = node.request(NodeId(1), &Ping(0), Duration::from_secs(2));
+    let err = r.err().map_or("none".to_string(), |e| e.to_string());
+    // The failed dial must not keep the port: a node starting there now
+    // can listen on it.
+    let bound = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    println!("CHILD OK bound={bound} err={err}");
+}
+
+/// A dial to an address nobody listens on, where the kernel picks that very
+/// address as the local one, fails with a clear error instead of talking
+/// to itself, and leaves the port free for the peer's listener.
+#[test]
+fn a_dial_connected_to_itself_fails_and_frees_the_port() {
+    if ip(&["-V"]).is_err() {
+        println!("skipped: no `ip` command");
+        return;
+    }
+    let ns = format!("dxself{}", std::process::id());
+    if let Err(e) = ip(&["netns", "add", &ns]) {
+        println!("skipped: cannot create a network namespace: {e}");
+        return;
+    }
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = ip(&["netns", "del", &self.0]);
+        }
+    }
+    let _del = Del(ns.clone());
+    const PORT: u16 = 40001;
+    ip(&["-n", &ns, "link", "set", "lo", "up"]).unwrap();
+    let range = format!("net.ipv4.ip_local_port_range={PORT} {PORT}");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns, "sysctl", "-w", &range])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sysctl: {out:?}");
+    let mut child =
+        ChildProc::spawn_in(Some(&ns), "child_self_dial", &[("PORT", PORT.to_string())]);
+    let line = child.wait_line("CHILD OK", 60);
+    child.finish(30);
+    println!("{line}");
+    assert!(line.contains("connected to itself"), "{line}");
+    assert!(line.contains("bound=true"), "{line}");
 }
 
 // ----- (e) soak ------------------------------------------------------------------

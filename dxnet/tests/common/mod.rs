@@ -405,15 +405,40 @@ pub fn wait_for(secs: u64, what: &str, f: impl Fn() -> bool) {
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
 
+/// First port of the kernel's ephemeral range (`ip_local_port_range`).
+/// Test listeners stay below it: a port inside it can be taken by any
+/// outgoing connection (another test's, or a survivor redialling a killed
+/// node) between a node's death and its restart on the same port.
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
 /// A base port for `n` nodes unlikely to collide with other tests in this
-/// process or other test binaries running at the same time.
+/// process or other test binaries running at the same time, below the
+/// ephemeral range.
 pub fn base_port(n: u16) -> u16 {
+    const LOW: u16 = 10_000;
+    let high = ephemeral_low().max(LOW + 4_000);
+    let slots = (high - LOW - 1_000) / 10;
     if NEXT_PORT.load(Ordering::SeqCst) == 0 {
-        let seed = 20000 + (std::process::id() % 2000) as u16 * 10;
+        let seed = LOW + (std::process::id() % slots as u32) as u16 * 10;
         let _ = NEXT_PORT.compare_exchange(0, seed, Ordering::SeqCst, Ordering::SeqCst);
     }
     loop {
         let p = NEXT_PORT.fetch_add(n + 1, Ordering::SeqCst);
+        if u32::from(p) + u32::from(n) >= u32::from(high) {
+            // Past the top: one thread moves the counter back to the bottom.
+            let _ = NEXT_PORT.compare_exchange(
+                p.wrapping_add(n + 1),
+                LOW,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+            continue;
+        }
         if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }

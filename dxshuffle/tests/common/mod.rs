@@ -38,14 +38,23 @@ pub enum Kind {
     Ib,
 }
 
+/// A base port for `n` nodes, in 15000..32000: below the kernel's
+/// ephemeral range (32768 up), where any outgoing connection could take a
+/// port between a test's bind check and its node's listen.
 fn base_port(n: u16) -> u16 {
+    const LOW: u16 = 15_000;
+    const HIGH: u16 = 32_000;
     static NEXT: AtomicU16 = AtomicU16::new(0);
     if NEXT.load(Ordering::SeqCst) == 0 {
-        let seed = 30000 + (std::process::id() % 1000) as u16 * 20;
+        let seed = LOW + (std::process::id() % 800) as u16 * 20;
         let _ = NEXT.compare_exchange(0, seed, Ordering::SeqCst, Ordering::SeqCst);
     }
     loop {
         let p = NEXT.fetch_add(n + 1, Ordering::SeqCst);
+        if p + n >= HIGH {
+            let _ = NEXT.compare_exchange(p + n + 1, LOW, Ordering::SeqCst, Ordering::SeqCst);
+            continue;
+        }
         if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }

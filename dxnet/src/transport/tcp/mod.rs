@@ -319,6 +319,17 @@ impl Transport for TcpEngine {
             }
             let mut s = TcpStream::connect_timeout(&addr, left)
                 .map_err(|e| cannot_connect(peer, format!("connect to {addr}: {e}")))?;
+            if s.local_addr().ok() == Some(addr) {
+                // TCP simultaneous open with itself: nothing listened at
+                // `addr` and the kernel picked `addr` as the local port.
+                // Closing it with a reset (no FIN, no TIME_WAIT) frees the
+                // port for the peer's listener at once.
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                return Err(cannot_connect(
+                    peer,
+                    format!("connect to {addr}: nothing listens there (connected to itself)"),
+                ));
+            }
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
