@@ -88,7 +88,8 @@ pub struct Versioned {
 fn versioned(node: NodeId, item: Item) -> Result<Versioned> {
     Ok(Versioned {
         version: item.version,
-        record: Record::from_bytes(item.record).map_err(|error| Error::BadRecord { node, error })?,
+        record: Record::from_bytes(item.record)
+            .map_err(|error| Error::BadRecord { node, error })?,
     })
 }
 
@@ -136,7 +137,9 @@ impl Client {
         sorted.sort();
         sorted.dedup();
         if sorted.len() != storage.len() {
-            return Err(Error::Config(format!("storage nodes listed twice: {storage:?}")));
+            return Err(Error::Config(format!(
+                "storage nodes listed twice: {storage:?}"
+            )));
         }
         Ok(Self {
             node,
@@ -201,14 +204,26 @@ impl Client {
 
     fn get_fields_opt(&self, key: &[u8], fields: Option<&[&str]>) -> Result<Option<Versioned>> {
         let to = self.node_of_key(key);
-        let r = self.call(to, &Get { key: key.to_vec(), fields: names(fields) })?;
+        let r = self.call(
+            to,
+            &Get {
+                key: key.to_vec(),
+                fields: names(fields),
+            },
+        )?;
         found(to, r.0)
     }
 
     /// [`Client::get`] as a future (sent at once).
     pub fn get_async(&self, key: &[u8]) -> impl Future<Output = Result<Option<Versioned>>> {
         let to = self.node_of_key(key);
-        let f = self.call_async(to, &Get { key: key.to_vec(), fields: None });
+        let f = self.call_async(
+            to,
+            &Get {
+                key: key.to_vec(),
+                fields: None,
+            },
+        );
         async move { found(to, f.await?.0) }
     }
 
@@ -396,7 +411,11 @@ impl Client {
     /// Stores every (key, record) of `items`, replacing any; fails with the
     /// first refusal (the other items are stored).
     pub fn multi_put<K: AsRef<[u8]>>(&self, items: &[(K, Record)]) -> Result<()> {
-        for (i, r) in self.multi_write(items, WriteMode::Put)?.into_iter().enumerate() {
+        for (i, r) in self
+            .multi_write(items, WriteMode::Put)?
+            .into_iter()
+            .enumerate()
+        {
             if let Err(error) = r {
                 return Err(Error::Refused {
                     node: self.node_of_key(items[i].0.as_ref()),
@@ -485,7 +504,12 @@ impl Client {
 
     /// Stores `record` under a new id on storage node `node`.
     pub fn create_on(&self, node: NodeId, record: &Record) -> Result<u64> {
-        let r = self.call(node, &Create { record: record.as_bytes().to_vec() })?;
+        let r = self.call(
+            node,
+            &Create {
+                record: record.as_bytes().to_vec(),
+            },
+        )?;
         Ok(refused(node, r.0)?.0)
     }
 

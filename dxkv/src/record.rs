@@ -189,8 +189,7 @@ impl Record {
             let name = b
                 .get(at + 1..name_end)
                 .ok_or_else(|| bad(format!("field {i}: name runs past the end")))?;
-            std::str::from_utf8(name)
-                .map_err(|_| bad(format!("field {i}: name is not UTF-8")))?;
+            std::str::from_utf8(name).map_err(|_| bad(format!("field {i}: name is not UTF-8")))?;
             let len = b
                 .get(name_end..name_end + 4)
                 .ok_or_else(|| bad(format!("field {i}: value length missing")))?;
@@ -270,7 +269,8 @@ pub struct RecordBuilder {
 impl RecordBuilder {
     /// Adds a field (see [`Record::from_fields`] for what panics).
     pub fn field(mut self, name: &str, value: &[u8]) -> Self {
-        self.try_field(name, value).unwrap_or_else(|e| panic!("{e}"));
+        self.try_field(name, value)
+            .unwrap_or_else(|e| panic!("{e}"));
         self
     }
 
@@ -351,10 +351,16 @@ mod tests {
         assert!(Record::from_bytes(extra).unwrap_err().0.contains("after"));
         let mut huge = good.clone();
         huge[2 + 1 + 4..2 + 1 + 4 + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Record::from_bytes(huge).unwrap_err().0.contains("past the end"));
+        assert!(Record::from_bytes(huge)
+            .unwrap_err()
+            .0
+            .contains("past the end"));
         let mut not_utf8 = good.clone();
         not_utf8[3] = 0xff;
-        assert!(Record::from_bytes(not_utf8).unwrap_err().0.contains("UTF-8"));
+        assert!(Record::from_bytes(not_utf8)
+            .unwrap_err()
+            .0
+            .contains("UTF-8"));
         let dup = Record::builder().field("x", b"1").field("x", b"2").build();
         assert!(Record::from_bytes(dup.into_bytes())
             .unwrap_err()

@@ -66,7 +66,9 @@ impl Server {
             Created(record(r.record).and_then(|rec| s.create(&rec)))
         })?;
         let s = store.clone();
-        node.register_request_parallel(move |_, r: GetId| Found(s.get_id(r.id, r.fields.as_deref())))?;
+        node.register_request_parallel(move |_, r: GetId| {
+            Found(s.get_id(r.id, r.fields.as_deref()))
+        })?;
         let s = store.clone();
         node.register_request_parallel(move |_, r: WriteId| {
             WriteResult(record(r.record).and_then(|rec| s.write_id(r.id, &rec, r.mode)))

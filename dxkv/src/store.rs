@@ -275,7 +275,12 @@ impl Store {
     }
 
     /// Writes `record` under `key` as `mode` says.
-    pub fn write(&self, key: &[u8], record: &Record, mode: WriteMode) -> Result<Written, StoreError> {
+    pub fn write(
+        &self,
+        key: &[u8],
+        record: &Record,
+        mode: WriteMode,
+    ) -> Result<Written, StoreError> {
         self.check_key(key)?;
         self.check_record(record)?;
         let size = record.encoded_len() as u64;
@@ -307,25 +312,21 @@ impl Store {
         let charge = key.len() as u64 + size + ENTRY_OVERHEAD;
         self.charge(charge)?;
         let k: Arc<[u8]> = Arc::from(key);
-        match self.keys.entry_sync(k.clone()) {
-            scc::hash_map::Entry::Vacant(v) => {
-                let version = self.version();
-                // Under the bucket lock: the tree gets the key exactly when
-                // the map does.
-                let _ = self.order.insert_sync(k, ());
-                v.insert_entry(Entry {
-                    version,
-                    record: record.as_bytes().into(),
-                });
-                Ok(Written::Stored(version))
-            }
-            scc::hash_map::Entry::Occupied(_) => {
-                // Another writer stored the key since the look above.
-                self.refund(charge);
-                drop(k);
-                self.write(key, record, mode)
-            }
+        if let scc::hash_map::Entry::Vacant(v) = self.keys.entry_sync(k.clone()) {
+            let version = self.version();
+            // Under the bucket lock: the tree gets the key exactly when the
+            // map does.
+            let _ = self.order.insert_sync(k, ());
+            v.insert_entry(Entry {
+                version,
+                record: record.as_bytes().into(),
+            });
+            return Ok(Written::Stored(version));
         }
+        // Another writer stored the key since the look above (its bucket
+        // lock is released here): write to the existing record.
+        self.refund(charge);
+        self.write(key, record, mode)
     }
 
     /// The record under `key` (only `fields` of it if given).
@@ -345,7 +346,12 @@ impl Store {
     /// Up to `count` records (at most `max_scan`) with keys from `start` on,
     /// in key order. Not a snapshot: a record written during the scan may
     /// or may not be seen, each key at most once.
-    pub fn scan(&self, start: &[u8], count: u32, fields: Option<&[String]>) -> Vec<(Vec<u8>, Item)> {
+    pub fn scan(
+        &self,
+        start: &[u8],
+        count: u32,
+        fields: Option<&[String]>,
+    ) -> Vec<(Vec<u8>, Item)> {
         let count = count.min(self.config.max_scan) as usize;
         let guard = scc::Guard::new();
         let mut out = Vec::with_capacity(count.min(1024));
@@ -397,7 +403,12 @@ impl Store {
     /// only the modes that need an existing record apply (`Put` and
     /// `Replace` both replace it; `Insert` is refused as
     /// [`Written::Exists`] or [`Written::Missing`]).
-    pub fn write_id(&self, id: u64, record: &Record, mode: WriteMode) -> Result<Written, StoreError> {
+    pub fn write_id(
+        &self,
+        id: u64,
+        record: &Record,
+        mode: WriteMode,
+    ) -> Result<Written, StoreError> {
         self.check_record(record)?;
         let Some(mut e) = self.ids.get_sync(&id) else {
             return Ok(Written::Missing);
@@ -461,18 +472,33 @@ mod tests {
     #[test]
     fn every_write_mode_on_present_and_missing_keys() {
         let s = Store::new(3, StoreConfig::default());
-        assert_eq!(s.write(b"k", &rec("a"), WriteMode::Replace), Ok(Written::Missing));
-        assert_eq!(s.write(b"k", &rec("a"), WriteMode::Update), Ok(Written::Missing));
-        assert_eq!(s.write(b"k", &rec("a"), WriteMode::IfVersion(1)), Ok(Written::Missing));
+        assert_eq!(
+            s.write(b"k", &rec("a"), WriteMode::Replace),
+            Ok(Written::Missing)
+        );
+        assert_eq!(
+            s.write(b"k", &rec("a"), WriteMode::Update),
+            Ok(Written::Missing)
+        );
+        assert_eq!(
+            s.write(b"k", &rec("a"), WriteMode::IfVersion(1)),
+            Ok(Written::Missing)
+        );
         let Ok(Written::Stored(v1)) = s.write(b"k", &rec("a"), WriteMode::Insert) else {
             panic!()
         };
-        assert_eq!(s.write(b"k", &rec("b"), WriteMode::Insert), Ok(Written::Exists));
+        assert_eq!(
+            s.write(b"k", &rec("b"), WriteMode::Insert),
+            Ok(Written::Exists)
+        );
         let Ok(Written::Stored(v2)) = s.write(b"k", &rec("b"), WriteMode::Put) else {
             panic!()
         };
         assert!(v2 > v1);
-        assert_eq!(s.write(b"k", &rec("c"), WriteMode::IfVersion(v1)), Ok(Written::Changed(v2)));
+        assert_eq!(
+            s.write(b"k", &rec("c"), WriteMode::IfVersion(v1)),
+            Ok(Written::Changed(v2))
+        );
         let Ok(Written::Stored(v3)) = s.write(b"k", &rec("c"), WriteMode::IfVersion(v2)) else {
             panic!()
         };
@@ -496,10 +522,20 @@ mod tests {
 
     #[test]
     fn scan_walks_keys_in_order_from_the_start_key() {
-        let s = Store::new(0, StoreConfig { max_scan: 5, ..Default::default() });
+        let s = Store::new(
+            0,
+            StoreConfig {
+                max_scan: 5,
+                ..Default::default()
+            },
+        );
         for i in (0..20).rev() {
-            s.write(format!("key{i:02}").as_bytes(), &rec(&i.to_string()), WriteMode::Put)
-                .unwrap();
+            s.write(
+                format!("key{i:02}").as_bytes(),
+                &rec(&i.to_string()),
+                WriteMode::Put,
+            )
+            .unwrap();
         }
         s.delete(b"key07");
         let got: Vec<String> = s
@@ -514,9 +550,18 @@ mod tests {
 
     #[test]
     fn memory_limit_refuses_writes_and_changes_nothing() {
-        let s = Store::new(0, StoreConfig { max_memory: 1000, ..Default::default() });
+        let s = Store::new(
+            0,
+            StoreConfig {
+                max_memory: 1000,
+                ..Default::default()
+            },
+        );
         let big = Record::from_fields([("f", vec![7u8; 500])]);
-        assert!(matches!(s.write(b"a", &big, WriteMode::Put), Ok(Written::Stored(_))));
+        assert!(matches!(
+            s.write(b"a", &big, WriteMode::Put),
+            Ok(Written::Stored(_))
+        ));
         let e = s.write(b"b", &big, WriteMode::Put).unwrap_err();
         assert!(matches!(e, StoreError::Full { limit: 1000, .. }), "{e}");
         assert_eq!(s.get(b"b", None), None);
@@ -526,16 +571,38 @@ mod tests {
         s.delete(b"a");
         assert!(s.write(b"b", &big, WriteMode::Put).is_ok());
         s.clear();
-        assert_eq!(s.stats(), StoreStats { limit: 1000, ..Default::default() });
+        assert_eq!(
+            s.stats(),
+            StoreStats {
+                limit: 1000,
+                ..Default::default()
+            }
+        );
     }
 
     #[test]
     fn size_limits_are_checked() {
-        let s = Store::new(0, StoreConfig { max_record: 100, max_key: 8, ..Default::default() });
+        let s = Store::new(
+            0,
+            StoreConfig {
+                max_record: 100,
+                max_key: 8,
+                ..Default::default()
+            },
+        );
         let big = Record::from_fields([("f", vec![0u8; 200])]);
-        assert!(matches!(s.write(b"k", &big, WriteMode::Put), Err(StoreError::RecordTooLarge { .. })));
-        assert!(matches!(s.write(b"123456789", &rec("x"), WriteMode::Put), Err(StoreError::KeyTooLong { .. })));
-        assert!(matches!(s.create(&big), Err(StoreError::RecordTooLarge { .. })));
+        assert!(matches!(
+            s.write(b"k", &big, WriteMode::Put),
+            Err(StoreError::RecordTooLarge { .. })
+        ));
+        assert!(matches!(
+            s.write(b"123456789", &rec("x"), WriteMode::Put),
+            Err(StoreError::KeyTooLong { .. })
+        ));
+        assert!(matches!(
+            s.create(&big),
+            Err(StoreError::RecordTooLarge { .. })
+        ));
     }
 
     #[test]
@@ -546,10 +613,19 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(id_node(a), 7);
         assert_eq!(s.get_id(a, None).unwrap().version, va);
-        assert_eq!(s.write_id(a, &rec("z"), WriteMode::Insert), Ok(Written::Exists));
-        assert!(matches!(s.write_id(a, &rec("z"), WriteMode::Put), Ok(Written::Stored(_))));
-        assert_eq!(s.write_id(record_id(7, 999), &rec("z"), WriteMode::Put), Ok(Written::Missing));
-        assert_eq!(s.delete_id(b).is_some(), true);
+        assert_eq!(
+            s.write_id(a, &rec("z"), WriteMode::Insert),
+            Ok(Written::Exists)
+        );
+        assert!(matches!(
+            s.write_id(a, &rec("z"), WriteMode::Put),
+            Ok(Written::Stored(_))
+        ));
+        assert_eq!(
+            s.write_id(record_id(7, 999), &rec("z"), WriteMode::Put),
+            Ok(Written::Missing)
+        );
+        assert!(s.delete_id(b).is_some());
         assert_eq!(s.get_id(b, None), None);
         assert_eq!(s.stats().ids, 1);
     }
@@ -570,7 +646,10 @@ mod tests {
                                 .parse()
                                 .unwrap();
                             let next = Record::value((n + 1).to_string().as_bytes());
-                            match s.write(b"n", &next, WriteMode::IfVersion(item.version)).unwrap() {
+                            match s
+                                .write(b"n", &next, WriteMode::IfVersion(item.version))
+                                .unwrap()
+                            {
                                 Written::Stored(_) => break,
                                 Written::Changed(_) => continue,
                                 other => panic!("{other:?}"),
@@ -602,7 +681,11 @@ mod tests {
                 });
             }
         });
-        let scanned: Vec<Vec<u8>> = s.scan(b"", 1000, None).into_iter().map(|(k, _)| k).collect();
+        let scanned: Vec<Vec<u8>> = s
+            .scan(b"", 1000, None)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         let guard = scc::Guard::new();
         assert_eq!(s.order.iter(&guard).count(), s.stats().keys as usize);
         assert_eq!(scanned.len(), s.stats().keys as usize);
