@@ -24,6 +24,7 @@ pub mod protocol;
 pub mod record;
 pub mod server;
 pub mod store;
+pub mod ycsb;
 
 pub use client::{Client, Error, Result, Versioned};
 pub use record::Record;

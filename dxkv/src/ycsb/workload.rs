@@ -1,0 +1,474 @@
+//! YCSB's core workload: its properties, the standard workloads A–F and the
+//! paper's two as presets, key names, record contents and the choice of
+//! each operation (YCSB's `CoreWorkload`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use rand::RngExt;
+use serde::{Deserialize, Serialize};
+
+use super::generator::{
+    fnv_hash64, AcknowledgedCounter, Hotspot, Rng, ScrambledZipfian, SkewedLatest, Uniform,
+    Zipfian, ZIPFIAN_CONSTANT,
+};
+use crate::record::Record;
+
+/// Which records the operations pick (`requestdistribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Distribution {
+    /// Every record equally often.
+    Uniform,
+    /// Scrambled zipfian (constant 0.99): a few records very often,
+    /// scattered over the key space.
+    Zipfian,
+    /// Zipfian over the inserts so far, the newest most often.
+    Latest,
+    /// `hotspotopnfraction` of the operations on the first
+    /// `hotspotdatafraction` of the records.
+    Hotspot,
+}
+
+/// The length of each scan (`scanlengthdistribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanLength {
+    /// Uniform in 1..=maxscanlength.
+    Uniform,
+    /// Zipfian in 1..=maxscanlength (short scans most often).
+    Zipfian,
+}
+
+/// The properties of a YCSB core workload (YCSB's names, lower case).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Workload {
+    /// Records loaded in the load phase.
+    pub recordcount: u64,
+    /// Operations of the run phase (over all client threads).
+    pub operationcount: u64,
+    /// Fields per record.
+    pub fieldcount: u32,
+    /// Bytes per field value.
+    pub fieldlength: u32,
+    /// Reads fetch every field (else one random field).
+    pub readallfields: bool,
+    /// Updates write every field (else one random field).
+    pub writeallfields: bool,
+    pub readproportion: f64,
+    pub updateproportion: f64,
+    pub insertproportion: f64,
+    pub scanproportion: f64,
+    pub readmodifywriteproportion: f64,
+    pub requestdistribution: Distribution,
+    /// Longest scan.
+    pub maxscanlength: u32,
+    pub scanlengthdistribution: ScanLength,
+    /// Key numbers hashed into key names (YCSB's default `hashed`), else
+    /// in order.
+    pub insertorder_hashed: bool,
+    pub hotspotdatafraction: f64,
+    pub hotspotopnfraction: f64,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Self {
+            recordcount: 1000,
+            operationcount: 1000,
+            fieldcount: 10,
+            fieldlength: 100,
+            readallfields: true,
+            writeallfields: false,
+            readproportion: 0.95,
+            updateproportion: 0.05,
+            insertproportion: 0.0,
+            scanproportion: 0.0,
+            readmodifywriteproportion: 0.0,
+            requestdistribution: Distribution::Uniform,
+            maxscanlength: 1000,
+            scanlengthdistribution: ScanLength::Uniform,
+            insertorder_hashed: true,
+            hotspotdatafraction: 0.2,
+            hotspotopnfraction: 0.8,
+        }
+    }
+}
+
+/// The named presets.
+pub const PRESETS: &[&str] = &["a", "b", "c", "d", "e", "f", "paper-a", "paper-b"];
+
+impl Workload {
+    /// A preset: YCSB's workloads `a`–`f` (its `workloads/workloada` ...
+    /// files) or the Ibdxnet paper's `paper-a` (10 × 100 B fields, 100 %
+    /// reads, uniform) and `paper-b` (one 32 B field, 100 % reads,
+    /// uniform).
+    pub fn preset(name: &str) -> Option<Self> {
+        let d = Self::default();
+        let read_only = |fields, len| Self {
+            fieldcount: fields,
+            fieldlength: len,
+            readproportion: 1.0,
+            updateproportion: 0.0,
+            requestdistribution: Distribution::Uniform,
+            ..Self::default()
+        };
+        Some(
+            match name.to_ascii_lowercase().trim_start_matches("workload") {
+                "a" => Self {
+                    readproportion: 0.5,
+                    updateproportion: 0.5,
+                    requestdistribution: Distribution::Zipfian,
+                    ..d
+                },
+                "b" => Self {
+                    requestdistribution: Distribution::Zipfian,
+                    ..d
+                },
+                "c" => Self {
+                    readproportion: 1.0,
+                    updateproportion: 0.0,
+                    requestdistribution: Distribution::Zipfian,
+                    ..d
+                },
+                "d" => Self {
+                    updateproportion: 0.0,
+                    insertproportion: 0.05,
+                    requestdistribution: Distribution::Latest,
+                    ..d
+                },
+                "e" => Self {
+                    readproportion: 0.0,
+                    updateproportion: 0.0,
+                    scanproportion: 0.95,
+                    insertproportion: 0.05,
+                    requestdistribution: Distribution::Zipfian,
+                    maxscanlength: 100,
+                    ..d
+                },
+                "f" => Self {
+                    readproportion: 0.5,
+                    updateproportion: 0.0,
+                    readmodifywriteproportion: 0.5,
+                    requestdistribution: Distribution::Zipfian,
+                    ..d
+                },
+                "paper-a" => read_only(10, 100),
+                "paper-b" => read_only(1, 32),
+                _ => return None,
+            },
+        )
+    }
+
+    /// Checks the properties.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = [
+            self.readproportion,
+            self.updateproportion,
+            self.insertproportion,
+            self.scanproportion,
+            self.readmodifywriteproportion,
+        ];
+        if p.iter().any(|&x| !(0.0..=1.0).contains(&x)) || p.iter().sum::<f64>() <= 0.0 {
+            return Err("operation proportions must be in 0..=1 and not all 0".into());
+        }
+        if self.fieldcount == 0 || self.fieldcount > 1000 {
+            return Err("fieldcount must be 1..=1000".into());
+        }
+        if self.recordcount == 0 {
+            return Err("recordcount must be at least 1".into());
+        }
+        if self.maxscanlength == 0 {
+            return Err("maxscanlength must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The key name of key number `n` (`user` and the number, hashed
+    /// unless `insertorder_hashed` is off).
+    pub fn key(&self, n: u64) -> String {
+        let n = if self.insertorder_hashed {
+            fnv_hash64(n)
+        } else {
+            n
+        };
+        format!("user{n}")
+    }
+
+    /// Field `i`'s name.
+    pub fn field_name(i: u32) -> String {
+        format!("field{i}")
+    }
+
+    /// The value of field `field` of key `key` as written at `version`
+    /// (deterministic, so a read can be checked against it).
+    pub fn value(&self, key: &str, field: u32, stamp: u64) -> Vec<u8> {
+        let mut x =
+            xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), field as u64 ^ stamp << 20) | 1;
+        (0..self.fieldlength)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                b' ' + (x % 95) as u8
+            })
+            .collect()
+    }
+
+    /// The record of key `key` as loaded: every field, stamp 0.
+    pub fn record(&self, key: &str) -> Record {
+        Record::from_fields(
+            (0..self.fieldcount).map(|f| (Self::field_name(f), self.value(key, f, 0))),
+        )
+    }
+
+    /// The fields an update writes (all, or one at random).
+    pub fn update_fields(&self, key: &str, rng: &mut Rng) -> Record {
+        let stamp = rng.random::<u32>() as u64 + 1;
+        if self.writeallfields {
+            Record::from_fields(
+                (0..self.fieldcount).map(|f| (Self::field_name(f), self.value(key, f, stamp))),
+            )
+        } else {
+            let f = rng.random_range(0..self.fieldcount);
+            Record::from_fields([(Self::field_name(f), self.value(key, f, stamp))])
+        }
+    }
+
+    /// The fields a read asks for (`None`: all).
+    pub fn read_fields(&self, rng: &mut Rng) -> Option<Vec<String>> {
+        (!self.readallfields).then(|| vec![Self::field_name(rng.random_range(0..self.fieldcount))])
+    }
+}
+
+impl FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::preset(s)
+            .ok_or_else(|| format!("unknown workload {s:?} (presets: {})", PRESETS.join(", ")))
+    }
+}
+
+/// An operation of the run phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Insert,
+    Read,
+    Update,
+    Scan,
+    #[serde(rename = "read-modify-write")]
+    ReadModifyWrite,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Insert => "insert",
+            Op::Read => "read",
+            Op::Update => "update",
+            Op::Scan => "scan",
+            Op::ReadModifyWrite => "read-modify-write",
+        })
+    }
+}
+
+enum KeyChooser {
+    Uniform(Uniform),
+    Zipfian(ScrambledZipfian),
+    Latest(SkewedLatest),
+    Hotspot(Hotspot),
+}
+
+/// The run phase's shared state: which operation comes next and on which
+/// key (one per run, used by every client thread).
+pub struct Chooser {
+    workload: Workload,
+    keys: KeyChooser,
+    inserts: AcknowledgedCounter,
+    scan_len: Option<Zipfian>,
+    cumulative: [(f64, Op); 5],
+}
+
+impl Chooser {
+    /// For the run after a load of `workload.recordcount` records.
+    pub fn new(workload: &Workload) -> Self {
+        let w = workload.clone();
+        let n = w.recordcount;
+        let inserts = AcknowledgedCounter::new(n);
+        // As YCSB: zipfian keys range over the records expected by the end
+        // (twice the expected inserts, for safety); picks past the inserts
+        // acknowledged so far are drawn again.
+        let expected_new = (w.operationcount as f64 * w.insertproportion * 2.0) as u64;
+        let keys = match w.requestdistribution {
+            Distribution::Uniform => KeyChooser::Uniform(Uniform::new(0, n - 1)),
+            Distribution::Zipfian => {
+                KeyChooser::Zipfian(ScrambledZipfian::new(0, n + expected_new - 1))
+            }
+            Distribution::Latest => KeyChooser::Latest(SkewedLatest::new(&inserts)),
+            Distribution::Hotspot => KeyChooser::Hotspot(Hotspot::new(
+                0,
+                n - 1,
+                w.hotspotdatafraction,
+                w.hotspotopnfraction,
+            )),
+        };
+        let scan_len = (w.scanlengthdistribution == ScanLength::Zipfian)
+            .then(|| Zipfian::new(1, w.maxscanlength as u64, ZIPFIAN_CONSTANT));
+        let mut acc = 0.0;
+        let mut cumulative = [(0.0, Op::Read); 5];
+        for (i, (p, op)) in [
+            (w.readproportion, Op::Read),
+            (w.updateproportion, Op::Update),
+            (w.insertproportion, Op::Insert),
+            (w.scanproportion, Op::Scan),
+            (w.readmodifywriteproportion, Op::ReadModifyWrite),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            acc += p;
+            cumulative[i] = (acc, op);
+        }
+        Self {
+            workload: w,
+            keys,
+            inserts,
+            scan_len,
+            cumulative,
+        }
+    }
+
+    /// The workload.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// The next operation.
+    pub fn op(&self, rng: &mut Rng) -> Op {
+        let total = self.cumulative[4].0;
+        let u = rng.random::<f64>() * total;
+        self.cumulative
+            .iter()
+            .find(|(c, _)| u < *c)
+            .map_or(self.cumulative[4].1, |&(_, op)| op)
+    }
+
+    /// The key number an operation other than insert touches: one whose
+    /// insert finished.
+    pub fn existing_key(&self, rng: &mut Rng) -> u64 {
+        loop {
+            let limit = self.inserts.last();
+            let k = match &self.keys {
+                KeyChooser::Uniform(u) => u.next(rng),
+                KeyChooser::Zipfian(z) => z.next(rng),
+                KeyChooser::Latest(l) => l.next(&self.inserts, rng),
+                KeyChooser::Hotspot(h) => h.next(rng),
+            };
+            if k < limit {
+                return k;
+            }
+        }
+    }
+
+    /// A new key number to insert; call [`Chooser::inserted`] once done.
+    pub fn new_key(&self) -> u64 {
+        self.inserts.next()
+    }
+
+    /// Marks key number `n`'s insert as finished.
+    pub fn inserted(&self, n: u64) {
+        self.inserts.acknowledge(n);
+    }
+
+    /// A scan's length.
+    pub fn scan_length(&self, rng: &mut Rng) -> u32 {
+        match &self.scan_len {
+            Some(z) => z.next(rng) as u32,
+            None => rng.random_range(1..=self.workload.maxscanlength),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn presets_have_ycsb_proportions() {
+        for p in PRESETS {
+            Workload::preset(p).unwrap().validate().unwrap();
+        }
+        let e = Workload::preset("workloade").unwrap();
+        assert_eq!(
+            (e.scanproportion, e.insertproportion, e.maxscanlength),
+            (0.95, 0.05, 100)
+        );
+        let b = Workload::preset("paper-b").unwrap();
+        assert_eq!(
+            (b.fieldcount, b.fieldlength, b.readproportion),
+            (1, 32, 1.0)
+        );
+        assert!("nope".parse::<Workload>().is_err());
+    }
+
+    #[test]
+    fn operations_come_in_their_proportions() {
+        let mut w = Workload::preset("a").unwrap();
+        w.readproportion = 0.6;
+        w.updateproportion = 0.1;
+        w.insertproportion = 0.1;
+        w.scanproportion = 0.1;
+        w.readmodifywriteproportion = 0.1;
+        let c = Chooser::new(&w);
+        let mut rng = Rng::seed_from_u64(7);
+        let mut counts = std::collections::BTreeMap::new();
+        let n = 100_000;
+        for _ in 0..n {
+            *counts.entry(c.op(&mut rng)).or_insert(0) += 1;
+        }
+        for (op, want) in [
+            (Op::Read, 0.6),
+            (Op::Update, 0.1),
+            (Op::Insert, 0.1),
+            (Op::Scan, 0.1),
+            (Op::ReadModifyWrite, 0.1),
+        ] {
+            let got = counts[&op] as f64 / n as f64;
+            assert!((got - want).abs() < 0.01, "{op}: {got}");
+        }
+    }
+
+    #[test]
+    fn keys_are_loaded_ones_and_values_are_deterministic() {
+        let w = Workload {
+            recordcount: 500,
+            requestdistribution: Distribution::Zipfian,
+            insertproportion: 0.5,
+            ..Workload::default()
+        };
+        let c = Chooser::new(&w);
+        let mut rng = Rng::seed_from_u64(1);
+        for _ in 0..10_000 {
+            assert!(c.existing_key(&mut rng) < 500);
+        }
+        let k = c.new_key();
+        assert_eq!(k, 500);
+        c.inserted(k);
+        let r = w.record(&w.key(3));
+        assert_eq!(r.len(), 10);
+        assert_eq!(r.field("field9").unwrap().len(), 100);
+        assert_eq!(r, w.record(&w.key(3)));
+        assert_ne!(w.key(3), w.key(4));
+        assert_eq!(
+            Workload {
+                insertorder_hashed: false,
+                ..w.clone()
+            }
+            .key(3),
+            "user3"
+        );
+    }
+}

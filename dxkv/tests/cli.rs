@@ -1,0 +1,96 @@
+//! The `dxkv` command end to end: `dxkv local` starts storage processes,
+//! loads and runs a YCSB workload against them and reports every operation.
+
+use std::process::Command;
+
+/// A free port (with `n - 1` free after it) below the ephemeral range.
+fn free_ports(n: u16) -> u16 {
+    let mut p = 14_000 + (std::process::id() % 500) as u16 * 20;
+    loop {
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+        p += n;
+    }
+}
+
+fn run_local(workload: &str, storage: u16, extra: &[&str]) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("dxkv-cli-{}-{workload}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("out.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_dxkv"))
+        .args(["local", "--workload", workload, "--threads", "24"])
+        .args(["--records", "3000", "--operations", "6000"])
+        .args(["--storage-nodes", &storage.to_string()])
+        .args(["--port", &free_ports(storage + 1).to_string()])
+        .arg("--json")
+        .arg(&json)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("ops/s with 24 threads"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    v
+}
+
+fn check(v: &serde_json::Value, phase: &str, count: u64, ops: &[&str]) {
+    let r = v["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["phase"] == phase)
+        .unwrap_or_else(|| panic!("no {phase} report: {v}"));
+    assert_eq!(r["operations"], count, "{r}");
+    let mut sum = 0;
+    for (op, s) in r["ops"].as_object().unwrap() {
+        assert!(ops.contains(&op.as_str()), "unexpected {op}: {r}");
+        assert_eq!(s["errors"], 0, "{r}");
+        assert_eq!(s["not_found"], 0, "{op}: every key read was loaded: {r}");
+        assert!(s["p50_us"].as_u64().unwrap() <= s["p99_us"].as_u64().unwrap());
+        sum += s["ok"].as_u64().unwrap();
+    }
+    assert_eq!(sum, count);
+}
+
+#[test]
+fn local_cluster_runs_paper_b_with_every_read_found() {
+    let v = run_local("paper-b", 1, &[]);
+    assert_eq!(v["workload"]["fieldlength"], 32);
+    check(&v, "load", 3000, &["insert"]);
+    check(&v, "run", 6000, &["read"]);
+}
+
+#[test]
+fn local_cluster_of_two_storage_nodes_runs_workload_f_and_a_set_property() {
+    let v = run_local(
+        "f",
+        2,
+        &[
+            "--set",
+            "requestdistribution=hotspot",
+            "--set",
+            "fieldcount=3",
+        ],
+    );
+    assert_eq!(v["workload"]["requestdistribution"], "hotspot");
+    assert_eq!(v["workload"]["fieldcount"], 3);
+    check(&v, "load", 3000, &["insert"]);
+    check(&v, "run", 6000, &["read", "read-modify-write"]);
+}
+
+#[test]
+fn bad_arguments_are_reported() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dxkv"))
+        .args(["local", "--workload", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload"));
+}
