@@ -4,13 +4,21 @@
 use std::process::Command;
 
 /// A free port (with `n - 1` free after it) below the ephemeral range.
+/// Each call gets its own range (tests run in parallel).
 fn free_ports(n: u16) -> u16 {
-    let mut p = 14_000 + (std::process::id() % 500) as u16 * 20;
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        14_000 + (std::process::id() % 500) as u16 * 30,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
     loop {
+        let p = NEXT.fetch_add(n, Ordering::SeqCst);
         if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }
-        p += n;
     }
 }
 
