@@ -1,7 +1,7 @@
 //! The `dxkv` command: run a storage node, run YCSB against a cluster, or
 //! start a local cluster of processes and run YCSB on it in one go.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -73,10 +73,18 @@ enum Cmd {
         ycsb: YcsbArgs,
     },
     /// Start `--storage-nodes` storage processes on 127.0.0.1 and run YCSB
-    /// against them from this process, then stop them.
+    /// against them from this process, then stop them; with `--bindings`
+    /// also against a local memcached (2 threads) and Redis, in interleaved
+    /// rounds, each on a fresh server.
     Local {
         #[arg(long, default_value_t = 1)]
         storage_nodes: u16,
+        /// Stores to run: dxkv, memcached, redis.
+        #[arg(long, value_delimiter = ',', default_value = "dxkv")]
+        bindings: Vec<String>,
+        /// Rounds (each runs every binding, in a rotated order).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// First TCP port of the node map (node i listens on port + i).
         #[arg(long, default_value_t = 17_300)]
         port: u16,
@@ -141,10 +149,12 @@ fn real_main() -> Result<(), String> {
         }
         Cmd::Local {
             storage_nodes,
+            bindings,
+            rounds,
             port,
             max_memory,
             ycsb,
-        } => local(storage_nodes, port, max_memory, &ycsb),
+        } => local(storage_nodes, &bindings, rounds, port, max_memory, &ycsb),
     }
 }
 
@@ -173,8 +183,25 @@ fn workload(a: &YcsbArgs) -> Result<Workload, String> {
 }
 
 fn run_ycsb(client: &Client, a: &YcsbArgs) -> Result<(), String> {
+    let reports = run_phases(&DxkvBinding::new(client.clone()), a)?;
+    write_json(a, &reports)
+}
+
+fn write_json(a: &YcsbArgs, reports: &[ycsb::Report]) -> Result<(), String> {
+    if let Some(path) = &a.json {
+        let json = serde_json::json!({ "workload": workload(a)?, "reports": reports });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json).expect("serializable"),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs the phases of `a` on `binding`, printing each report.
+fn run_phases(binding: &dyn Binding, a: &YcsbArgs) -> Result<Vec<ycsb::Report>, String> {
     let w = workload(a)?;
-    let binding = DxkvBinding::new(client.clone());
     let mut reports = Vec::new();
     let mut chooser = None;
     for p in &a.phases {
@@ -186,28 +213,20 @@ fn run_ycsb(client: &Client, a: &YcsbArgs) -> Result<(), String> {
         if phase == Phase::Run && chooser.is_none() {
             chooser = Some(Chooser::new(&w));
         }
-        let progress = |done: u64, total: u64| eprint!("\r{phase:?}: {done}/{total}   ");
-        let r = ycsb::run(
-            &binding as &dyn Binding,
-            &w,
-            phase,
-            a.threads,
-            chooser.as_ref(),
-            &progress,
-        )?;
-        eprint!("\r{:40}\r", "");
+        let tty = std::io::stderr().is_terminal();
+        let progress = |done: u64, total: u64| {
+            if tty {
+                eprint!("\r{phase:?}: {done}/{total}   ");
+            }
+        };
+        let r = ycsb::run(binding, &w, phase, a.threads, chooser.as_ref(), &progress)?;
+        if tty {
+            eprint!("\r{:40}\r", "");
+        }
         print!("{}", r.table());
         reports.push(r);
     }
-    if let Some(path) = &a.json {
-        let json = serde_json::json!({ "workload": w, "reports": reports });
-        std::fs::write(
-            path,
-            serde_json::to_string_pretty(&json).expect("serializable"),
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(())
+    Ok(reports)
 }
 
 /// Storage processes that are stopped (stdin closed, then killed) on drop.
@@ -231,11 +250,85 @@ impl Drop for Children {
     }
 }
 
-fn local(storage_nodes: u16, port: u16, max_memory: u64, a: &YcsbArgs) -> Result<(), String> {
+fn local(
+    storage_nodes: u16,
+    bindings: &[String],
+    rounds: usize,
+    port: u16,
+    max_memory: u64,
+    a: &YcsbArgs,
+) -> Result<(), String> {
     if storage_nodes == 0 {
         return Err("--storage-nodes must be at least 1".into());
     }
     workload(a)?; // refuse bad arguments before starting processes
+    for b in bindings {
+        if !["dxkv", "memcached", "redis"].contains(&b.as_str()) {
+            return Err(format!("unknown binding {b:?} (dxkv, memcached, redis)"));
+        }
+    }
+    let mut all = Vec::new();
+    for round in 0..rounds.max(1) {
+        for i in 0..bindings.len() {
+            let b = &bindings[(i + round) % bindings.len()];
+            println!("--- round {} of {}: {b}", round + 1, rounds.max(1));
+            let reports = match b.as_str() {
+                "dxkv" => local_dxkv(storage_nodes, port, max_memory, a)?,
+                other => local_baseline(other, port, max_memory, a)?,
+            };
+            all.extend(reports.into_iter().map(|r| (round, r)));
+        }
+    }
+    if rounds > 1 || bindings.len() > 1 {
+        print!("{}", summary(bindings, &all));
+    }
+    let reports: Vec<ycsb::Report> = all.into_iter().map(|(_, r)| r).collect();
+    write_json(a, &reports)
+}
+
+/// Run-phase throughput per binding (median over rounds) and its ratio to
+/// the first binding's in the same round (median of the rounds' ratios).
+fn summary(bindings: &[String], reports: &[(usize, ycsb::Report)]) -> String {
+    let runs = |b: &str| -> Vec<(usize, f64)> {
+        reports
+            .iter()
+            .filter(|(_, r)| r.binding == *b && r.phase == Phase::Run)
+            .map(|(round, r)| (*round, r.ops_per_sec))
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    let base = runs(&bindings[0]);
+    let mut s =
+        String::from("\nrun phase (median over rounds; ratios per round, then their median):\n");
+    for b in bindings {
+        let mine = runs(b);
+        let Some(m) = median(mine.iter().map(|x| x.1).collect()) else {
+            continue;
+        };
+        let ratios: Vec<f64> = mine
+            .iter()
+            .filter_map(|(round, v)| base.iter().find(|x| x.0 == *round).map(|x| v / x.1))
+            .collect();
+        let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        s += &format!(
+            "  {b:<10} {m:>10.0} ops/s   {:.2}x {} (rounds: {})\n",
+            median(ratios.clone()).unwrap_or(f64::NAN),
+            bindings[0],
+            list.join(", ")
+        );
+    }
+    s
+}
+
+fn local_dxkv(
+    storage_nodes: u16,
+    port: u16,
+    max_memory: u64,
+    a: &YcsbArgs,
+) -> Result<Vec<ycsb::Report>, String> {
     let n = storage_nodes + 1;
     let dir = std::env::temp_dir().join(format!("dxkv-local-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -254,9 +347,11 @@ fn local(storage_nodes: u16, port: u16, max_memory: u64, a: &YcsbArgs) -> Result
     let mut children = Children(Vec::new());
     for id in 0..storage_nodes {
         let path = dir.join(format!("node{id}.json"));
-        let cfg = config(id);
-        std::fs::write(&path, serde_json::to_string(&cfg).expect("serializable"))
-            .map_err(|e| e.to_string())?;
+        std::fs::write(
+            &path,
+            serde_json::to_string(&config(id)).expect("serializable"),
+        )
+        .map_err(|e| e.to_string())?;
         let mut child = Command::new(&exe)
             .args(["storage", "--config"])
             .arg(&path)
@@ -277,10 +372,91 @@ fn local(storage_nodes: u16, port: u16, max_memory: u64, a: &YcsbArgs) -> Result
         }
     }
     let node = Arc::new(Node::start(config(storage_nodes)).map_err(|e| e.to_string())?);
-    let client =
-        Client::new(node, (0..storage_nodes).map(NodeId).collect()).map_err(|e| e.to_string())?;
-    let r = run_ycsb(&client, a);
+    let client = Client::new(node.clone(), (0..storage_nodes).map(NodeId).collect())
+        .map_err(|e| e.to_string())?;
+    let r = run_phases(&DxkvBinding::new(client), a);
     drop(children);
+    if let Some(node) = Arc::into_inner(node) {
+        node.shutdown();
+    }
     let _ = std::fs::remove_dir_all(&dir);
     r
+}
+
+/// Runs a fresh memcached (2 threads, as the paper's comparison) or Redis
+/// on 127.0.0.1:`port` and the phases against it.
+fn local_baseline(
+    which: &str,
+    port: u16,
+    max_memory: u64,
+    a: &YcsbArgs,
+) -> Result<Vec<ycsb::Report>, String> {
+    let address = format!("127.0.0.1:{port}");
+    let mib = (max_memory >> 20).max(64).to_string();
+    let p = port.to_string();
+    let mut cmd = match which {
+        "memcached" => {
+            let mut c = Command::new("memcached");
+            c.args([
+                "-l",
+                "127.0.0.1",
+                "-p",
+                &p,
+                "-U",
+                "0",
+                "-t",
+                "2",
+                "-c",
+                "4096",
+            ])
+            .args(["-m", &mib]);
+            // As root memcached wants a user to drop to.
+            if is_root() {
+                c.args(["-u", "root"]);
+            }
+            c
+        }
+        _ => {
+            let mut c = Command::new("redis-server");
+            c.args([
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--maxmemory", &max_memory.to_string()]);
+            c
+        }
+    };
+    let child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {which} (is it installed?): {e}"))?;
+    let _children = Children(vec![child]);
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(&address).is_err() {
+        if t.elapsed() > Duration::from_secs(10) {
+            return Err(format!("{which} did not listen on {address}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match which {
+        "memcached" => run_phases(&ycsb::baselines::MemcachedBinding::new(&address), a),
+        _ => run_phases(&ycsb::baselines::RedisBinding::new(&address), a),
+    }
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").map(|u| u == "root").unwrap_or(false)
+        || std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
 }

@@ -3,6 +3,7 @@
 //! runs the load and run phases on N client threads ([`driver`]), and the
 //! bindings it drives ([`DxkvBinding`] natively over dxnet).
 
+pub mod baselines;
 pub mod driver;
 pub mod generator;
 pub mod workload;
