@@ -102,3 +102,33 @@ fn bad_arguments_are_reported() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload"));
 }
+
+/// True if `cmd` runs; outside CI a missing baseline skips the test (CI
+/// installs memcached and redis-server).
+fn installed(cmd: &str) -> bool {
+    let ok = Command::new(cmd).arg("--version").output().is_ok();
+    if !ok {
+        assert!(std::env::var("CI").is_err(), "{cmd} missing in CI");
+        println!("skipped: {cmd} not installed (apt-get install memcached redis-server)");
+    }
+    ok
+}
+
+#[test]
+fn memcached_and_redis_baselines_run_through_the_same_driver() {
+    if !installed("memcached") || !installed("redis-server") {
+        return;
+    }
+    let v = run_local("paper-a", 1, &["--bindings", "dxkv,memcached,redis"]);
+    let reports = v["reports"].as_array().unwrap();
+    for b in ["dxkv", "memcached", "redis"] {
+        let mine: Vec<&serde_json::Value> = reports.iter().filter(|r| r["binding"] == b).collect();
+        assert_eq!(mine.len(), 2, "{b}: a load and a run report");
+        for r in mine {
+            for (_, s) in r["ops"].as_object().unwrap() {
+                assert_eq!(s["errors"], 0, "{b}: {r}");
+                assert_eq!(s["not_found"], 0, "{b}: {r}");
+            }
+        }
+    }
+}
