@@ -20,6 +20,7 @@
 //!   and the other nodes' keys keep working.
 
 pub mod client;
+pub mod memcached;
 pub mod protocol;
 pub mod record;
 pub mod server;

@@ -59,6 +59,20 @@ enum Cmd {
         /// Memory limit of the records, in bytes.
         #[arg(long, default_value_t = StoreConfig::default().max_memory)]
         max_memory: u64,
+        /// Also serve memcached's text protocol for the whole cluster on
+        /// this TCP port (of 127.0.0.1 unless --memcached-host).
+        #[arg(long)]
+        memcached_port: Option<u16>,
+        /// Address the memcached front end listens on.
+        #[arg(long, default_value = "127.0.0.1")]
+        memcached_host: String,
+        /// Most memcached connections at once.
+        #[arg(long, default_value_t = 1024)]
+        memcached_connections: usize,
+        /// The cluster's storage node ids, in partitioning order (for the
+        /// memcached front end; default: this node alone).
+        #[arg(long, value_delimiter = ',')]
+        storage: Vec<u16>,
     },
     /// Run YCSB from this node against the storage nodes.
     Ycsb {
@@ -117,9 +131,16 @@ fn tracing_init() {
 
 fn real_main() -> Result<(), String> {
     match Cli::parse().cmd {
-        Cmd::Storage { config, max_memory } => {
+        Cmd::Storage {
+            config,
+            max_memory,
+            memcached_port,
+            memcached_host,
+            memcached_connections,
+            storage,
+        } => {
             let cfg = Config::from_file(&config).map_err(|e| e.to_string())?;
-            let node = Node::start(cfg).map_err(|e| e.to_string())?;
+            let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
             let _server = Server::start(
                 &node,
                 StoreConfig {
@@ -128,11 +149,36 @@ fn real_main() -> Result<(), String> {
                 },
             )
             .map_err(|e| e.to_string())?;
-            println!("READY node {}", node.id());
+            let _frontend = match memcached_port {
+                Some(port) => {
+                    let storage = if storage.is_empty() {
+                        vec![node.id()]
+                    } else {
+                        storage.into_iter().map(NodeId).collect()
+                    };
+                    let client = Client::new(node.clone(), storage).map_err(|e| e.to_string())?;
+                    let addr = format!("{memcached_host}:{port}");
+                    let f = dxkv::memcached::Frontend::start(
+                        client,
+                        &addr,
+                        dxkv::memcached::FrontendConfig {
+                            max_connections: memcached_connections,
+                            ..Default::default()
+                        },
+                    )
+                    .map_err(|e| format!("memcached front end on {addr}: {e}"))?;
+                    Some(f)
+                }
+                None => None,
+            };
+            println!("READY {}", node.id());
             // Serve until stdin closes (a parent's way to stop it) or a
             // signal ends the process.
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
-            node.shutdown();
+            drop(_frontend);
+            if let Some(node) = Arc::into_inner(node) {
+                node.shutdown();
+            }
             Ok(())
         }
         Cmd::Ycsb {
