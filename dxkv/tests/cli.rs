@@ -132,3 +132,96 @@ fn memcached_and_redis_baselines_run_through_the_same_driver() {
         }
     }
 }
+
+/// Two `dxkv storage` processes and a client in this process: killing one
+/// (SIGKILL) fails only its keys, within the client's timeout; restarted
+/// with the same id it serves its keys again, empty.
+#[test]
+fn a_killed_storage_process_fails_only_its_keys_and_restarts_empty() {
+    use dxkv::{Client, Record};
+    use dxnet::{Config, Node, NodeId};
+    use std::io::BufRead;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let port = free_ports(3);
+    let dir = std::env::temp_dir().join(format!("dxkv-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let start = |id: u16| {
+        let path = dir.join(format!("node{id}.json"));
+        let cfg = Config::tcp_localhost(id, 3, port);
+        std::fs::write(&path, serde_json::to_string(&cfg).unwrap()).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dxkv"))
+            .args(["storage", "--config"])
+            .arg(&path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("READY"), "{line}");
+        child
+    };
+    let mut storage = vec![start(0), start(1)];
+    let node = Arc::new(Node::start(Config::tcp_localhost(2, 3, port)).unwrap());
+    let kv = Client::new(node, vec![NodeId(0), NodeId(1)])
+        .unwrap()
+        .with_timeout(Duration::from_secs(2));
+    let keys: Vec<Vec<u8>> = (0..200).map(|i| format!("k{i}").into_bytes()).collect();
+    for k in &keys {
+        kv.put(k, &Record::value(k)).unwrap();
+    }
+    let (on1, on0): (Vec<_>, Vec<_>) = keys.iter().partition(|k| kv.node_of_key(k) == NodeId(1));
+
+    storage[1].kill().unwrap();
+    storage[1].wait().unwrap();
+    for k in on1.iter().take(20) {
+        let t = Instant::now();
+        let e = kv.get(k).unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "failed only after {:?}",
+            t.elapsed()
+        );
+        assert!(
+            matches!(
+                &e,
+                dxkv::Error::Net(dxnet::Error::Unreachable(..) | dxnet::Error::Timeout(_))
+            ),
+            "{e}"
+        );
+    }
+    for k in &on0 {
+        assert_eq!(kv.get(k).unwrap().unwrap().record, Record::value(k));
+    }
+
+    storage[1] = start(1);
+    let t = Instant::now();
+    while kv.get(on1[0]).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "restarted node never served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for k in &on1 {
+        assert_eq!(
+            kv.get(k).unwrap(),
+            None,
+            "a restarted storage node is empty"
+        );
+    }
+    kv.put(on1[0], &Record::value(b"again")).unwrap();
+    assert_eq!(
+        kv.get(on1[0]).unwrap().unwrap().record,
+        Record::value(b"again")
+    );
+    for mut c in storage {
+        drop(c.stdin.take());
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
