@@ -9,7 +9,7 @@ pub mod generator;
 pub mod workload;
 
 pub use driver::{run, Binding, Phase, Report, Session};
-pub use workload::{Chooser, Distribution, Op, Workload};
+pub use workload::{Chooser, Distribution, FieldLength, Op, Workload};
 
 use crate::client::Client;
 use crate::record::Record;

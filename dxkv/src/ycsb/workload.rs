@@ -40,6 +40,18 @@ pub enum ScanLength {
     Zipfian,
 }
 
+/// The length of each field value (`fieldlengthdistribution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldLength {
+    /// Always `fieldlength` bytes.
+    Constant,
+    /// Uniform in 1..=fieldlength.
+    Uniform,
+    /// Zipfian in 1..=fieldlength (short values most often).
+    Zipfian,
+}
+
 /// The properties of a YCSB core workload (YCSB's names, lower case).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -50,8 +62,9 @@ pub struct Workload {
     pub operationcount: u64,
     /// Fields per record.
     pub fieldcount: u32,
-    /// Bytes per field value.
+    /// Bytes per field value (the largest, unless constant).
     pub fieldlength: u32,
+    pub fieldlengthdistribution: FieldLength,
     /// Reads fetch every field (else one random field).
     pub readallfields: bool,
     /// Updates write every field (else one random field).
@@ -79,6 +92,7 @@ impl Default for Workload {
             operationcount: 1000,
             fieldcount: 10,
             fieldlength: 100,
+            fieldlengthdistribution: FieldLength::Constant,
             readallfields: true,
             writeallfields: false,
             readproportion: 0.95,
@@ -201,12 +215,22 @@ impl Workload {
         format!("field{i}")
     }
 
-    /// The value of field `field` of key `key` as written at `version`
-    /// (deterministic, so a read can be checked against it).
+    /// The value of field `field` of key `key` as written with `stamp`
+    /// (deterministic, so a read can be checked against it; its length
+    /// follows `fieldlengthdistribution`).
     pub fn value(&self, key: &str, field: u32, stamp: u64) -> Vec<u8> {
         let mut x =
             xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), field as u64 ^ stamp << 20) | 1;
-        (0..self.fieldlength)
+        let max = self.fieldlength.max(1) as u64;
+        let len = match self.fieldlengthdistribution {
+            FieldLength::Constant => max,
+            FieldLength::Uniform => 1 + x % max,
+            FieldLength::Zipfian => {
+                let mut rng = <Rng as rand::SeedableRng>::seed_from_u64(x);
+                Zipfian::new(1, max, ZIPFIAN_CONSTANT).next(&mut rng)
+            }
+        };
+        (0..len)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -395,6 +419,32 @@ impl Chooser {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn field_lengths_follow_their_distribution() {
+        let lens = |d| {
+            let w = Workload {
+                fieldlengthdistribution: d,
+                fieldlength: 100,
+                ..Workload::default()
+            };
+            (0..2000u32)
+                .map(|i| w.value(&w.key(i as u64), i % 10, 0).len())
+                .collect::<Vec<_>>()
+        };
+        assert!(lens(FieldLength::Constant).iter().all(|&l| l == 100));
+        let u = lens(FieldLength::Uniform);
+        assert!(u.iter().all(|&l| (1..=100).contains(&l)));
+        let mean = u.iter().sum::<usize>() as f64 / u.len() as f64;
+        assert!((45.0..56.0).contains(&mean), "{mean}");
+        let z = lens(FieldLength::Zipfian);
+        assert!(z.iter().all(|&l| (1..=100).contains(&l)));
+        let short = z.iter().filter(|&&l| l <= 5).count();
+        assert!(
+            short > z.len() / 4,
+            "zipfian lengths favour short values: {short}"
+        );
+    }
 
     #[test]
     fn presets_have_ycsb_proportions() {

@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -165,8 +165,8 @@ pub struct TcpEngine {
     max_pending_handshakes: usize,
     /// Outgoing rings per connection (`tcp.rings`).
     rings: usize,
-    /// Handshake threads alive at once (evicted ones may take a moment to
-    /// exit); connections beyond it are refused.
+    /// Handshake threads at once (each counted until the listener joined
+    /// it, evicted ones too); connections beyond it are refused.
     max_handshake_threads: usize,
     secret: Option<Vec<u8>>,
     tls: Option<TlsContext>,
@@ -185,8 +185,6 @@ pub struct TcpEngine {
     send_waker: Waker,
     send_sleeping: AtomicBool,
     listen_waker: Waker,
-    /// Handshake threads alive.
-    pending_handshakes: AtomicUsize,
     handshakes: Mutex<HandshakeSlots>,
     stop: AtomicBool,
     threads: EngineThreads,
@@ -239,7 +237,6 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
         send_sleeping: AtomicBool::new(false),
         listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
-        pending_handshakes: AtomicUsize::new(0),
         handshakes: Mutex::new(HandshakeSlots::default()),
         stop: AtomicBool::new(false),
         threads: EngineThreads::default(),

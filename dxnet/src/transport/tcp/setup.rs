@@ -315,6 +315,20 @@ impl TcpEngine {
 
     pub(super) fn listen_loop(self: Arc<Self>, listener: mio::net::TcpListener, mut poll: Poll) {
         let mut events = Events::with_capacity(16);
+        // The handshake threads, each counted until joined (until the OS
+        // released it), so at most `max_handshake_threads` exist at once
+        // however fast a flood of connections ends and replaces them.
+        let mut hs_threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+        let reap = |hs: &mut Vec<std::thread::JoinHandle<()>>| {
+            let mut i = 0;
+            while i < hs.len() {
+                if hs[i].is_finished() {
+                    let _ = hs.swap_remove(i).join();
+                } else {
+                    i += 1;
+                }
+            }
+        };
         while !self.stop.load(Ordering::Acquire) {
             if let Err(e) = poll.poll(&mut events, Some(Duration::from_millis(500))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -322,6 +336,7 @@ impl TcpEngine {
                     return;
                 }
             }
+            reap(&mut hs_threads);
             loop {
                 let (s, from) = match listener.accept() {
                     Ok(x) => x,
@@ -332,10 +347,10 @@ impl TcpEngine {
                         break;
                     }
                 };
-                if self.pending_handshakes.fetch_add(1, Ordering::AcqRel)
-                    >= self.max_handshake_threads
-                {
-                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                if hs_threads.len() >= self.max_handshake_threads {
+                    reap(&mut hs_threads);
+                }
+                if hs_threads.len() >= self.max_handshake_threads {
                     tracing::warn!(
                         "{}: too many handshakes in progress; refusing {from}",
                         self.own
@@ -351,7 +366,6 @@ impl TcpEngine {
                     unsafe { TcpStream::from_raw_fd(fd) }
                 };
                 let Ok(clone) = std_stream.try_clone() else {
-                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 };
                 let id = {
@@ -394,11 +408,10 @@ impl TcpEngine {
                         } else {
                             drop(slot);
                         }
-                        e.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
                     });
-                if spawned.is_err() {
-                    self.handshakes.lock().pending.retain(|(i, _)| *i != id);
-                    self.pending_handshakes.fetch_sub(1, Ordering::AcqRel);
+                match spawned {
+                    Ok(h) => hs_threads.push(h),
+                    Err(_) => self.handshakes.lock().pending.retain(|(i, _)| *i != id),
                 }
             }
         }
