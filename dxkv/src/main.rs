@@ -47,6 +47,10 @@ struct YcsbArgs {
     /// Also write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also write the reports as CSV here (one row per phase and
+    /// operation).
+    #[arg(long)]
+    csv: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -230,10 +234,17 @@ fn workload(a: &YcsbArgs) -> Result<Workload, String> {
 
 fn run_ycsb(client: &Client, a: &YcsbArgs) -> Result<(), String> {
     let reports = run_phases(&DxkvBinding::new(client.clone()), a)?;
-    write_json(a, &reports)
+    write_reports(a, &reports)
 }
 
-fn write_json(a: &YcsbArgs, reports: &[ycsb::Report]) -> Result<(), String> {
+fn write_reports(a: &YcsbArgs, reports: &[ycsb::Report]) -> Result<(), String> {
+    if let Some(path) = &a.csv {
+        let mut csv = format!("{}\n", ycsb::driver::CSV_HEADER);
+        for r in reports {
+            csv += &r.csv_rows();
+        }
+        std::fs::write(path, csv).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     if let Some(path) = &a.json {
         let json = serde_json::json!({ "workload": workload(a)?, "reports": reports });
         std::fs::write(
@@ -329,7 +340,7 @@ fn local(
         print!("{}", summary(bindings, &all));
     }
     let reports: Vec<ycsb::Report> = all.into_iter().map(|(_, r)| r).collect();
-    write_json(a, &reports)
+    write_reports(a, &reports)
 }
 
 /// Run-phase throughput per binding (median over rounds) and its ratio to

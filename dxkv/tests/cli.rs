@@ -69,7 +69,20 @@ fn check(v: &serde_json::Value, phase: &str, count: u64, ops: &[&str]) {
 
 #[test]
 fn local_cluster_runs_paper_b_with_every_read_found() {
-    let v = run_local("paper-b", 1, &[]);
+    let csv = std::env::temp_dir().join(format!("dxkv-cli-{}.csv", std::process::id()));
+    let v = run_local("paper-b", 1, &["--csv", csv.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    std::fs::remove_file(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("binding,phase,threads,operation,ok"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("dxkv,load,24,insert,3000,0,0,"),
+        "{text}"
+    );
+    assert!(lines[2].starts_with("dxkv,run,24,read,6000,0,0,"), "{text}");
     assert_eq!(v["workload"]["fieldlength"], 32);
     check(&v, "load", 3000, &["insert"]);
     check(&v, "run", 6000, &["read"]);

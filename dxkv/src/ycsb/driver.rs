@@ -301,7 +301,38 @@ fn one_op(session: &mut dyn Session, w: &Workload, c: &Chooser, rng: &mut Rng, t
     }
 }
 
+/// The header of [`Report::csv_rows`].
+pub const CSV_HEADER: &str =
+    "binding,phase,threads,operation,ok,errors,not_found,phase_ops_per_sec,avg_us,p50_us,p95_us,p99_us,p999_us,max_us";
+
 impl Report {
+    /// One CSV line per operation type (columns as [`CSV_HEADER`]).
+    pub fn csv_rows(&self) -> String {
+        let phase = match self.phase {
+            Phase::Load => "load",
+            Phase::Run => "run",
+        };
+        let mut s = String::new();
+        for (op, o) in &self.ops {
+            s += &format!(
+                "{},{phase},{},{op},{},{},{},{:.1},{:.1},{},{},{},{},{}\n",
+                self.binding,
+                self.threads,
+                o.ok,
+                o.errors,
+                o.not_found,
+                self.ops_per_sec,
+                o.avg_us,
+                o.p50_us,
+                o.p95_us,
+                o.p99_us,
+                o.p999_us,
+                o.max_us
+            );
+        }
+        s
+    }
+
     /// The report as a table (one row per operation type).
     pub fn table(&self) -> String {
         let mut s = format!(
