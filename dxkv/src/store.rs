@@ -274,6 +274,31 @@ impl Store {
         Ok(merged)
     }
 
+    /// Writes `record` over the existing `entry` (its bucket locked by the
+    /// caller) as `mode` says.
+    fn rewrite(
+        &self,
+        entry: &mut Entry,
+        record: &Record,
+        mode: WriteMode,
+    ) -> Result<Written, StoreError> {
+        let new_record = match mode {
+            WriteMode::Insert => return Ok(Written::Exists),
+            WriteMode::IfVersion(v) if v != entry.version => {
+                return Ok(Written::Changed(entry.version))
+            }
+            WriteMode::Update => self.merge(&entry.record, record)?.into_bytes(),
+            _ => record.as_bytes().to_vec(),
+        };
+        self.recharge(entry.record.len() as u64, new_record.len() as u64)?;
+        let version = self.version();
+        *entry = Entry {
+            version,
+            record: new_record.into_boxed_slice(),
+        };
+        Ok(Written::Stored(version))
+    }
+
     /// Writes `record` under `key` as `mode` says.
     pub fn write(
         &self,
@@ -286,22 +311,7 @@ impl Store {
         let size = record.encoded_len() as u64;
         // Existing record: modify it under its bucket lock.
         if let Some(mut e) = self.keys.get_sync(key) {
-            let old = e.get().record.len() as u64;
-            let new_record = match mode {
-                WriteMode::Insert => return Ok(Written::Exists),
-                WriteMode::IfVersion(v) if v != e.get().version => {
-                    return Ok(Written::Changed(e.get().version))
-                }
-                WriteMode::Update => self.merge(&e.get().record, record)?.into_bytes(),
-                _ => record.as_bytes().to_vec(),
-            };
-            self.recharge(old, new_record.len() as u64)?;
-            let version = self.version();
-            *e.get_mut() = Entry {
-                version,
-                record: new_record.into_boxed_slice(),
-            };
-            return Ok(Written::Stored(version));
+            return self.rewrite(e.get_mut(), record, mode);
         }
         match mode {
             WriteMode::Replace | WriteMode::Update | WriteMode::IfVersion(_) => {
@@ -413,21 +423,7 @@ impl Store {
         let Some(mut e) = self.ids.get_sync(&id) else {
             return Ok(Written::Missing);
         };
-        let new_record = match mode {
-            WriteMode::Insert => return Ok(Written::Exists),
-            WriteMode::IfVersion(v) if v != e.get().version => {
-                return Ok(Written::Changed(e.get().version))
-            }
-            WriteMode::Update => self.merge(&e.get().record, record)?.into_bytes(),
-            _ => record.as_bytes().to_vec(),
-        };
-        self.recharge(e.get().record.len() as u64, new_record.len() as u64)?;
-        let version = self.version();
-        *e.get_mut() = Entry {
-            version,
-            record: new_record.into_boxed_slice(),
-        };
-        Ok(Written::Stored(version))
+        self.rewrite(e.get_mut(), record, mode)
     }
 
     /// Deletes the record with id `id`; returns its version.

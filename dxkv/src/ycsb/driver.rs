@@ -81,14 +81,19 @@ struct Tally {
 }
 
 impl Tally {
-    fn record(&mut self, op: Op, took: Duration, r: Result<bool, String>) {
-        let e = self.hist.entry(op).or_insert_with(|| {
+    /// The histogram (µs, up to a minute), error and not-found counts of `op`.
+    fn entry(&mut self, op: Op) -> &mut (Histogram<u64>, u64, u64) {
+        self.hist.entry(op).or_insert_with(|| {
             (
                 Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
                 0,
                 0,
             )
-        });
+        })
+    }
+
+    fn record(&mut self, op: Op, took: Duration, r: Result<bool, String>) {
+        let e = self.entry(op);
         match r {
             Ok(found) => {
                 e.0.saturating_record(took.as_micros().max(1) as u64);
@@ -107,13 +112,7 @@ impl Tally {
 
     fn merge(&mut self, other: Tally) {
         for (op, (h, err, nf)) in other.hist {
-            let e = self.hist.entry(op).or_insert_with(|| {
-                (
-                    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-                    0,
-                    0,
-                )
-            });
+            let e = self.entry(op);
             e.0.add(&h).expect("same bounds");
             e.1 += err;
             e.2 += nf;
