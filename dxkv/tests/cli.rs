@@ -23,17 +23,24 @@ fn free_ports(n: u16) -> u16 {
 }
 
 fn run_local(workload: &str, storage: u16, extra: &[&str]) -> serde_json::Value {
-    let dir = std::env::temp_dir().join(format!("dxkv-cli-{}-{workload}", std::process::id()));
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("dxkv-cli-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("out.json");
     let out = Command::new(env!("CARGO_BIN_EXE_dxkv"))
-        .args(["local", "--workload", workload, "--threads", "24"])
+        .args(["local", "--workload", workload])
         .args(["--records", "3000", "--operations", "6000"])
         .args(["--storage-nodes", &storage.to_string()])
-        .args(["--port", &free_ports(storage + 1).to_string()])
+        .args(["--port", &free_ports(8).to_string()])
         .arg("--json")
         .arg(&json)
         .args(extra)
+        .args(if extra.contains(&"--threads") {
+            &[][..]
+        } else {
+            &["--threads", "24"][..]
+        })
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -48,6 +55,13 @@ fn run_local(workload: &str, storage: u16, extra: &[&str]) -> serde_json::Value 
     v
 }
 
+/// The runs of a `dxkv local --json` output.
+fn runs(v: &serde_json::Value) -> &Vec<serde_json::Value> {
+    v["runs"].as_array().unwrap()
+}
+
+/// Checks the `phase` report of one run: `count` operations of the types
+/// `ops`, none failed, every read found its record.
 fn check(v: &serde_json::Value, phase: &str, count: u64, ops: &[&str]) {
     let r = v["reports"]
         .as_array()
@@ -70,27 +84,33 @@ fn check(v: &serde_json::Value, phase: &str, count: u64, ops: &[&str]) {
 #[test]
 fn local_cluster_runs_paper_b_with_every_read_found() {
     let csv = std::env::temp_dir().join(format!("dxkv-cli-{}.csv", std::process::id()));
-    let v = run_local("paper-b", 1, &["--csv", csv.to_str().unwrap()]);
+    let all = run_local("paper-b", 1, &["--csv", csv.to_str().unwrap()]);
+    let v = &runs(&all)[0];
     let text = std::fs::read_to_string(&csv).unwrap();
     std::fs::remove_file(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert!(
-        lines[0].starts_with("binding,phase,threads,operation,ok"),
+        lines[0].starts_with(
+            "workload,storage_nodes,benchmark_nodes,round,binding,phase,threads,operation,ok"
+        ),
         "{text}"
     );
     assert!(
-        lines[1].starts_with("dxkv,load,24,insert,3000,0,0,"),
+        lines[1].starts_with("paper-b,1,1,1,dxkv,load,24,insert,3000,0,0,"),
         "{text}"
     );
-    assert!(lines[2].starts_with("dxkv,run,24,read,6000,0,0,"), "{text}");
+    assert!(
+        lines[2].starts_with("paper-b,1,1,1,dxkv,run,24,read,6000,0,0,"),
+        "{text}"
+    );
     assert_eq!(v["workload"]["fieldlength"], 32);
-    check(&v, "load", 3000, &["insert"]);
-    check(&v, "run", 6000, &["read"]);
+    check(v, "load", 3000, &["insert"]);
+    check(v, "run", 6000, &["read"]);
 }
 
 #[test]
 fn local_cluster_of_two_storage_nodes_runs_workload_f_and_a_set_property() {
-    let v = run_local(
+    let all = run_local(
         "f",
         2,
         &[
@@ -100,10 +120,89 @@ fn local_cluster_of_two_storage_nodes_runs_workload_f_and_a_set_property() {
             "fieldcount=3",
         ],
     );
+    let v = &runs(&all)[0];
     assert_eq!(v["workload"]["requestdistribution"], "hotspot");
     assert_eq!(v["workload"]["fieldcount"], 3);
-    check(&v, "load", 3000, &["insert"]);
-    check(&v, "run", 6000, &["read", "read-modify-write"]);
+    check(v, "load", 3000, &["insert"]);
+    check(v, "run", 6000, &["read", "read-modify-write"]);
+}
+
+/// Three benchmark processes over two storage processes, started together
+/// phase by phase: each loads its slice, inserts keys of its own during
+/// the run (workload D, reads of the latest inserts), and every read finds
+/// its record; the merged reports count every node's operations.
+#[test]
+fn three_benchmark_nodes_share_the_load_and_insert_disjoint_keys() {
+    let all = run_local("d", 2, &["--benchmark-nodes", "3", "--threads", "8"]);
+    let v = &runs(&all)[0];
+    assert_eq!(v["benchmark_nodes"], 3);
+    check(v, "load", 3000, &["insert"]);
+    check(v, "run", 3 * 6000, &["read", "insert"]);
+    let run = &v["reports"][1];
+    assert_eq!(run["threads"], 24);
+    assert!(run["ops"]["insert"]["ok"].as_u64().unwrap() > 0);
+    for phase in v["per_node_ops_per_sec"].as_array().unwrap() {
+        assert_eq!(phase.as_array().unwrap().len(), 3, "{v}");
+    }
+}
+
+/// Root with iproute2, else a skip (outside CI).
+fn can_netns() -> bool {
+    let ok = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        && std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        });
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs as root with iproute2"
+        );
+        println!("skipped: network namespaces need root and iproute2");
+    }
+    ok
+}
+
+/// Clusters of 2 and 4 nodes, each node in its own network namespace
+/// (half storage, half benchmark): both sizes run, a summary row each, and
+/// the scaling plots are drawn.
+#[test]
+fn clusters_of_two_and_four_nodes_run_in_network_namespaces_and_plot() {
+    if !can_netns() {
+        return;
+    }
+    let plots = std::env::temp_dir().join(format!("dxkv-plots-{}", std::process::id()));
+    let all = run_local(
+        "paper-b",
+        1,
+        &[
+            "--nodes",
+            "2,4",
+            "--netns",
+            "--threads",
+            "12",
+            "--plot",
+            plots.to_str().unwrap(),
+        ],
+    );
+    let r = runs(&all);
+    assert_eq!(r.len(), 2);
+    for (run, n) in r.iter().zip([1, 2]) {
+        assert_eq!(run["storage_nodes"], n);
+        assert_eq!(run["benchmark_nodes"], n);
+        check(run, "load", 3000, &["insert"]);
+        check(run, "run", n * 6000, &["read"]);
+    }
+    for f in ["dxkv_paper-b_throughput", "dxkv_paper-b_latency"] {
+        for ext in ["svg", "png"] {
+            let p = plots.join(format!("{f}.{ext}"));
+            assert!(std::fs::metadata(&p).unwrap().len() > 1000, "{p:?}");
+        }
+    }
+    std::fs::remove_dir_all(&plots).unwrap();
 }
 
 #[test]
@@ -133,9 +232,12 @@ fn memcached_and_redis_baselines_run_through_the_same_driver() {
         return;
     }
     let v = run_local("paper-a", 1, &["--bindings", "dxkv,memcached,redis"]);
-    let reports = v["reports"].as_array().unwrap();
+    let reports: Vec<&serde_json::Value> = runs(&v)
+        .iter()
+        .flat_map(|r| r["reports"].as_array().unwrap())
+        .collect();
     for b in ["dxkv", "memcached", "redis"] {
-        let mine: Vec<&serde_json::Value> = reports.iter().filter(|r| r["binding"] == b).collect();
+        let mine: Vec<&&serde_json::Value> = reports.iter().filter(|r| r["binding"] == b).collect();
         assert_eq!(mine.len(), 2, "{b}: a load and a run report");
         for r in mine {
             for (_, s) in r["ops"].as_object().unwrap() {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::generator::Rng;
 use super::workload::{Chooser, Op, Workload};
@@ -36,7 +36,7 @@ pub trait Binding: Sync {
 }
 
 /// A phase of a YCSB run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     /// Insert `recordcount` records.
@@ -46,7 +46,7 @@ pub enum Phase {
 }
 
 /// Latency and count of one operation type.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpStats {
     pub ok: u64,
     pub errors: u64,
@@ -61,7 +61,7 @@ pub struct OpStats {
 }
 
 /// The result of a phase.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub binding: String,
     pub phase: Phase,
@@ -72,6 +72,11 @@ pub struct Report {
     pub ops: BTreeMap<String, OpStats>,
     /// The first errors seen (at most 5), for the report.
     pub first_errors: Vec<String>,
+    /// Per operation, the latency histogram as (µs, count) pairs, to merge
+    /// the reports of several benchmark nodes ([`Report::merge`]); left out
+    /// of JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub histograms: BTreeMap<String, Vec<(u64, u64)>>,
 }
 
 #[derive(Default)]
@@ -83,13 +88,9 @@ struct Tally {
 impl Tally {
     /// The histogram (µs, up to a minute), error and not-found counts of `op`.
     fn entry(&mut self, op: Op) -> &mut (Histogram<u64>, u64, u64) {
-        self.hist.entry(op).or_insert_with(|| {
-            (
-                Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-                0,
-                0,
-            )
-        })
+        self.hist
+            .entry(op)
+            .or_insert_with(|| (new_histogram(), 0, 0))
     }
 
     fn record(&mut self, op: Op, took: Duration, r: Result<bool, String>) {
@@ -125,38 +126,36 @@ impl Tally {
     }
 }
 
-/// Runs `phase` of `workload` with `threads` client threads on `binding`.
-/// `chooser` is the run's shared state (make one with [`Chooser::new`]
-/// after the load; the load makes its own). `progress` is called about
-/// every second with the operations done so far.
+/// Runs `phase` of the chooser's workload with `threads` client threads on
+/// `binding`. `chooser` is the run's shared state, made once for both
+/// phases ([`Chooser::new`], or [`Chooser::with_share`] for one of several
+/// benchmark clients: then the load inserts only its share of the
+/// records). `progress` is called about every second with the operations
+/// done so far.
 pub fn run(
     binding: &dyn Binding,
-    workload: &Workload,
     phase: Phase,
     threads: usize,
-    chooser: Option<&Chooser>,
+    chooser: &Chooser,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Report, String> {
+    let workload = chooser.workload();
     workload.validate()?;
     let threads = threads.max(1);
-    let own;
-    let chooser = match chooser {
-        Some(c) => c,
-        None => {
-            own = Chooser::new(workload);
-            &own
-        }
-    };
+    let load = chooser.share().load_range(workload.recordcount);
     let total = match phase {
-        Phase::Load => workload.recordcount,
+        Phase::Load => load.end - load.start,
         Phase::Run => workload.operationcount,
     };
+    let load_start = load.start;
     let sessions = (0..threads)
         .map(|_| binding.session())
         .collect::<Result<Vec<_>, _>>()?;
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let tallies: Vec<Tally> = std::thread::scope(|s| {
+    // The phase ends when its last client thread does (not when the
+    // progress thread next wakes).
+    let (tallies, seconds): (Vec<Tally>, f64) = std::thread::scope(|s| {
         let handles: Vec<_> = sessions
             .into_iter()
             .enumerate()
@@ -171,7 +170,7 @@ pub fn run(
                     for i in lo..hi {
                         match phase {
                             Phase::Load => {
-                                let key = workload.key(i);
+                                let key = workload.key(load_start + i);
                                 let rec = workload.record(&key);
                                 let t0 = Instant::now();
                                 let r = session.insert(&key, &rec).map(|_| true);
@@ -207,33 +206,22 @@ pub fn run(
             .into_iter()
             .map(|h| h.join().expect("client thread"))
             .collect();
+        let seconds = start.elapsed().as_secs_f64();
         done.store(total, Ordering::Relaxed);
         watch.join().expect("progress thread");
-        tallies
+        (tallies, seconds)
     });
-    let seconds = start.elapsed().as_secs_f64();
     let mut all = Tally::default();
     for t in tallies {
         all.merge(t);
     }
     let mut ops = BTreeMap::new();
+    let mut histograms = BTreeMap::new();
     let mut count = 0;
     for (op, (h, errors, not_found)) in &all.hist {
         count += h.len() + errors;
-        ops.insert(
-            op.to_string(),
-            OpStats {
-                ok: h.len(),
-                errors: *errors,
-                not_found: *not_found,
-                avg_us: h.mean(),
-                p50_us: h.value_at_quantile(0.5),
-                p95_us: h.value_at_quantile(0.95),
-                p99_us: h.value_at_quantile(0.99),
-                p999_us: h.value_at_quantile(0.999),
-                max_us: h.max(),
-            },
-        );
+        ops.insert(op.to_string(), op_stats(h, *errors, *not_found));
+        histograms.insert(op.to_string(), pairs(h));
     }
     Ok(Report {
         binding: binding.name(),
@@ -244,7 +232,88 @@ pub fn run(
         ops_per_sec: count as f64 / seconds,
         ops,
         first_errors: all.errors,
+        histograms,
     })
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
+}
+
+fn op_stats(h: &Histogram<u64>, errors: u64, not_found: u64) -> OpStats {
+    OpStats {
+        ok: h.len(),
+        errors,
+        not_found,
+        avg_us: h.mean(),
+        p50_us: h.value_at_quantile(0.5),
+        p95_us: h.value_at_quantile(0.95),
+        p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
+    }
+}
+
+fn pairs(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded()
+        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        .collect()
+}
+
+impl Report {
+    /// The reports of one phase run at the same time on several benchmark
+    /// nodes, as one: operations and threads add up, the phase lasts as
+    /// long as the slowest node, latencies come from the merged histograms
+    /// (each report must carry its [`Report::histograms`]).
+    pub fn merge(reports: &[Report]) -> Result<Report, String> {
+        let first = reports.first().ok_or("no reports to merge")?;
+        let mut hist: BTreeMap<String, (Histogram<u64>, u64, u64)> = BTreeMap::new();
+        let mut first_errors = Vec::new();
+        for r in reports {
+            if r.phase != first.phase || r.binding != first.binding {
+                return Err("reports of different phases or bindings".into());
+            }
+            for (op, o) in &r.ops {
+                let e = hist
+                    .entry(op.clone())
+                    .or_insert_with(|| (new_histogram(), 0, 0));
+                let points = r.histograms.get(op).map_or(&[][..], |p| &p[..]);
+                let recorded: u64 = points.iter().map(|p| p.1).sum();
+                if recorded != o.ok {
+                    return Err(format!(
+                        "report of {op} has {recorded} latencies for {} operations",
+                        o.ok
+                    ));
+                }
+                for &(v, n) in points {
+                    e.0.saturating_record_n(v.max(1), n);
+                }
+                e.1 += o.errors;
+                e.2 += o.not_found;
+            }
+            first_errors.extend(r.first_errors.iter().cloned());
+        }
+        first_errors.truncate(5);
+        let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
+        let operations = reports.iter().map(|r| r.operations).sum::<u64>();
+        Ok(Report {
+            binding: first.binding.clone(),
+            phase: first.phase,
+            threads: reports.iter().map(|r| r.threads).sum(),
+            operations,
+            seconds,
+            ops_per_sec: operations as f64 / seconds.max(1e-9),
+            ops: hist
+                .iter()
+                .map(|(op, (h, e, nf))| (op.clone(), op_stats(h, *e, *nf)))
+                .collect(),
+            histograms: hist
+                .iter()
+                .map(|(op, (h, _, _))| (op.clone(), pairs(h)))
+                .collect(),
+            first_errors,
+        })
+    }
 }
 
 fn handles_finished(done: &AtomicU64, total: u64) -> bool {
@@ -256,7 +325,7 @@ fn one_op(session: &mut dyn Session, w: &Workload, c: &Chooser, rng: &mut Rng, t
     match op {
         Op::Insert => {
             let n = c.new_key();
-            let key = w.key(n);
+            let key = w.key(c.key_number(n));
             let rec = w.record(&key);
             let t0 = Instant::now();
             let r = session.insert(&key, &rec).map(|_| true);
@@ -361,5 +430,108 @@ impl Report {
             s += &format!("  error: {e}\n");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ycsb::workload::Share;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// A store in a map behind a lock: the driver's own logic under test,
+    /// not a stand-in for a store.
+    #[derive(Default)]
+    struct MapBinding(Arc<Mutex<HashMap<String, Record>>>);
+
+    struct MapSession(Arc<Mutex<HashMap<String, Record>>>);
+
+    impl Binding for MapBinding {
+        fn name(&self) -> String {
+            "map".into()
+        }
+        fn session(&self) -> Result<Box<dyn Session>, String> {
+            Ok(Box::new(MapSession(self.0.clone())))
+        }
+    }
+
+    impl Session for MapSession {
+        fn insert(&mut self, key: &str, record: &Record) -> Result<(), String> {
+            let old = self.0.lock().unwrap().insert(key.into(), record.clone());
+            match old {
+                Some(_) => Err(format!("{key} inserted twice")),
+                None => Ok(()),
+            }
+        }
+        fn read(&mut self, key: &str, _: Option<&[String]>) -> Result<Option<Record>, String> {
+            Ok(self.0.lock().unwrap().get(key).cloned())
+        }
+        fn update(&mut self, key: &str, _: &Record) -> Result<(), String> {
+            match self.0.lock().unwrap().contains_key(key) {
+                true => Ok(()),
+                false => Err(format!("update of missing {key}")),
+            }
+        }
+        fn scan(&mut self, _: &str, _: u32, _: Option<&[String]>) -> Result<usize, String> {
+            Ok(1)
+        }
+    }
+
+    /// Two clients sharing a workload load every record once between them,
+    /// insert disjoint keys, read only what exists, and their merged reports
+    /// count every operation with latencies from both histograms.
+    #[test]
+    fn two_shares_load_once_and_their_reports_merge() {
+        let w = Workload {
+            recordcount: 2001,
+            operationcount: 3000,
+            readproportion: 0.5,
+            insertproportion: 0.5,
+            ..Workload::default()
+        };
+        let store = MapBinding::default();
+        let choosers: Vec<Chooser> = (0..2)
+            .map(|i| Chooser::with_share(&w, Share::new(i, 2).unwrap()))
+            .collect();
+        let mut by_phase = [Vec::new(), Vec::new()];
+        for (p, phase) in [Phase::Load, Phase::Run].into_iter().enumerate() {
+            for c in &choosers {
+                by_phase[p].push(run(&store, phase, 3, c, &|_, _| {}).unwrap());
+            }
+        }
+        assert_eq!(
+            store.0.lock().unwrap().len(),
+            2001 + by_phase[1][0].ops["insert"].ok as usize
+                + by_phase[1][1].ops["insert"].ok as usize
+        );
+        let load = Report::merge(&by_phase[0]).unwrap();
+        assert_eq!((load.operations, load.threads), (2001, 6));
+        assert_eq!(load.ops["insert"].errors, 0);
+        let run = Report::merge(&by_phase[1]).unwrap();
+        assert_eq!(run.operations, 6000);
+        for (op, s) in &run.ops {
+            assert_eq!(
+                (s.errors, s.not_found),
+                (0, 0),
+                "{op}: {:?}",
+                run.first_errors
+            );
+            let parts: u64 = by_phase[1].iter().map(|r| r.ops[op].ok).sum();
+            assert_eq!(s.ok, parts);
+            let max = by_phase[1].iter().map(|r| r.ops[op].max_us).max().unwrap();
+            assert!(s.p50_us <= s.p99_us && s.p99_us <= s.max_us);
+            // Histogram buckets keep 3 significant digits.
+            assert!(
+                s.max_us.abs_diff(max) <= max / 500 + 1,
+                "{} vs {max}",
+                s.max_us
+            );
+        }
+        // Reports without histograms cannot be merged silently wrong.
+        let mut bare = by_phase[1].clone();
+        bare[0].histograms.clear();
+        assert!(Report::merge(&bare).is_err());
+        assert!(Report::merge(&[by_phase[0][0].clone(), by_phase[1][0].clone()]).is_err());
     }
 }

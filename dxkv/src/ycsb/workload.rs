@@ -110,6 +110,52 @@ impl Default for Workload {
     }
 }
 
+/// The part of a workload one of several benchmark clients runs. YCSB runs
+/// one client per process; with `of` of them against one store, client
+/// `index` loads its own slice of the records (YCSB's `insertstart` and
+/// `insertcount`), reads and updates any loaded record, and inserts new keys
+/// of its own (key numbers `recordcount + index + k * of`), so no two clients
+/// insert the same key and each reads back only inserts it saw finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Share {
+    /// This client, `0..of`.
+    pub index: u64,
+    /// The number of clients.
+    pub of: u64,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { index: 0, of: 1 }
+    }
+}
+
+impl Share {
+    /// Client `index` of `of`.
+    pub fn new(index: u64, of: u64) -> Result<Self, String> {
+        if of == 0 || index >= of {
+            return Err(format!("client {index} of {of}: needs index < count"));
+        }
+        Ok(Share { index, of })
+    }
+
+    /// The key numbers this client loads.
+    pub fn load_range(&self, recordcount: u64) -> std::ops::Range<u64> {
+        let part = |i: u64| (recordcount as u128 * i as u128 / self.of as u128) as u64;
+        part(self.index)..part(self.index + 1)
+    }
+
+    /// The key number of this client's `n`-th key, counting the loaded
+    /// records first: loaded ones are everyone's, later ones its own.
+    pub fn key_number(&self, recordcount: u64, n: u64) -> u64 {
+        if n < recordcount {
+            n
+        } else {
+            recordcount + (n - recordcount) * self.of + self.index
+        }
+    }
+}
+
 /// The named presets.
 pub const PRESETS: &[&str] = &["a", "b", "c", "d", "e", "f", "paper-a", "paper-b"];
 
@@ -309,6 +355,7 @@ enum KeyChooser {
 /// key (one per run, used by every client thread).
 pub struct Chooser {
     workload: Workload,
+    share: Share,
     keys: KeyChooser,
     inserts: AcknowledgedCounter,
     scan_len: Option<Zipfian>,
@@ -318,6 +365,11 @@ pub struct Chooser {
 impl Chooser {
     /// For the run after a load of `workload.recordcount` records.
     pub fn new(workload: &Workload) -> Self {
+        Self::with_share(workload, Share::default())
+    }
+
+    /// For client `share` of several (see [`Share`]).
+    pub fn with_share(workload: &Workload, share: Share) -> Self {
         let w = workload.clone();
         let n = w.recordcount;
         let inserts = AcknowledgedCounter::new(n);
@@ -357,6 +409,7 @@ impl Chooser {
         }
         Self {
             workload: w,
+            share,
             keys,
             inserts,
             scan_len,
@@ -379,9 +432,19 @@ impl Chooser {
             .map_or(self.cumulative[4].1, |&(_, op)| op)
     }
 
+    /// Which share of the workload this chooser runs.
+    pub fn share(&self) -> Share {
+        self.share
+    }
+
     /// The key number an operation other than insert touches: one whose
     /// insert finished.
     pub fn existing_key(&self, rng: &mut Rng) -> u64 {
+        let n = self.existing_sequence(rng);
+        self.share.key_number(self.workload.recordcount, n)
+    }
+
+    fn existing_sequence(&self, rng: &mut Rng) -> u64 {
         loop {
             let limit = self.inserts.last();
             let k = match &self.keys {
@@ -396,12 +459,18 @@ impl Chooser {
         }
     }
 
-    /// A new key number to insert; call [`Chooser::inserted`] once done.
+    /// The sequence number of a new key to insert (its key number is
+    /// [`Chooser::key_number`]); call [`Chooser::inserted`] once done.
     pub fn new_key(&self) -> u64 {
         self.inserts.next()
     }
 
-    /// Marks key number `n`'s insert as finished.
+    /// The key number of sequence number `n`.
+    pub fn key_number(&self, n: u64) -> u64 {
+        self.share.key_number(self.workload.recordcount, n)
+    }
+
+    /// Marks sequence number `n`'s insert as finished.
     pub fn inserted(&self, n: u64) {
         self.inserts.acknowledge(n);
     }
@@ -506,6 +575,7 @@ mod tests {
         }
         let k = c.new_key();
         assert_eq!(k, 500);
+        assert_eq!(c.key_number(k), 500);
         c.inserted(k);
         let r = w.record(&w.key(3));
         assert_eq!(r.len(), 10);
@@ -520,5 +590,35 @@ mod tests {
             .key(3),
             "user3"
         );
+    }
+
+    #[test]
+    fn shares_load_disjoint_slices_and_insert_disjoint_keys() {
+        let w = Workload {
+            recordcount: 1003,
+            insertproportion: 0.5,
+            ..Workload::default()
+        };
+        let mut loaded = Vec::new();
+        let mut inserted = std::collections::BTreeSet::new();
+        for i in 0..4 {
+            let share = Share::new(i, 4).unwrap();
+            loaded.extend(share.load_range(w.recordcount));
+            let c = Chooser::with_share(&w, share);
+            for _ in 0..100 {
+                let n = c.new_key();
+                assert!(inserted.insert(c.key_number(n)), "key inserted twice");
+                c.inserted(n);
+            }
+            // Reads reach the loaded records and this client's own inserts.
+            let mut rng = Rng::seed_from_u64(i);
+            for _ in 0..1000 {
+                let k = c.existing_key(&mut rng);
+                assert!(k < w.recordcount || (k - w.recordcount) % 4 == i, "{k}");
+            }
+        }
+        assert_eq!(loaded, (0..1003).collect::<Vec<_>>());
+        assert!(inserted.iter().all(|&k| k >= 1003));
+        assert!(Share::new(4, 4).is_err() && Share::new(0, 0).is_err());
     }
 }

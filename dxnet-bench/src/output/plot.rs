@@ -32,9 +32,22 @@ pub struct Line {
     pub points: Vec<(f64, f64)>,
 }
 
+/// What a chart's x axis shows.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum XAxis {
+    /// Message size, x = log2 of the size in bytes.
+    #[default]
+    Log2Size,
+    /// Whole numbers (node counts, thread counts, ...) on a linear axis,
+    /// with this description.
+    Count(String),
+}
+
 /// A chart to draw.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chart {
+    /// The x axis.
+    pub x: XAxis,
     /// File name without extension.
     pub stem: String,
     /// Caption.
@@ -123,6 +136,7 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
                 }
             }
             out.push(Chart {
+                x: XAxis::Log2Size,
                 stem: format!("{base}_latency"),
                 title: format!("{what}: {kind}"),
                 y_desc: "latency [µs]".into(),
@@ -147,6 +161,7 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
                     })
                     .collect();
                 out.push(Chart {
+                    x: XAxis::Log2Size,
                     stem: format!("{base}_{}_percentiles", label.replace(' ', "_")),
                     title: format!("{what}: {label} {kind} percentiles"),
                     y_desc: "latency [µs]".into(),
@@ -156,6 +171,7 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
             }
         } else {
             out.push(Chart {
+                x: XAxis::Log2Size,
                 stem: format!("{base}_throughput"),
                 title: format!("{what}: payload throughput"),
                 y_desc: "throughput [GB/s]".into(),
@@ -163,6 +179,7 @@ pub fn charts(records: &[Record]) -> Vec<Chart> {
                 lines: medians(&recs, |r| Some(r.bytes_per_sec / 1e9)),
             });
             out.push(Chart {
+                x: XAxis::Log2Size,
                 stem: format!("{base}_msgrate"),
                 title: format!("{what}: message rate"),
                 y_desc: "message rate [million msg/s]".into(),
@@ -190,11 +207,21 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting failed: {e:?}")
 }
 
-fn x_label(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-6 && (0.0..63.0).contains(&v) {
-        fmt_size(1usize << v.round() as u32)
-    } else {
-        String::new()
+fn x_label(axis: &XAxis, v: f64) -> String {
+    let whole = (v - v.round()).abs() < 1e-6;
+    match axis {
+        XAxis::Log2Size if whole && (0.0..63.0).contains(&v) => {
+            fmt_size(1usize << v.round() as u32)
+        }
+        XAxis::Count(_) if whole => format!("{v:.0}"),
+        _ => String::new(),
+    }
+}
+
+fn x_desc(axis: &XAxis) -> &str {
+    match axis {
+        XAxis::Log2Size => "message size (log scale)",
+        XAxis::Count(desc) => desc,
     }
 }
 
@@ -281,11 +308,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
             .map_err(err)?;
         chart
             .configure_mesh()
-            .x_desc("message size (log scale)")
+            .x_desc(x_desc(&c.x))
             .y_desc(format!("{} (log scale)", c.y_desc))
             .x_labels(12)
             .y_labels(12)
-            .x_label_formatter(&|v| x_label(*v))
+            .x_label_formatter(&|v| x_label(&c.x, *v))
             .y_label_formatter(&|v| log_label(*v))
             .label_style(("sans-serif", 15))
             .axis_desc_style(("sans-serif", 17))
@@ -300,11 +327,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
             .map_err(err)?;
         chart
             .configure_mesh()
-            .x_desc("message size (log scale)")
+            .x_desc(x_desc(&c.x))
             .y_desc(c.y_desc.as_str())
             .x_labels(12)
             .y_labels(10)
-            .x_label_formatter(&|v| x_label(*v))
+            .x_label_formatter(&|v| x_label(&c.x, *v))
             .y_label_formatter(&|v| y_label(*v, ymax))
             .label_style(("sans-serif", 15))
             .axis_desc_style(("sans-serif", 17))
@@ -467,8 +494,9 @@ mod tests {
             .any(|l| l.label == "raw-tcp t1" && l.dashed));
         assert_eq!(cs[2].lines.len(), 2, "p50 and p99");
         assert_eq!(cs[3].lines.len(), 6, "avg + five percentiles");
-        assert_eq!(x_label(10.0), "1 KiB");
-        assert_eq!(x_label(10.5), "");
+        assert_eq!(x_label(&XAxis::Log2Size, 10.0), "1 KiB");
+        assert_eq!(x_label(&XAxis::Log2Size, 10.5), "");
+        assert_eq!(x_label(&XAxis::Count("nodes".into()), 4.0), "4");
         assert_eq!(y_label(0.5, 2.0), "0.50");
     }
 
@@ -480,6 +508,7 @@ mod tests {
             points,
         };
         let mut c = Chart {
+            x: XAxis::Log2Size,
             stem: "s".into(),
             title: "t".into(),
             y_desc: "y".into(),

@@ -1,0 +1,447 @@
+//! `dxkv local`: a cluster of processes on this machine. Storage nodes run
+//! `dxkv storage`, benchmark nodes `dxkv ycsb --coordinated`; this process
+//! starts every phase on all benchmark nodes at once, gathers their reports
+//! and merges them. Nodes run on 127.0.0.1 (node i on port + i) or each in
+//! its own network namespace (node i at 10.201.0.(i+1), all on one port),
+//! which is as close to one node per host as one machine gets.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dxkv::ycsb::{self, Report, Workload};
+use dxnet::Config;
+use dxnet_bench::netns;
+use serde::Serialize;
+
+use crate::{phase_name, phases, workload, YcsbArgs};
+
+/// What `dxkv local` runs.
+pub struct LocalArgs {
+    /// (storage nodes, benchmark nodes) of each cluster to run.
+    pub layouts: Vec<(u16, u16)>,
+    pub netns: bool,
+    pub bindings: Vec<String>,
+    pub rounds: usize,
+    pub port: u16,
+    pub max_memory: u64,
+    pub plot: Option<PathBuf>,
+    pub ycsb: YcsbArgs,
+}
+
+/// One binding's phases on one fresh cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    /// The preset's name.
+    pub workload_name: String,
+    pub workload: Workload,
+    pub storage_nodes: u16,
+    pub benchmark_nodes: u16,
+    pub round: usize,
+    pub binding: String,
+    /// Per phase, the benchmark nodes' reports merged.
+    pub reports: Vec<Report>,
+    /// Per phase, each benchmark node's operations per second.
+    pub per_node_ops_per_sec: Vec<Vec<f64>>,
+}
+
+/// Runs every workload on every layout, `rounds` times each binding (in a
+/// rotated order), then prints the summary and writes JSON, CSV and plots.
+pub fn local(a: &LocalArgs) -> Result<(), String> {
+    for name in &a.ycsb.workload {
+        workload(name, &a.ycsb)?; // refuse bad arguments before starting
+    }
+    phases(&a.ycsb)?;
+    for b in &a.bindings {
+        if !["dxkv", "memcached", "redis"].contains(&b.as_str()) {
+            return Err(format!("unknown binding {b:?} (dxkv, memcached, redis)"));
+        }
+    }
+    if a.bindings.is_empty() {
+        return Err("--bindings: name at least one".into());
+    }
+    for &(s, b) in &a.layouts {
+        if s == 0 || b == 0 {
+            return Err("at least one storage and one benchmark node".into());
+        }
+        if s > 1 && a.bindings.iter().any(|b| b != "dxkv") {
+            return Err(
+                "memcached and Redis run as one server: compare them with one storage node".into(),
+            );
+        }
+    }
+    let most = a.layouts.iter().map(|(s, b)| s + b).max().unwrap_or(2);
+    if !a.netns && u32::from(a.port) + u32::from(most) > 65_535 {
+        return Err("--port: the node map runs past port 65535".into());
+    }
+    let layout = a
+        .netns
+        .then(|| netns::Layout::new(&format!("dxkv{}n", std::process::id()), most as usize, 1500));
+    let _guard = match &layout {
+        Some(l) => {
+            l.setup().map_err(|e| format!("{e:#}"))?;
+            Some(netns::Guard(l.clone()))
+        }
+        None => None,
+    };
+    let placement = Placement {
+        netns: layout.as_ref(),
+        port: a.port,
+    };
+    let rounds = a.rounds.max(1);
+    let mut runs = Vec::new();
+    for name in &a.ycsb.workload {
+        for &(storage, bench) in &a.layouts {
+            for round in 0..rounds {
+                for i in 0..a.bindings.len() {
+                    let binding = &a.bindings[(i + round) % a.bindings.len()];
+                    println!(
+                        "--- {name}, {storage} storage + {bench} benchmark nodes, round {} of {rounds}: {binding}",
+                        round + 1
+                    );
+                    let (reports, per_node_ops_per_sec) =
+                        run_once(a, &placement, name, storage, bench, binding)?;
+                    runs.push(Run {
+                        workload_name: name.clone(),
+                        workload: workload(name, &a.ycsb)?,
+                        storage_nodes: storage,
+                        benchmark_nodes: bench,
+                        round,
+                        binding: binding.clone(),
+                        reports,
+                        per_node_ops_per_sec,
+                    });
+                }
+            }
+        }
+    }
+    if runs.len() > 1 {
+        print!("{}", crate::summary::table(&a.bindings, &runs));
+    }
+    write_outputs(a, &runs)
+}
+
+fn write_outputs(a: &LocalArgs, runs: &[Run]) -> Result<(), String> {
+    let people: Vec<Run> = runs
+        .iter()
+        .map(|r| Run {
+            reports: r.reports.iter().map(crate::without_histograms).collect(),
+            ..r.clone()
+        })
+        .collect();
+    if let Some(path) = &a.ycsb.json {
+        let json = serde_json::json!({ "runs": people });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json).expect("serializable"),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.ycsb.csv {
+        let mut csv = format!(
+            "workload,storage_nodes,benchmark_nodes,round,{}\n",
+            ycsb::driver::CSV_HEADER
+        );
+        for r in runs {
+            for rep in &r.reports {
+                for row in rep.csv_rows().lines() {
+                    csv += &format!(
+                        "{},{},{},{},{row}\n",
+                        r.workload_name,
+                        r.storage_nodes,
+                        r.benchmark_nodes,
+                        r.round + 1
+                    );
+                }
+            }
+        }
+        std::fs::write(path, csv).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(dir) = &a.plot {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for chart in crate::summary::charts(&a.bindings, runs) {
+            let files =
+                dxnet_bench::output::plot::render(&chart, dir).map_err(|e| e.to_string())?;
+            for f in files {
+                println!("plot: {}", f.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where node i runs and listens.
+struct Placement<'a> {
+    netns: Option<&'a netns::Layout>,
+    port: u16,
+}
+
+impl Placement<'_> {
+    fn host(&self, i: u16) -> String {
+        match self.netns {
+            Some(l) => l.address(i as usize),
+            None => "127.0.0.1".into(),
+        }
+    }
+
+    fn port(&self, i: u16) -> u16 {
+        match self.netns {
+            Some(_) => self.port,
+            None => self.port + i,
+        }
+    }
+
+    fn address(&self, i: u16) -> String {
+        format!("{}:{}", self.host(i), self.port(i))
+    }
+
+    /// `program` to run as node i: in its namespace if there are some.
+    fn command(&self, i: u16, program: &Path) -> Command {
+        match self.netns {
+            Some(l) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &l.namespace(i as usize)])
+                    .arg(program);
+                c
+            }
+            None => Command::new(program),
+        }
+    }
+}
+
+/// Processes stopped on drop: stdin closed (a dxkv node's signal to shut
+/// down), a second to exit, then killed.
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            drop(c.stdin.take());
+        }
+        for c in &mut self.0 {
+            for _ in 0..50 {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A fresh cluster for one binding: its servers, its benchmark nodes, every
+/// phase; returns the merged report of each phase and each node's rate.
+fn run_once(
+    a: &LocalArgs,
+    at: &Placement,
+    name: &str,
+    storage: u16,
+    bench: u16,
+    binding: &str,
+) -> Result<(Vec<Report>, Vec<Vec<f64>>), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("dxkv-local-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let n = storage + bench;
+    // A fresh secret: only this run's processes can join the cluster.
+    let secret = format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    );
+    let config_file = |id: u16| -> Result<PathBuf, String> {
+        let mut c = Config::tcp_localhost(id, n, at.port);
+        for e in &mut c.nodes {
+            e.address = at.address(e.id);
+        }
+        c.cluster_secret = Some(secret.clone());
+        let path = dir.join(format!("node{id}.json"));
+        std::fs::write(&path, serde_json::to_string(&c).expect("serializable"))
+            .map_err(|e| e.to_string())?;
+        Ok(path)
+    };
+    let mut servers = Processes(Vec::new());
+    if binding == "dxkv" {
+        for id in 0..storage {
+            let mut child = at
+                .command(id, &exe)
+                .args(["storage", "--config"])
+                .arg(config_file(id)?)
+                .args(["--max-memory", &a.max_memory.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("starting a storage process: {e}"))?;
+            let mut line = String::new();
+            let out = child.stdout.take().expect("piped");
+            servers.0.push(child);
+            BufReader::new(out)
+                .read_line(&mut line)
+                .map_err(|e| e.to_string())?;
+            if !line.starts_with("READY") {
+                return Err(format!(
+                    "storage node {id} did not start (see its errors above)"
+                ));
+            }
+        }
+    } else {
+        servers.0.push(start_baseline(binding, at, a.max_memory)?);
+    }
+    let mut nodes = Processes(Vec::new());
+    let (tx, rx) = mpsc::channel::<(usize, Option<String>)>();
+    let mut stdins: Vec<ChildStdin> = Vec::new();
+    let storage_ids: Vec<String> = (0..storage).map(|i| i.to_string()).collect();
+    for b in 0..bench {
+        let id = storage + b;
+        let mut cmd = at.command(id, &exe);
+        cmd.args(["ycsb", "--coordinated", "--binding", binding])
+            .args(["--client-index", &b.to_string()])
+            .args(["--clients", &bench.to_string()])
+            .args(["--workload", name])
+            .args(["--threads", &a.ycsb.threads.to_string()])
+            .args(["--phases", &a.ycsb.phases.join(",")]);
+        for s in &a.ycsb.set {
+            cmd.args(["--set", s]);
+        }
+        if let Some(r) = a.ycsb.records {
+            cmd.args(["--records", &r.to_string()]);
+        }
+        if let Some(o) = a.ycsb.operations {
+            cmd.args(["--operations", &o.to_string()]);
+        }
+        if binding == "dxkv" {
+            cmd.arg("--config")
+                .arg(config_file(id)?)
+                .args(["--storage", &storage_ids.join(",")]);
+        } else {
+            cmd.args(["--server", &at.address(0)]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting a benchmark process: {e}"))?;
+        stdins.push(child.stdin.take().expect("piped"));
+        let out = child.stdout.take().expect("piped");
+        nodes.0.push(child);
+        let tx = tx.clone();
+        let i = b as usize;
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((i, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((i, None));
+        });
+    }
+    drop(tx);
+    let mut merged = Vec::new();
+    let mut per_node = Vec::new();
+    let tty = std::io::stderr().is_terminal();
+    // A node may be ready for the next phase before the others reported.
+    let mut ready_early = BTreeSet::new();
+    for phase in phases(&a.ycsb)? {
+        let pname = phase_name(phase);
+        // Every node ready, then all go at once.
+        let mut ready = std::mem::take(&mut ready_early);
+        while ready.len() < bench as usize {
+            match next_line(&rx)? {
+                (i, Some(line)) if line == format!("READY {pname}") => {
+                    ready.insert(i);
+                }
+                (i, None) => return Err(exited(i)),
+                _ => {}
+            }
+        }
+        for s in &mut stdins {
+            s.write_all(b"go\n")
+                .and_then(|_| s.flush())
+                .map_err(|e| format!("a benchmark node stopped: {e}"))?;
+        }
+        let mut reports: Vec<Option<Report>> = vec![None; bench as usize];
+        let mut done = vec![0u64; bench as usize];
+        while reports.iter().any(Option::is_none) {
+            let (i, line) = next_line(&rx)?;
+            let Some(line) = line else {
+                // After its last report a node exits.
+                if reports[i].is_none() {
+                    return Err(exited(i));
+                }
+                continue;
+            };
+            if let Some(n) = line.strip_prefix("PROGRESS ") {
+                done[i] = n.parse().unwrap_or(done[i]);
+                if tty {
+                    eprint!("\r{pname}: {} operations   ", done.iter().sum::<u64>());
+                }
+            } else if let Some(json) = line.strip_prefix("REPORT ") {
+                let r: Report = serde_json::from_str(json)
+                    .map_err(|e| format!("benchmark node {i} sent a bad report: {e}"))?;
+                reports[i] = Some(r);
+            } else if line.starts_with("READY ") {
+                ready_early.insert(i);
+            }
+        }
+        if tty {
+            eprint!("\r{:40}\r", "");
+        }
+        let reports: Vec<Report> = reports.into_iter().flatten().collect();
+        let m = Report::merge(&reports)?;
+        print!("{}", m.table());
+        per_node.push(reports.iter().map(|r| r.ops_per_sec).collect());
+        merged.push(m);
+    }
+    drop(stdins);
+    drop(nodes);
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((merged, per_node))
+}
+
+/// The next line of a benchmark node, `None` when it closed its output.
+fn next_line(
+    rx: &mpsc::Receiver<(usize, Option<String>)>,
+) -> Result<(usize, Option<String>), String> {
+    rx.recv()
+        .map_err(|_| "every benchmark node exited".to_string())
+}
+
+fn exited(i: usize) -> String {
+    format!("benchmark node {i} exited early (see its errors above)")
+}
+
+/// A fresh memcached (2 threads, as the Ibdxnet paper's comparison) or
+/// Redis as node 0, listening where the storage node would.
+fn start_baseline(which: &str, at: &Placement, max_memory: u64) -> Result<Child, String> {
+    let host = at.host(0);
+    let port = at.port(0).to_string();
+    let mib = (max_memory >> 20).max(64).to_string();
+    let mut cmd = if which == "memcached" {
+        let mut c = at.command(0, Path::new("memcached"));
+        c.args(["-l", &host, "-p", &port, "-U", "0", "-t", "2", "-c", "4096"])
+            .args(["-m", &mib]);
+        // As root memcached wants a user to drop to.
+        if crate::is_root() {
+            c.args(["-u", "root"]);
+        }
+        c
+    } else {
+        let mut c = at.command(0, Path::new("redis-server"));
+        c.args(["--port", &port, "--bind", &host, "--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--maxmemory", &max_memory.to_string()]);
+        c
+    };
+    // The benchmark nodes wait for it to listen.
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {which} (is it installed?): {e}"))
+}

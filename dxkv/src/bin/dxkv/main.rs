@@ -1,0 +1,484 @@
+//! The `dxkv` command: run a storage node, run YCSB against a cluster (or
+//! against memcached or Redis), or start a whole cluster of processes, on
+//! 127.0.0.1 or in network namespaces, and run YCSB on it in one go.
+
+mod cluster;
+mod summary;
+
+use std::io::{BufRead, IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use dxkv::ycsb::workload::Share;
+use dxkv::ycsb::{self, Binding, Chooser, DxkvBinding, Phase, Workload};
+use dxkv::{Client, Server, StoreConfig};
+use dxnet::{Config, Node, NodeId};
+
+#[derive(Parser)]
+#[command(
+    name = "dxkv",
+    about = "A DXRAM-style in-memory key-value store on dxnet, with YCSB"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// The workload and how to drive it.
+#[derive(clap::Args, Clone)]
+pub struct YcsbArgs {
+    /// Workload presets: a, b, c, d, e, f (YCSB's), paper-a, paper-b (the
+    /// Ibdxnet paper's); `local` runs each on a fresh cluster.
+    #[arg(long, value_delimiter = ',', default_value = "paper-b")]
+    workload: Vec<String>,
+    /// YCSB property overrides, e.g. `--set fieldlength=64 --set
+    /// requestdistribution=zipfian` (names as YCSB's, lower case).
+    #[arg(long = "set", value_name = "NAME=VALUE")]
+    set: Vec<String>,
+    /// Records to load (YCSB's recordcount), over all benchmark nodes.
+    #[arg(long)]
+    records: Option<u64>,
+    /// Operations of the run phase (YCSB's operationcount), per benchmark
+    /// node.
+    #[arg(long)]
+    operations: Option<u64>,
+    /// Client threads per benchmark node.
+    #[arg(long, default_value_t = 100)]
+    threads: usize,
+    /// Phases to run.
+    #[arg(long, value_delimiter = ',', default_value = "load,run")]
+    phases: Vec<String>,
+    /// Also write the reports as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also write the reports as CSV here (one row per phase and
+    /// operation).
+    #[arg(long)]
+    csv: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a storage node (until stdin closes or the process is killed).
+    Storage {
+        /// The node's dxnet configuration (TOML or JSON).
+        #[arg(long)]
+        config: PathBuf,
+        /// Memory limit of the records, in bytes.
+        #[arg(long, default_value_t = StoreConfig::default().max_memory)]
+        max_memory: u64,
+        /// Also serve memcached's text protocol for the whole cluster on
+        /// this TCP port (of 127.0.0.1 unless --memcached-host).
+        #[arg(long)]
+        memcached_port: Option<u16>,
+        /// Address the memcached front end listens on.
+        #[arg(long, default_value = "127.0.0.1")]
+        memcached_host: String,
+        /// Most memcached connections at once.
+        #[arg(long, default_value_t = 1024)]
+        memcached_connections: usize,
+        /// The cluster's storage node ids, in partitioning order (for the
+        /// memcached front end; default: this node alone).
+        #[arg(long, value_delimiter = ',')]
+        storage: Vec<u16>,
+    },
+    /// Run YCSB from this node: against the dxkv storage nodes of the
+    /// node map in `--config`, or against a memcached or Redis server.
+    Ycsb {
+        /// Store to drive: dxkv, memcached, redis.
+        #[arg(long, default_value = "dxkv")]
+        binding: String,
+        /// This node's dxnet configuration (TOML or JSON; dxkv only).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The storage node ids, in partitioning order (the same for every
+        /// client; dxkv only).
+        #[arg(long, value_delimiter = ',')]
+        storage: Vec<u16>,
+        /// host:port of the memcached or Redis server.
+        #[arg(long)]
+        server: Option<String>,
+        /// This benchmark node's index among `--clients` of them: it loads
+        /// its slice of the records and inserts keys of its own.
+        #[arg(long, default_value_t = 0)]
+        client_index: u64,
+        /// The number of benchmark nodes running this workload together.
+        #[arg(long, default_value_t = 1)]
+        clients: u64,
+        /// Driven by `dxkv local`: before each phase print `READY <phase>`
+        /// and wait for a line on stdin; print progress and the report as
+        /// `PROGRESS <n>` and `REPORT <json>` lines.
+        #[arg(long, hide = true)]
+        coordinated: bool,
+        #[command(flatten)]
+        ycsb: YcsbArgs,
+    },
+    /// Start a cluster of processes (storage nodes and benchmark nodes, on
+    /// 127.0.0.1 or each in its own network namespace), run YCSB on it,
+    /// stop it; with `--bindings` also against a memcached (2 threads) and
+    /// a Redis server, in interleaved rounds, each on a fresh server.
+    Local {
+        /// Storage nodes.
+        #[arg(long, default_value_t = 1)]
+        storage_nodes: u16,
+        /// Benchmark nodes (processes of `--threads` client threads each).
+        #[arg(long, default_value_t = 1)]
+        benchmark_nodes: u16,
+        /// Cluster sizes to run in turn instead of --storage-nodes and
+        /// --benchmark-nodes, e.g. `2,4,8`: half storage, half benchmark
+        /// nodes, as the Ibdxnet paper's scaling figure.
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<u16>,
+        /// Run every node in its own network namespace, linked by veth
+        /// pairs through a bridge (needs root and iproute2).
+        #[arg(long)]
+        netns: bool,
+        /// Stores to run: dxkv, memcached, redis.
+        #[arg(long, value_delimiter = ',', default_value = "dxkv")]
+        bindings: Vec<String>,
+        /// Rounds (each runs every binding, in a rotated order).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// First TCP port of the node map (on 127.0.0.1 node i listens on
+        /// port + i; in namespaces every node on port).
+        #[arg(long, default_value_t = 17_300)]
+        port: u16,
+        /// Memory limit of each storage node, in bytes.
+        #[arg(long, default_value_t = StoreConfig::default().max_memory)]
+        max_memory: u64,
+        /// Draw the run phase's throughput against the cluster size (and
+        /// the p99 latency) as SVG and PNG into this directory.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[command(flatten)]
+        ycsb: YcsbArgs,
+    },
+}
+
+fn main() {
+    tracing_init();
+    if let Err(e) = real_main() {
+        eprintln!("dxkv: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn tracing_init() {
+    // Errors of the node itself go to stderr; RUST_LOG as usual.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn real_main() -> Result<(), String> {
+    match Cli::parse().cmd {
+        Cmd::Storage {
+            config,
+            max_memory,
+            memcached_port,
+            memcached_host,
+            memcached_connections,
+            storage,
+        } => storage_node(
+            &config,
+            max_memory,
+            memcached_port,
+            &memcached_host,
+            memcached_connections,
+            storage,
+        ),
+        Cmd::Ycsb {
+            binding,
+            config,
+            storage,
+            server,
+            client_index,
+            clients,
+            coordinated,
+            ycsb,
+        } => {
+            let share = Share::new(client_index, clients)?;
+            let [name] = &ycsb.workload[..] else {
+                return Err("ycsb runs one workload (local runs several)".into());
+            };
+            // Refuse bad arguments before starting the node.
+            let w = workload(name, &ycsb)?;
+            let binding: Box<dyn Binding> = match binding.as_str() {
+                "dxkv" => {
+                    let config = config.ok_or("--config is needed with the dxkv binding")?;
+                    if storage.is_empty() {
+                        return Err("--storage is needed with the dxkv binding".into());
+                    }
+                    let cfg = Config::from_file(&config).map_err(|e| e.to_string())?;
+                    let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
+                    let client = Client::new(node, storage.into_iter().map(NodeId).collect())
+                        .map_err(|e| e.to_string())?;
+                    Box::new(DxkvBinding::new(client))
+                }
+                "memcached" | "redis" => {
+                    let server = server.ok_or("--server host:port is needed")?;
+                    wait_for_server(&server)?;
+                    if binding == "memcached" {
+                        Box::new(ycsb::baselines::MemcachedBinding::new(&server))
+                    } else {
+                        Box::new(ycsb::baselines::RedisBinding::new(&server))
+                    }
+                }
+                other => {
+                    return Err(format!(
+                        "unknown binding {other:?} (dxkv, memcached, redis)"
+                    ))
+                }
+            };
+            let chooser = Chooser::with_share(&w, share);
+            if coordinated {
+                return coordinated_phases(&*binding, &chooser, &ycsb);
+            }
+            let reports = run_phases(&*binding, &chooser, &ycsb)?;
+            write_reports(&ycsb, &w, &reports)
+        }
+        Cmd::Local {
+            storage_nodes,
+            benchmark_nodes,
+            nodes,
+            netns,
+            bindings,
+            rounds,
+            port,
+            max_memory,
+            plot,
+            ycsb,
+        } => {
+            let layouts = if nodes.is_empty() {
+                vec![(storage_nodes, benchmark_nodes)]
+            } else {
+                let mut v = Vec::new();
+                for n in nodes {
+                    if n < 2 {
+                        return Err(format!("--nodes {n}: at least 2 (half storage)"));
+                    }
+                    v.push((n / 2, n - n / 2));
+                }
+                v
+            };
+            cluster::local(&cluster::LocalArgs {
+                layouts,
+                netns,
+                bindings,
+                rounds,
+                port,
+                max_memory,
+                plot,
+                ycsb,
+            })
+        }
+    }
+}
+
+fn storage_node(
+    config: &std::path::Path,
+    max_memory: u64,
+    memcached_port: Option<u16>,
+    memcached_host: &str,
+    memcached_connections: usize,
+    storage: Vec<u16>,
+) -> Result<(), String> {
+    let cfg = Config::from_file(config).map_err(|e| e.to_string())?;
+    let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
+    let _server = Server::start(
+        &node,
+        StoreConfig {
+            max_memory,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let frontend = match memcached_port {
+        Some(port) => {
+            let storage = if storage.is_empty() {
+                vec![node.id()]
+            } else {
+                storage.into_iter().map(NodeId).collect()
+            };
+            let client = Client::new(node.clone(), storage).map_err(|e| e.to_string())?;
+            let addr = format!("{memcached_host}:{port}");
+            let f = dxkv::memcached::Frontend::start(
+                client,
+                &addr,
+                dxkv::memcached::FrontendConfig {
+                    max_connections: memcached_connections,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| format!("memcached front end on {addr}: {e}"))?;
+            Some(f)
+        }
+        None => None,
+    };
+    println!("READY {}", node.id());
+    // Serve until stdin closes (a parent's way to stop it) or a signal ends
+    // the process.
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    drop(frontend);
+    if let Some(node) = Arc::into_inner(node) {
+        node.shutdown();
+    }
+    Ok(())
+}
+
+/// The workload preset `name` with the overrides of `a`.
+pub fn workload(name: &str, a: &YcsbArgs) -> Result<Workload, String> {
+    let mut w: Workload = name.parse()?;
+    if !a.set.is_empty() {
+        // Overrides go through serde: the same names and checks as a file.
+        let mut v = serde_json::to_value(&w).map_err(|e| e.to_string())?;
+        for s in &a.set {
+            let (k, val) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--set {s}: expected NAME=VALUE"))?;
+            let parsed = serde_json::from_str(val).unwrap_or(serde_json::Value::String(val.into()));
+            v[k] = parsed;
+        }
+        w = serde_json::from_value(v).map_err(|e| format!("--set: {e}"))?;
+    }
+    if let Some(r) = a.records {
+        w.recordcount = r;
+    }
+    if let Some(o) = a.operations {
+        w.operationcount = o;
+    }
+    w.validate()?;
+    Ok(w)
+}
+
+/// The phases named in `a`, checked.
+pub fn phases(a: &YcsbArgs) -> Result<Vec<Phase>, String> {
+    a.phases
+        .iter()
+        .map(|p| match p.as_str() {
+            "load" => Ok(Phase::Load),
+            "run" => Ok(Phase::Run),
+            other => Err(format!("unknown phase {other:?} (load, run)")),
+        })
+        .collect()
+}
+
+fn write_reports(a: &YcsbArgs, w: &Workload, reports: &[ycsb::Report]) -> Result<(), String> {
+    if let Some(path) = &a.csv {
+        let mut csv = format!("{}\n", ycsb::driver::CSV_HEADER);
+        for r in reports {
+            csv += &r.csv_rows();
+        }
+        std::fs::write(path, csv).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.json {
+        let reports: Vec<ycsb::Report> = reports.iter().map(without_histograms).collect();
+        let json = serde_json::json!({ "workload": w, "reports": reports });
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json).expect("serializable"),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A report for people: the raw latency histograms left out.
+pub fn without_histograms(r: &ycsb::Report) -> ycsb::Report {
+    ycsb::Report {
+        histograms: Default::default(),
+        ..r.clone()
+    }
+}
+
+/// Runs the phases of `a` on `binding`, printing each report.
+fn run_phases(
+    binding: &dyn Binding,
+    chooser: &Chooser,
+    a: &YcsbArgs,
+) -> Result<Vec<ycsb::Report>, String> {
+    let mut reports = Vec::new();
+    for phase in phases(a)? {
+        let tty = std::io::stderr().is_terminal();
+        let progress = |done: u64, total: u64| {
+            if tty {
+                eprint!("\r{phase:?}: {done}/{total}   ");
+            }
+        };
+        let r = ycsb::run(binding, phase, a.threads, chooser, &progress)?;
+        if tty {
+            eprint!("\r{:40}\r", "");
+        }
+        print!("{}", r.table());
+        reports.push(r);
+    }
+    Ok(reports)
+}
+
+/// The phases under `dxkv local`'s control (see `Cmd::Ycsb::coordinated`):
+/// every benchmark node starts a phase when all are ready for it.
+fn coordinated_phases(
+    binding: &dyn Binding,
+    chooser: &Chooser,
+    a: &YcsbArgs,
+) -> Result<(), String> {
+    let mut stdin = std::io::stdin().lock();
+    let out = std::sync::Mutex::new(std::io::stdout());
+    let say = |line: String| {
+        let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(o, "{line}");
+        let _ = o.flush();
+    };
+    for phase in phases(a)? {
+        say(format!("READY {}", phase_name(phase)));
+        let mut go = String::new();
+        if stdin.read_line(&mut go).map_err(|e| e.to_string())? == 0 {
+            return Err("stopped before the phase began".into());
+        }
+        let progress = |done: u64, _total: u64| say(format!("PROGRESS {done}"));
+        let r = ycsb::run(binding, phase, a.threads, chooser, &progress)?;
+        say(format!(
+            "REPORT {}",
+            serde_json::to_string(&r).expect("serializable")
+        ));
+    }
+    Ok(())
+}
+
+/// Waits up to 10 s for `server` to accept connections (a server started
+/// beside this process may still be coming up).
+fn wait_for_server(server: &str) -> Result<(), String> {
+    let t = std::time::Instant::now();
+    loop {
+        match std::net::TcpStream::connect(server) {
+            Ok(_) => return Ok(()),
+            Err(e) if t.elapsed() > std::time::Duration::from_secs(10) => {
+                return Err(format!("nothing listens on {server}: {e}"))
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A phase's name on the command line.
+pub fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Load => "load",
+        Phase::Run => "run",
+    }
+}
+
+/// True if this process runs as root (memcached then needs `-u root`).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
