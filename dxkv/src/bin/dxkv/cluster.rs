@@ -56,8 +56,13 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
     }
     phases(&a.ycsb)?;
     for b in &a.bindings {
-        if !["dxkv", "memcached", "redis"].contains(&b.as_str()) {
-            return Err(format!("unknown binding {b:?} (dxkv, memcached, redis)"));
+        if !["dxkv", "dxkv-ib", "memcached", "redis"].contains(&b.as_str()) {
+            return Err(format!(
+                "unknown binding {b:?} (dxkv, dxkv-ib, memcached, redis)"
+            ));
+        }
+        if b == "dxkv-ib" && !dxnet::TransportKind::Ib.is_available() {
+            return Err("dxkv-ib: this build has no InfiniBand engine".into());
         }
     }
     if a.bindings.is_empty() {
@@ -67,7 +72,7 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
         if s == 0 || b == 0 {
             return Err("at least one storage and one benchmark node".into());
         }
-        if s > 1 && a.bindings.iter().any(|b| b != "dxkv") {
+        if s > 1 && a.bindings.iter().any(|b| !is_dxkv(b)) {
             return Err(
                 "memcached and Redis run as one server: compare them with one storage node".into(),
             );
@@ -98,6 +103,12 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
             for round in 0..rounds {
                 for i in 0..a.bindings.len() {
                     let binding = &a.bindings[(i + round) % a.bindings.len()];
+                    if binding == "memcached" && workload(name, &a.ycsb)?.scanproportion > 0.0 {
+                        if round == 0 {
+                            println!("--- {name}: memcached has no scan, left out");
+                        }
+                        continue;
+                    }
                     println!(
                         "--- {name}, {storage} storage + {bench} benchmark nodes, round {} of {rounds}: {binding}",
                         round + 1
@@ -171,6 +182,11 @@ fn write_outputs(a: &LocalArgs, runs: &[Run]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// dxkv itself, over TCP (`dxkv`) or InfiniBand/RoCE verbs (`dxkv-ib`).
+fn is_dxkv(binding: &str) -> bool {
+    binding.starts_with("dxkv")
 }
 
 /// Where node i runs and listens.
@@ -260,13 +276,25 @@ fn run_once(
             e.address = at.address(e.id);
         }
         c.cluster_secret = Some(secret.clone());
+        if binding == "dxkv-ib" {
+            // The device as the Soft-RoCE VM (scripts/rdma-vm) or the user
+            // names it; the node map's addresses carry the UDP handshake.
+            c.transport = dxnet::TransportKind::Ib;
+            c.ib.device = std::env::var("RDMA_DEV").unwrap_or_default();
+            if let Some(g) = std::env::var("RDMA_GID_INDEX")
+                .ok()
+                .and_then(|g| g.parse().ok())
+            {
+                c.ib.gid_index = g;
+            }
+        }
         let path = dir.join(format!("node{id}.json"));
         std::fs::write(&path, serde_json::to_string(&c).expect("serializable"))
             .map_err(|e| e.to_string())?;
         Ok(path)
     };
     let mut servers = Processes(Vec::new());
-    if binding == "dxkv" {
+    if is_dxkv(binding) {
         for id in 0..storage {
             let mut child = at
                 .command(id, &exe)
@@ -299,7 +327,8 @@ fn run_once(
     for b in 0..bench {
         let id = storage + b;
         let mut cmd = at.command(id, &exe);
-        cmd.args(["ycsb", "--coordinated", "--binding", binding])
+        let child_binding = if is_dxkv(binding) { "dxkv" } else { binding };
+        cmd.args(["ycsb", "--coordinated", "--binding", child_binding])
             .args(["--client-index", &b.to_string()])
             .args(["--clients", &bench.to_string()])
             .args(["--workload", name])
@@ -314,7 +343,7 @@ fn run_once(
         if let Some(o) = a.ycsb.operations {
             cmd.args(["--operations", &o.to_string()]);
         }
-        if binding == "dxkv" {
+        if is_dxkv(binding) {
             cmd.arg("--config")
                 .arg(config_file(id)?)
                 .args(["--storage", &storage_ids.join(",")]);
@@ -393,7 +422,8 @@ fn run_once(
             eprint!("\r{:40}\r", "");
         }
         let reports: Vec<Report> = reports.into_iter().flatten().collect();
-        let m = Report::merge(&reports)?;
+        let mut m = Report::merge(&reports)?;
+        m.binding = binding.to_string();
         print!("{}", m.table());
         per_node.push(reports.iter().map(|r| r.ops_per_sec).collect());
         merged.push(m);

@@ -134,7 +134,9 @@ enum Cmd {
         /// pairs through a bridge (needs root and iproute2).
         #[arg(long)]
         netns: bool,
-        /// Stores to run: dxkv, memcached, redis.
+        /// Stores to run: dxkv (over TCP), dxkv-ib (over InfiniBand/RoCE
+        /// verbs: the device in $RDMA_DEV, its GID index in
+        /// $RDMA_GID_INDEX), memcached, redis.
         #[arg(long, value_delimiter = ',', default_value = "dxkv")]
         bindings: Vec<String>,
         /// Rounds (each runs every binding, in a rotated order).

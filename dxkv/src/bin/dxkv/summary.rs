@@ -11,7 +11,12 @@ use crate::cluster::Run;
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.sort_by(|x, y| x.total_cmp(y));
-    (!v.is_empty()).then(|| v[v.len() / 2])
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 fn run_report(r: &Run) -> Option<&Report> {
@@ -44,27 +49,42 @@ fn rates(runs: &[Run], c: &(String, u16, u16), binding: &str) -> Vec<(usize, f64
         .collect()
 }
 
-/// The summary table.
+/// The summary table: per workload, cluster and binding the median run
+/// phase rate; with several bindings each one's ratio to the first one's
+/// in the same round (then the median of those); with several cluster
+/// sizes the ratio to the same binding on the first size.
 pub fn table(bindings: &[String], runs: &[Run]) -> String {
     let first = &bindings[0];
-    let mut s = format!(
-        "\nrun phase, median over rounds; ratio to {first} per round, then their median:\n{:<9} {:>7} {:>9} {:<10} {:>12} {:>14} {:>14} {:>8}  rounds\n",
-        "workload", "storage", "benchmark", "binding", "ops/s", "/storage node", "/bench node", "ratio"
+    let all = clusters(runs);
+    let compare = bindings.len() > 1;
+    let scale = all.iter().any(|c| (c.1, c.2) != (all[0].1, all[0].2));
+    let mut s = String::from("\nrun phase, median over rounds");
+    if compare {
+        s += &format!("; vs {first}: ratio per round, then their median");
+    }
+    if scale {
+        s += "; vs first size: ratio to the same binding on the first cluster";
+    }
+    s += &format!(
+        ":\n{:<9} {:>7} {:>9} {:<10} {:>12} {:>14} {:>12}",
+        "workload", "storage", "benchmark", "binding", "ops/s", "/storage node", "/bench node"
     );
-    for c in clusters(runs) {
-        let base = rates(runs, &c, first);
+    if compare {
+        s += &format!(" {:>8} {:<16}", format!("vs {first}"), "(rounds)");
+    }
+    if scale {
+        s += " vs first size";
+    }
+    s += "\n";
+    for c in &all {
+        let base = rates(runs, c, first);
         for b in bindings {
-            let mine = rates(runs, &c, b);
+            let mine = rates(runs, c, b);
             let Some(m) = median(mine.iter().map(|x| x.1).collect()) else {
                 continue;
             };
-            let ratios: Vec<f64> = mine
-                .iter()
-                .filter_map(|(round, v)| base.iter().find(|x| x.0 == *round).map(|x| v / x.1))
-                .collect();
-            let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
             s += &format!(
-                "{:<9} {:>7} {:>9} {:<10} {:>12.0} {:>14.0} {:>14.0} {:>7.2}x  {}\n",
+                "{:<9} {:>7} {:>9} {:<10} {:>12.0} {:>14.0} {:>12.0}",
                 c.0,
                 c.1,
                 c.2,
@@ -72,9 +92,25 @@ pub fn table(bindings: &[String], runs: &[Run]) -> String {
                 m,
                 m / f64::from(c.1),
                 m / f64::from(c.2),
-                median(ratios).unwrap_or(f64::NAN),
-                list.join(", ")
             );
+            if compare {
+                let ratios: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|(round, v)| base.iter().find(|x| x.0 == *round).map(|x| v / x.1))
+                    .collect();
+                let list: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+                s += &format!(
+                    " {:>7.2}x {:<16}",
+                    median(ratios).unwrap_or(f64::NAN),
+                    format!("({})", list.join(", "))
+                );
+            }
+            if scale {
+                let smallest = all.iter().find(|f| f.0 == c.0).expect("c is in all");
+                let m0 = median(rates(runs, smallest, b).iter().map(|x| x.1).collect());
+                s += &format!(" {:>12.2}x", m0.map_or(f64::NAN, |m0| m / m0));
+            }
+            s += "\n";
         }
     }
     s
