@@ -216,12 +216,29 @@ impl Client {
 
     /// [`Client::get`] as a future (sent at once).
     pub fn get_async(&self, key: &[u8]) -> impl Future<Output = Result<Option<Versioned>>> {
+        self.get_fields_opt_async(key, None)
+    }
+
+    /// [`Client::get_fields`] as a future (sent at once).
+    pub fn get_fields_async(
+        &self,
+        key: &[u8],
+        fields: &[&str],
+    ) -> impl Future<Output = Result<Option<Versioned>>> {
+        self.get_fields_opt_async(key, Some(fields))
+    }
+
+    fn get_fields_opt_async(
+        &self,
+        key: &[u8],
+        fields: Option<&[&str]>,
+    ) -> impl Future<Output = Result<Option<Versioned>>> {
         let to = self.node_of_key(key);
         let f = self.call_async(
             to,
             &Get {
                 key: key.to_vec(),
-                fields: None,
+                fields: names(fields),
             },
         );
         async move { found(to, f.await?.0) }
@@ -312,6 +329,36 @@ impl Client {
         }
     }
 
+    /// [`Client::read_modify_write`] as a future: the same retries, each
+    /// read and write awaited instead of waited for.
+    pub fn read_modify_write_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        mut f: impl FnMut(Option<&Record>) -> Option<Record> + 'a,
+    ) -> impl Future<Output = Result<Option<u64>>> + 'a {
+        async move {
+            let end = Instant::now() + self.timeout;
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let current = self.get_async(key).await?;
+                let Some(next) = f(current.as_ref().map(|v| &v.record)) else {
+                    return Ok(None);
+                };
+                let mode = match &current {
+                    Some(v) => WriteMode::IfVersion(v.version),
+                    None => WriteMode::Insert,
+                };
+                if let Written::Stored(v) = self.write_async(key, &next, mode).await? {
+                    return Ok(Some(v));
+                }
+                if Instant::now() >= end {
+                    return Err(Error::Contended { attempts });
+                }
+            }
+        }
+    }
+
     /// The records under `keys` (in their order), each storage node asked
     /// once for all of its keys, all nodes at once.
     pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Versioned>>> {
@@ -327,13 +374,41 @@ impl Client {
         self.multi_get_fields_opt(keys, Some(fields))
     }
 
+    /// [`Client::multi_get`] as a future (every request sent at once).
+    pub fn multi_get_async<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+    ) -> impl Future<Output = Result<Vec<Option<Versioned>>>> {
+        let sent = self.send_multi_get(keys, None);
+        async move {
+            let mut replies = Vec::with_capacity(sent.parts.len());
+            for (_, h) in sent.parts {
+                replies.push(h?.await?.0);
+            }
+            gather_gets(sent.len, &sent.groups, replies)
+        }
+    }
+
     fn multi_get_fields_opt<K: AsRef<[u8]>>(
         &self,
         keys: &[K],
         fields: Option<&[&str]>,
     ) -> Result<Vec<Option<Versioned>>> {
+        let sent = self.send_multi_get(keys, fields);
+        let mut replies = Vec::with_capacity(sent.parts.len());
+        for (_, h) in sent.parts {
+            replies.push(h?.wait()?.0);
+        }
+        gather_gets(sent.len, &sent.groups, replies)
+    }
+
+    fn send_multi_get<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        fields: Option<&[&str]>,
+    ) -> Sent<MultiFound> {
         let groups = self.group(keys.iter().map(|k| k.as_ref()));
-        let pending: Vec<_> = groups
+        let parts = groups
             .iter()
             .map(|(to, idx)| {
                 let req = MultiGet {
@@ -343,24 +418,14 @@ impl Client {
                         .collect(),
                     fields: names(fields),
                 };
-                self.node.request_async(*to, &req, self.timeout)
+                (*to, self.node.request_async(*to, &req, self.timeout))
             })
             .collect();
-        let mut out = vec![None; keys.len()];
-        for ((to, idx), p) in groups.iter().zip(pending) {
-            let items = p?.wait()?.0;
-            if items.len() != idx.len() {
-                return Err(Error::Net(dxnet::Error::Decode(format!(
-                    "storage node {to} answered {} of {} keys",
-                    items.len(),
-                    idx.len()
-                ))));
-            }
-            for (&i, item) in idx.iter().zip(items) {
-                out[i] = found(*to, item)?;
-            }
+        Sent {
+            len: keys.len(),
+            groups,
+            parts,
         }
-        Ok(out)
     }
 
     /// Writes each (key, record) of `items` as `mode` says, each storage
@@ -371,8 +436,37 @@ impl Client {
         items: &[(K, Record)],
         mode: WriteMode,
     ) -> Result<Vec<std::result::Result<Written, StoreError>>> {
+        let sent = self.send_multi_write(items, mode);
+        let mut replies = Vec::with_capacity(sent.parts.len());
+        for (_, h) in sent.parts {
+            replies.push(h?.wait()?.0);
+        }
+        gather_writes(sent.len, &sent.groups, replies)
+    }
+
+    /// [`Client::multi_write`] as a future (every request sent at once).
+    pub fn multi_write_async<K: AsRef<[u8]>>(
+        &self,
+        items: &[(K, Record)],
+        mode: WriteMode,
+    ) -> impl Future<Output = Result<Vec<std::result::Result<Written, StoreError>>>> {
+        let sent = self.send_multi_write(items, mode);
+        async move {
+            let mut replies = Vec::with_capacity(sent.parts.len());
+            for (_, h) in sent.parts {
+                replies.push(h?.await?.0);
+            }
+            gather_writes(sent.len, &sent.groups, replies)
+        }
+    }
+
+    fn send_multi_write<K: AsRef<[u8]>>(
+        &self,
+        items: &[(K, Record)],
+        mode: WriteMode,
+    ) -> Sent<MultiWritten> {
         let groups = self.group(items.iter().map(|(k, _)| k.as_ref()));
-        let pending: Vec<_> = groups
+        let parts = groups
             .iter()
             .map(|(to, idx)| {
                 let req = MultiWrite {
@@ -388,24 +482,14 @@ impl Client {
                         .collect(),
                     mode,
                 };
-                self.node.request_async(*to, &req, self.timeout)
+                (*to, self.node.request_async(*to, &req, self.timeout))
             })
             .collect();
-        let mut out = vec![Ok(Written::Missing); items.len()];
-        for ((to, idx), p) in groups.iter().zip(pending) {
-            let results = p?.wait()?.0;
-            if results.len() != idx.len() {
-                return Err(Error::Net(dxnet::Error::Decode(format!(
-                    "storage node {to} answered {} of {} items",
-                    results.len(),
-                    idx.len()
-                ))));
-            }
-            for (&i, r) in idx.iter().zip(results) {
-                out[i] = r;
-            }
+        Sent {
+            len: items.len(),
+            groups,
+            parts,
         }
-        Ok(out)
     }
 
     /// Stores every (key, record) of `items`, replacing any; fails with the
@@ -449,7 +533,33 @@ impl Client {
         count: u32,
         fields: Option<&[&str]>,
     ) -> Result<Vec<(Vec<u8>, Versioned)>> {
-        let pending: Vec<_> = self
+        let sent = self.send_scan(start, count, fields);
+        let mut replies = Vec::with_capacity(sent.parts.len());
+        for (to, h) in sent.parts {
+            replies.push((to, h?.wait()?.0));
+        }
+        merge_scans(replies, count)
+    }
+
+    /// [`Client::scan`] as a future (every storage node asked at once).
+    pub fn scan_async(
+        &self,
+        start: &[u8],
+        count: u32,
+        fields: Option<&[&str]>,
+    ) -> impl Future<Output = Result<Vec<(Vec<u8>, Versioned)>>> {
+        let sent = self.send_scan(start, count, fields);
+        async move {
+            let mut replies = Vec::with_capacity(sent.parts.len());
+            for (to, h) in sent.parts {
+                replies.push((to, h?.await?.0));
+            }
+            merge_scans(replies, count)
+        }
+    }
+
+    fn send_scan(&self, start: &[u8], count: u32, fields: Option<&[&str]>) -> Sent<Scanned> {
+        let parts = self
             .storage
             .iter()
             .map(|&to| {
@@ -461,15 +571,11 @@ impl Client {
                 (to, self.node.request_async(to, &req, self.timeout))
             })
             .collect();
-        let mut all = Vec::new();
-        for (to, p) in pending {
-            for (k, item) in p?.wait()?.0 {
-                all.push((k.into_vec(), versioned(to, item)?));
-            }
+        Sent {
+            len: 0,
+            groups: Vec::new(),
+            parts,
         }
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        all.truncate(count as usize);
-        Ok(all)
     }
 
     /// Up to `count` records of storage node `node` alone with keys from
@@ -513,6 +619,27 @@ impl Client {
         Ok(refused(node, r.0)?.0)
     }
 
+    /// [`Client::create`] as a future (sent at once).
+    pub fn create_async(&self, record: &Record) -> impl Future<Output = Result<u64>> {
+        let i = self.next_create.fetch_add(1, Ordering::Relaxed) % self.storage.len();
+        self.create_on_async(self.storage[i], record)
+    }
+
+    /// [`Client::create_on`] as a future (sent at once).
+    pub fn create_on_async(
+        &self,
+        node: NodeId,
+        record: &Record,
+    ) -> impl Future<Output = Result<u64>> {
+        let f = self.call_async(
+            node,
+            &Create {
+                record: record.as_bytes().to_vec(),
+            },
+        );
+        async move { Ok(refused(node, f.await?.0)?.0) }
+    }
+
     /// The record with id `id`.
     pub fn get_id(&self, id: u64) -> Result<Option<Versioned>> {
         let to = self.node_of_id(id);
@@ -539,10 +666,34 @@ impl Client {
         refused(to, self.call(to, &req)?.0)
     }
 
+    /// [`Client::write_id`] as a future (sent at once).
+    pub fn write_id_async(
+        &self,
+        id: u64,
+        record: &Record,
+        mode: WriteMode,
+    ) -> impl Future<Output = Result<Written>> {
+        let to = self.node_of_id(id);
+        let req = WriteId {
+            id,
+            record: record.as_bytes().to_vec(),
+            mode,
+        };
+        let f = self.call_async(to, &req);
+        async move { refused(to, f.await?.0) }
+    }
+
     /// Deletes the record with id `id`; returns its version.
     pub fn delete_id(&self, id: u64) -> Result<Option<u64>> {
         let to = self.node_of_id(id);
         Ok(self.call(to, &DeleteId { id })?.0)
+    }
+
+    /// [`Client::delete_id`] as a future (sent at once).
+    pub fn delete_id_async(&self, id: u64) -> impl Future<Output = Result<Option<u64>>> {
+        let to = self.node_of_id(id);
+        let f = self.call_async(to, &DeleteId { id });
+        async move { Ok(f.await?.0) }
     }
 
     // ----- cluster -----
@@ -559,6 +710,73 @@ impl Client {
     pub fn stats(&self, node: NodeId) -> Result<StoreStats> {
         Ok(self.call(node, &GetStats)?.0)
     }
+}
+
+/// The requests of an operation over several storage nodes, sent: which
+/// of the caller's items each node got (multi-key operations) and each
+/// node's pending reply.
+struct Sent<T: dxnet::Message> {
+    len: usize,
+    groups: Vec<(NodeId, Vec<usize>)>,
+    parts: Vec<(NodeId, dxnet::Result<dxnet::ResponseHandle<T>>)>,
+}
+
+/// An error unless a node answered as many items as it was asked.
+fn check_count(to: NodeId, got: usize, asked: usize) -> Result<()> {
+    if got == asked {
+        return Ok(());
+    }
+    Err(Error::Net(dxnet::Error::Decode(format!(
+        "storage node {to} answered {got} of {asked} items"
+    ))))
+}
+
+/// The replies of a multi-get in the order of the keys.
+fn gather_gets(
+    len: usize,
+    groups: &[(NodeId, Vec<usize>)],
+    replies: Vec<Vec<Option<Item>>>,
+) -> Result<Vec<Option<Versioned>>> {
+    let mut out = vec![None; len];
+    for ((to, idx), items) in groups.iter().zip(replies) {
+        check_count(*to, items.len(), idx.len())?;
+        for (&i, item) in idx.iter().zip(items) {
+            out[i] = found(*to, item)?;
+        }
+    }
+    Ok(out)
+}
+
+/// The replies of a multi-write in the order of the items.
+fn gather_writes(
+    len: usize,
+    groups: &[(NodeId, Vec<usize>)],
+    replies: Vec<Vec<std::result::Result<Written, StoreError>>>,
+) -> Result<Vec<std::result::Result<Written, StoreError>>> {
+    let mut out = vec![Ok(Written::Missing); len];
+    for ((to, idx), results) in groups.iter().zip(replies) {
+        check_count(*to, results.len(), idx.len())?;
+        for (&i, r) in idx.iter().zip(results) {
+            out[i] = r;
+        }
+    }
+    Ok(out)
+}
+
+/// Every node's first records merged into the first `count` overall.
+fn merge_scans(
+    replies: Vec<(NodeId, Vec<(serde_bytes::ByteBuf, Item)>)>,
+    count: u32,
+) -> Result<Vec<(Vec<u8>, Versioned)>> {
+    let mut all = Vec::new();
+    for (to, items) in replies {
+        for (k, item) in items {
+            all.push((k.into_vec(), versioned(to, item)?));
+        }
+    }
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    all.truncate(count as usize);
+    Ok(all)
 }
 
 fn write_req(key: &[u8], record: &Record, mode: WriteMode) -> Write {

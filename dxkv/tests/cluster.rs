@@ -249,6 +249,41 @@ fn every_operation_routed_over_three_storage_nodes() {
     assert!(pollster::block_on(kv.delete_async(b"async"))
         .unwrap()
         .is_some());
+    let keys: Vec<&Vec<u8>> = model.keys().take(30).collect();
+    let many = pollster::block_on(kv.multi_get_async(&keys)).unwrap();
+    assert_eq!(many, kv.multi_get(&keys).unwrap());
+    let items: Vec<(Vec<u8>, Record)> = (0..20)
+        .map(|i| (format!("am{i}").into_bytes(), Record::value(b"m")))
+        .collect();
+    let written = pollster::block_on(kv.multi_write_async(&items, WriteMode::Insert)).unwrap();
+    assert!(written.iter().all(|w| matches!(w, Ok(Written::Stored(_)))));
+    let fields = pollster::block_on(kv.get_fields_async(b"am3", &[""])).unwrap();
+    assert_eq!(fields.unwrap().record, Record::value(b"m"));
+    let scanned = pollster::block_on(kv.scan_async(b"am", 5, None)).unwrap();
+    assert_eq!(scanned, kv.scan(b"am", 5, None).unwrap());
+    assert_eq!(scanned.len(), 5);
+    let counter = |r: Option<&Record>| {
+        let n = r.and_then(|r| r.plain_value()).map_or(0, |v| v[0]);
+        Some(Record::value(&[n + 1]))
+    };
+    for _ in 0..3 {
+        pollster::block_on(kv.read_modify_write_async(b"arm", counter)).unwrap();
+    }
+    assert_eq!(
+        kv.get(b"arm").unwrap().unwrap().record.plain_value(),
+        Some(&[3u8][..])
+    );
+    let id = pollster::block_on(kv.create_async(&Record::value(b"i"))).unwrap();
+    let w = kv.write_id_async(id, &Record::value(b"j"), WriteMode::Put);
+    assert!(matches!(pollster::block_on(w), Ok(Written::Stored(_))));
+    assert_eq!(
+        kv.get_id(id).unwrap().unwrap().record.plain_value(),
+        Some(&b"j"[..])
+    );
+    assert!(pollster::block_on(kv.delete_id_async(id))
+        .unwrap()
+        .is_some());
+    assert_eq!(kv.get_id(id).unwrap(), None);
 
     kv.clear().unwrap();
     for s in &c.servers {
