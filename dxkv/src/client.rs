@@ -331,30 +331,28 @@ impl Client {
 
     /// [`Client::read_modify_write`] as a future: the same retries, each
     /// read and write awaited instead of waited for.
-    pub fn read_modify_write_async<'a>(
-        &'a self,
-        key: &'a [u8],
-        mut f: impl FnMut(Option<&Record>) -> Option<Record> + 'a,
-    ) -> impl Future<Output = Result<Option<u64>>> + 'a {
-        async move {
-            let end = Instant::now() + self.timeout;
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                let current = self.get_async(key).await?;
-                let Some(next) = f(current.as_ref().map(|v| &v.record)) else {
-                    return Ok(None);
-                };
-                let mode = match &current {
-                    Some(v) => WriteMode::IfVersion(v.version),
-                    None => WriteMode::Insert,
-                };
-                if let Written::Stored(v) = self.write_async(key, &next, mode).await? {
-                    return Ok(Some(v));
-                }
-                if Instant::now() >= end {
-                    return Err(Error::Contended { attempts });
-                }
+    pub async fn read_modify_write_async(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(Option<&Record>) -> Option<Record>,
+    ) -> Result<Option<u64>> {
+        let end = Instant::now() + self.timeout;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let current = self.get_async(key).await?;
+            let Some(next) = f(current.as_ref().map(|v| &v.record)) else {
+                return Ok(None);
+            };
+            let mode = match &current {
+                Some(v) => WriteMode::IfVersion(v.version),
+                None => WriteMode::Insert,
+            };
+            if let Written::Stored(v) = self.write_async(key, &next, mode).await? {
+                return Ok(Some(v));
+            }
+            if Instant::now() >= end {
+                return Err(Error::Contended { attempts });
             }
         }
     }
