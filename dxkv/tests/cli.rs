@@ -146,6 +146,54 @@ fn three_benchmark_nodes_share_the_load_and_insert_disjoint_keys() {
     }
 }
 
+/// `--hosts`: every node started through a launcher on the host of its id
+/// in a node file, its command line quoted for the host's shell and its
+/// configuration sent on stdin. The launcher here runs the line through
+/// `sh -c` on this machine, as ssh runs it on the host; the node file gives
+/// each node its own port of 127.0.0.1.
+#[test]
+fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
+    let dir = std::env::temp_dir().join(format!("dxkv-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let launcher = dir.join("fake-ssh");
+    std::fs::write(&launcher, "#!/bin/sh\nshift\nexec sh -c \"$*\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = free_ports(3);
+    let nodes = dir.join("nodes");
+    std::fs::write(
+        &nodes,
+        format!(
+            "# id host\n0 127.0.0.1:{port}\n2 127.0.0.1:{}\n1 127.0.0.1:{}\n",
+            port + 2,
+            port + 1
+        ),
+    )
+    .unwrap();
+    let all = run_local(
+        "paper-b",
+        1,
+        &[
+            "--benchmark-nodes",
+            "2",
+            "--threads",
+            "12",
+            "--hosts",
+            nodes.to_str().unwrap(),
+            "--launcher",
+            launcher.to_str().unwrap(),
+            // A space and quotes the host's shell must pass through.
+            "--set",
+            "fieldlengthdistribution= \"uniform\"",
+        ],
+    );
+    let v = &runs(&all)[0];
+    assert_eq!(v["workload"]["fieldlengthdistribution"], "uniform");
+    check(v, "load", 3000, &["insert"]);
+    check(v, "run", 2 * 6000, &["read"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Root with iproute2, else a skip (outside CI).
 fn can_netns() -> bool {
     let ok = Command::new("ip")

@@ -24,6 +24,11 @@ pub struct LocalArgs {
     /// (storage nodes, benchmark nodes) of each cluster to run.
     pub layouts: Vec<(u16, u16)>,
     pub netns: bool,
+    /// Node i on the i-th host of a node file (host, port), started
+    /// through `launcher` (e.g. ssh) as `remote_exe`.
+    pub hosts: Option<Vec<(String, u16)>>,
+    pub launcher: Vec<String>,
+    pub remote_exe: Option<PathBuf>,
     pub bindings: Vec<String>,
     pub rounds: usize,
     pub port: u16,
@@ -79,8 +84,22 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
         }
     }
     let most = a.layouts.iter().map(|(s, b)| s + b).max().unwrap_or(2);
-    if !a.netns && u32::from(a.port) + u32::from(most) > 65_535 {
+    if !a.netns && a.hosts.is_none() && u32::from(a.port) + u32::from(most) > 65_535 {
         return Err("--port: the node map runs past port 65535".into());
+    }
+    if let Some(h) = &a.hosts {
+        if a.netns {
+            return Err("--hosts and --netns: one placement at a time".into());
+        }
+        if h.len() < most as usize {
+            return Err(format!(
+                "the node file lists {} hosts, the largest cluster needs {most}",
+                h.len()
+            ));
+        }
+        if a.launcher.is_empty() {
+            return Err("--launcher: empty".into());
+        }
     }
     let layout = a
         .netns
@@ -92,8 +111,12 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
         }
         None => None,
     };
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let placement = Placement {
         netns: layout.as_ref(),
+        hosts: a.hosts.as_deref(),
+        launcher: &a.launcher,
+        exe: a.remote_exe.clone().unwrap_or(exe),
         port: a.port,
     };
     let rounds = a.rounds.max(1);
@@ -189,42 +212,83 @@ fn is_dxkv(binding: &str) -> bool {
     binding.starts_with("dxkv")
 }
 
-/// Where node i runs and listens.
+/// Where node i runs and listens: on 127.0.0.1 (port + i), in network
+/// namespace i, or on the i-th host of a node file.
 struct Placement<'a> {
     netns: Option<&'a netns::Layout>,
+    hosts: Option<&'a [(String, u16)]>,
+    launcher: &'a [String],
+    /// The `dxkv` executable (on the hosts: its path there).
+    exe: PathBuf,
     port: u16,
 }
 
 impl Placement<'_> {
     fn host(&self, i: u16) -> String {
-        match self.netns {
-            Some(l) => l.address(i as usize),
-            None => "127.0.0.1".into(),
+        match (self.hosts, self.netns) {
+            (Some(h), _) => h[i as usize].0.clone(),
+            (None, Some(l)) => l.address(i as usize),
+            (None, None) => "127.0.0.1".into(),
         }
     }
 
     fn port(&self, i: u16) -> u16 {
-        match self.netns {
-            Some(_) => self.port,
-            None => self.port + i,
+        match (self.hosts, self.netns) {
+            (Some(h), _) => h[i as usize].1,
+            (None, Some(_)) => self.port,
+            (None, None) => self.port + i,
         }
     }
 
     fn address(&self, i: u16) -> String {
-        format!("{}:{}", self.host(i), self.port(i))
+        let host = self.host(i);
+        if host.contains(':') {
+            format!("[{host}]:{}", self.port(i))
+        } else {
+            format!("{host}:{}", self.port(i))
+        }
     }
 
-    /// `program` to run as node i: in its namespace if there are some.
-    fn command(&self, i: u16, program: &Path) -> Command {
-        match self.netns {
-            Some(l) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", &l.namespace(i as usize)])
-                    .arg(program);
+    /// `program args` run as node i: in its namespace if there are some,
+    /// through the launcher on its host if there is a node file (the
+    /// launcher gets the host, then the command line quoted for a POSIX
+    /// shell, as ssh wants it).
+    fn command(&self, i: u16, program: &Path, args: &[String]) -> Command {
+        match (self.hosts, self.netns) {
+            (Some(h), _) => {
+                let mut c = Command::new(&self.launcher[0]);
+                let line: Vec<String> = std::iter::once(program.to_string_lossy().into_owned())
+                    .chain(args.iter().cloned())
+                    .map(|a| shell_quote(&a))
+                    .collect();
+                c.args(&self.launcher[1..])
+                    .arg(&h[i as usize].0)
+                    .arg(line.join(" "));
                 c
             }
-            None => Command::new(program),
+            (None, Some(l)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &l.namespace(i as usize)])
+                    .arg(program)
+                    .args(args);
+                c
+            }
+            (None, None) => {
+                let mut c = Command::new(program);
+                c.args(args);
+                c
+            }
         }
+    }
+}
+
+/// `s` as one word for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=.,/:@%+".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
 
@@ -260,9 +324,6 @@ fn run_once(
     bench: u16,
     binding: &str,
 ) -> Result<(Vec<Report>, Vec<Vec<f64>>), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("dxkv-local-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let n = storage + bench;
     // A fresh secret: only this run's processes can join the cluster.
     let secret = format!(
@@ -270,7 +331,9 @@ fn run_once(
         rand::random::<u64>(),
         rand::random::<u64>()
     );
-    let config_file = |id: u16| -> Result<PathBuf, String> {
+    // Each node's configuration goes to it as the first line of its stdin
+    // (`--config -`): no files to copy to other hosts.
+    let config_line = |id: u16| -> String {
         let mut c = Config::tcp_localhost(id, n, at.port);
         for e in &mut c.nodes {
             e.address = at.address(e.id);
@@ -288,26 +351,31 @@ fn run_once(
                 c.ib.gid_index = g;
             }
         }
-        let path = dir.join(format!("node{id}.json"));
-        std::fs::write(&path, serde_json::to_string(&c).expect("serializable"))
-            .map_err(|e| e.to_string())?;
-        Ok(path)
+        format!("{}\n", serde_json::to_string(&c).expect("serializable"))
     };
     let mut servers = Processes(Vec::new());
     if is_dxkv(binding) {
         for id in 0..storage {
+            let args: Vec<String> = ["storage", "--config", "-", "--max-memory"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([a.max_memory.to_string()])
+                .collect();
             let mut child = at
-                .command(id, &exe)
-                .args(["storage", "--config"])
-                .arg(config_file(id)?)
-                .args(["--max-memory", &a.max_memory.to_string()])
+                .command(id, &at.exe, &args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("starting a storage process: {e}"))?;
             let mut line = String::new();
             let out = child.stdout.take().expect("piped");
+            let sent = child
+                .stdin
+                .as_mut()
+                .expect("piped")
+                .write_all(config_line(id).as_bytes());
             servers.0.push(child);
+            sent.map_err(|e| format!("storage node {id} stopped at once: {e}"))?;
             BufReader::new(out)
                 .read_line(&mut line)
                 .map_err(|e| e.to_string())?;
@@ -326,38 +394,57 @@ fn run_once(
     let storage_ids: Vec<String> = (0..storage).map(|i| i.to_string()).collect();
     for b in 0..bench {
         let id = storage + b;
-        let mut cmd = at.command(id, &exe);
         let child_binding = if is_dxkv(binding) { "dxkv" } else { binding };
-        cmd.args(["ycsb", "--coordinated", "--binding", child_binding])
-            .args(["--client-index", &b.to_string()])
-            .args(["--clients", &bench.to_string()])
-            .args(["--workload", name])
-            .args(["--threads", &a.ycsb.threads.to_string()])
-            .args(["--phases", &a.ycsb.phases.join(",")]);
+        let mut args: Vec<String> = vec![
+            "ycsb".into(),
+            "--coordinated".into(),
+            "--binding".into(),
+            child_binding.into(),
+            "--client-index".into(),
+            b.to_string(),
+            "--clients".into(),
+            bench.to_string(),
+            "--workload".into(),
+            name.into(),
+            "--threads".into(),
+            a.ycsb.threads.to_string(),
+            "--phases".into(),
+            a.ycsb.phases.join(","),
+        ];
         for s in &a.ycsb.set {
-            cmd.args(["--set", s]);
+            args.extend(["--set".into(), s.clone()]);
         }
         if let Some(r) = a.ycsb.records {
-            cmd.args(["--records", &r.to_string()]);
+            args.extend(["--records".into(), r.to_string()]);
         }
         if let Some(o) = a.ycsb.operations {
-            cmd.args(["--operations", &o.to_string()]);
+            args.extend(["--operations".into(), o.to_string()]);
         }
         if is_dxkv(binding) {
-            cmd.arg("--config")
-                .arg(config_file(id)?)
-                .args(["--storage", &storage_ids.join(",")]);
+            args.extend([
+                "--config".into(),
+                "-".into(),
+                "--storage".into(),
+                storage_ids.join(","),
+            ]);
         } else {
-            cmd.args(["--server", &at.address(0)]);
+            args.extend(["--server".into(), at.address(0)]);
         }
+        let mut cmd = at.command(id, &at.exe, &args);
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting a benchmark process: {e}"))?;
-        stdins.push(child.stdin.take().expect("piped"));
+        let mut stdin = child.stdin.take().expect("piped");
         let out = child.stdout.take().expect("piped");
         nodes.0.push(child);
+        if is_dxkv(binding) {
+            stdin
+                .write_all(config_line(id).as_bytes())
+                .map_err(|e| format!("benchmark node {b} stopped at once: {e}"))?;
+        }
+        stdins.push(stdin);
         let tx = tx.clone();
         let i = b as usize;
         std::thread::spawn(move || {
@@ -431,7 +518,6 @@ fn run_once(
     drop(stdins);
     drop(nodes);
     drop(servers);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok((merged, per_node))
 }
 
@@ -454,24 +540,46 @@ fn start_baseline(which: &str, at: &Placement, max_memory: u64) -> Result<Child,
     let port = at.port(0).to_string();
     let mib = (max_memory >> 20).max(64).to_string();
     let mut cmd = if which == "memcached" {
-        let mut c = at.command(0, Path::new("memcached"));
-        c.args(["-l", &host, "-p", &port, "-U", "0", "-t", "2", "-c", "4096"])
-            .args(["-m", &mib]);
-        // As root memcached wants a user to drop to.
-        if crate::is_root() {
-            c.args(["-u", "root"]);
+        let mut args: Vec<String> = ["-l", &host, "-p", &port, "-U", "0", "-t", "2"]
+            .iter()
+            .chain(&["-c", "4096", "-m", &mib])
+            .map(|s| s.to_string())
+            .collect();
+        // As root memcached wants a user to drop to (on other hosts it
+        // must be started as another user).
+        if at.hosts.is_none() && crate::is_root() {
+            args.extend(["-u".into(), "root".into()]);
         }
-        c
+        at.command(0, Path::new("memcached"), &args)
     } else {
-        let mut c = at.command(0, Path::new("redis-server"));
-        c.args(["--port", &port, "--bind", &host, "--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--maxmemory", &max_memory.to_string()]);
-        c
+        let args: Vec<String> = ["--port", &port, "--bind", &host, "--save", ""]
+            .iter()
+            .chain(&["--appendonly", "no", "--maxmemory", &max_memory.to_string()])
+            .map(|s| s.to_string())
+            .collect();
+        at.command(0, Path::new("redis-server"), &args)
     };
     // The benchmark nodes wait for it to listen.
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting {which} (is it installed?): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_survives_a_posix_shell() {
+        for s in ["plain-1,2", "", "a b", "it's", "x=\"y\" $HOME `id` \\"] {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", shell_quote(s)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), s);
+        }
+        assert_eq!(shell_quote("--records"), "--records");
+    }
 }

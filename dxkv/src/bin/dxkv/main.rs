@@ -62,7 +62,8 @@ pub struct YcsbArgs {
 enum Cmd {
     /// Run a storage node (until stdin closes or the process is killed).
     Storage {
-        /// The node's dxnet configuration (TOML or JSON).
+        /// The node's dxnet configuration (TOML or JSON; `-`: one line of
+        /// JSON on stdin).
         #[arg(long)]
         config: PathBuf,
         /// Memory limit of the records, in bytes.
@@ -89,7 +90,8 @@ enum Cmd {
         /// Store to drive: dxkv, memcached, redis.
         #[arg(long, default_value = "dxkv")]
         binding: String,
-        /// This node's dxnet configuration (TOML or JSON; dxkv only).
+        /// This node's dxnet configuration (TOML or JSON; `-`: one line of
+        /// JSON on stdin; dxkv only).
         #[arg(long)]
         config: Option<PathBuf>,
         /// The storage node ids, in partitioning order (the same for every
@@ -134,6 +136,19 @@ enum Cmd {
         /// pairs through a bridge (needs root and iproute2).
         #[arg(long)]
         netns: bool,
+        /// Run node i on the host of id i in this node file (lines `ID
+        /// HOST` or `ID HOST:PORT`, ids 0..N; port default --port),
+        /// started through --launcher.
+        #[arg(long, value_name = "NODE_FILE")]
+        hosts: Option<PathBuf>,
+        /// With --hosts: the command that runs a command line on a host,
+        /// given the host and the line (as ssh does).
+        #[arg(long, default_value = "ssh -o BatchMode=yes")]
+        launcher: String,
+        /// With --hosts: the path of `dxkv` on the hosts (default: this
+        /// executable's path).
+        #[arg(long)]
+        remote_exe: Option<PathBuf>,
         /// Stores to run: dxkv (over TCP), dxkv-ib (over InfiniBand/RoCE
         /// verbs: the device in $RDMA_DEV, its GID index in
         /// $RDMA_GID_INDEX), memcached, redis.
@@ -216,7 +231,7 @@ fn real_main() -> Result<(), String> {
                     if storage.is_empty() {
                         return Err("--storage is needed with the dxkv binding".into());
                     }
-                    let cfg = Config::from_file(&config).map_err(|e| e.to_string())?;
+                    let cfg = load_config(&config)?;
                     let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
                     let client = Client::new(node, storage.into_iter().map(NodeId).collect())
                         .map_err(|e| e.to_string())?;
@@ -249,6 +264,9 @@ fn real_main() -> Result<(), String> {
             benchmark_nodes,
             nodes,
             netns,
+            hosts,
+            launcher,
+            remote_exe,
             bindings,
             rounds,
             port,
@@ -268,9 +286,16 @@ fn real_main() -> Result<(), String> {
                 }
                 v
             };
+            let hosts = match hosts {
+                Some(path) => Some(node_file(&path, port)?),
+                None => None,
+            };
             cluster::local(&cluster::LocalArgs {
                 layouts,
                 netns,
+                hosts,
+                launcher: launcher.split_whitespace().map(String::from).collect(),
+                remote_exe,
                 bindings,
                 rounds,
                 port,
@@ -290,7 +315,7 @@ fn storage_node(
     memcached_connections: usize,
     storage: Vec<u16>,
 ) -> Result<(), String> {
-    let cfg = Config::from_file(config).map_err(|e| e.to_string())?;
+    let cfg = load_config(config)?;
     let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
     let _server = Server::start(
         &node,
@@ -331,6 +356,52 @@ fn storage_node(
         node.shutdown();
     }
     Ok(())
+}
+
+/// A dxnet configuration from a file, or from the first line of stdin for
+/// `-` (how `dxkv local` hands each process its own).
+fn load_config(path: &std::path::Path) -> Result<Config, String> {
+    if path.as_os_str() == "-" {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map_err(|e| format!("reading the configuration from stdin: {e}"))?;
+        return Config::from_json(&line).map_err(|e| format!("the configuration on stdin: {e}"));
+    }
+    Config::from_file(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The hosts of a node file by id, each with its port (`HOST:PORT`, else
+/// `port`).
+fn node_file(path: &std::path::Path, port: u16) -> Result<Vec<(String, u16)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let hosts = dxnet_bench::coordinator::parse_node_file(&text)
+        .map_err(|e| format!("{}: {e:#}", path.display()))?;
+    let bad = |h: &str| format!("{}: bad port in {h:?}", path.display());
+    hosts
+        .into_iter()
+        .map(|h| {
+            if let Some(rest) = h.strip_prefix('[') {
+                // [IPv6] or [IPv6]:PORT
+                return match rest.split_once(']') {
+                    Some((host, "")) => Ok((host.to_string(), port)),
+                    Some((host, p)) => match p.strip_prefix(':').map(str::parse) {
+                        Some(Ok(p)) => Ok((host.to_string(), p)),
+                        _ => Err(bad(&h)),
+                    },
+                    None => Err(bad(&h)),
+                };
+            }
+            match h.rsplit_once(':') {
+                // One colon: HOST:PORT (a bare IPv6 address has more).
+                Some((host, p)) if !host.contains(':') => p
+                    .parse()
+                    .map(|p| (host.to_string(), p))
+                    .map_err(|_| bad(&h)),
+                _ => Ok((h.clone(), port)),
+            }
+        })
+        .collect()
 }
 
 /// The workload preset `name` with the overrides of `a`.
@@ -483,4 +554,34 @@ pub fn is_root() -> bool {
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_files_give_hosts_with_ports() {
+        let path = std::env::temp_dir().join(format!("dxkv-nodefile-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "1 b.example:9000\n0 a.example # head\n2 [fe80::1]:7\n3 ::1\n",
+        )
+        .unwrap();
+        let hosts = node_file(&path, 17300).unwrap();
+        assert_eq!(
+            hosts,
+            [
+                ("a.example".to_string(), 17300),
+                ("b.example".to_string(), 9000),
+                ("fe80::1".to_string(), 7),
+                ("::1".to_string(), 17300),
+            ]
+        );
+        std::fs::write(&path, "0 a:x\n1 b\n").unwrap();
+        assert!(node_file(&path, 1).unwrap_err().contains("bad port"));
+        std::fs::write(&path, "0 a\n2 b\n").unwrap();
+        assert!(node_file(&path, 1).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
 }
