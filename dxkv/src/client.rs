@@ -283,6 +283,37 @@ impl Client {
         Ok(stored(self.write(key, fields, WriteMode::Update)?))
     }
 
+    /// [`Client::put`] as a future (sent at once).
+    pub fn put_async(&self, key: &[u8], record: &Record) -> impl Future<Output = Result<u64>> {
+        let f = self.write_async(key, record, WriteMode::Put);
+        async move {
+            match f.await? {
+                Written::Stored(v) => Ok(v),
+                other => unreachable!("a put is always stored, got {other:?}"),
+            }
+        }
+    }
+
+    /// [`Client::insert`] as a future (sent at once).
+    pub fn insert_async(
+        &self,
+        key: &[u8],
+        record: &Record,
+    ) -> impl Future<Output = Result<Option<u64>>> {
+        let f = self.write_async(key, record, WriteMode::Insert);
+        async move { Ok(stored(f.await?)) }
+    }
+
+    /// [`Client::update`] as a future (sent at once).
+    pub fn update_async(
+        &self,
+        key: &[u8],
+        fields: &Record,
+    ) -> impl Future<Output = Result<Option<u64>>> {
+        let f = self.write_async(key, fields, WriteMode::Update);
+        async move { Ok(stored(f.await?)) }
+    }
+
     /// Deletes the record under `key`; returns its version, `None` if there
     /// was none.
     pub fn delete(&self, key: &[u8]) -> Result<Option<u64>> {

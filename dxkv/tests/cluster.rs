@@ -249,6 +249,17 @@ fn every_operation_routed_over_three_storage_nodes() {
     assert!(pollster::block_on(kv.delete_async(b"async"))
         .unwrap()
         .is_some());
+    assert!(pollster::block_on(kv.put_async(b"ap", &Record::value(b"1"))).is_ok());
+    let again = pollster::block_on(kv.insert_async(b"ap", &Record::value(b"2")));
+    assert_eq!(again.unwrap(), None, "insert keeps the record there");
+    let fields = Record::from_fields([("f", &b"x"[..])]);
+    assert!(pollster::block_on(kv.update_async(b"ap", &fields))
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        pollster::block_on(kv.update_async(b"none", &fields)).unwrap(),
+        None
+    );
     let keys: Vec<&Vec<u8>> = model.keys().take(30).collect();
     let many = pollster::block_on(kv.multi_get_async(&keys)).unwrap();
     assert_eq!(many, kv.multi_get(&keys).unwrap());
