@@ -91,16 +91,16 @@ fn local_cluster_runs_paper_b_with_every_read_found() {
     let lines: Vec<&str> = text.lines().collect();
     assert!(
         lines[0].starts_with(
-            "workload,storage_nodes,benchmark_nodes,round,binding,phase,threads,operation,ok"
+            "workload,storage_nodes,benchmark_nodes,threads_per_node,round,binding,phase,threads,operation,ok"
         ),
         "{text}"
     );
     assert!(
-        lines[1].starts_with("paper-b,1,1,1,dxkv,load,24,insert,3000,0,0,"),
+        lines[1].starts_with("paper-b,1,1,24,1,dxkv,load,24,insert,3000,0,0,"),
         "{text}"
     );
     assert!(
-        lines[2].starts_with("paper-b,1,1,1,dxkv,run,24,read,6000,0,0,"),
+        lines[2].starts_with("paper-b,1,1,24,1,dxkv,run,24,read,6000,0,0,"),
         "{text}"
     );
     assert_eq!(v["workload"]["fieldlength"], 32);
@@ -192,6 +192,32 @@ fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
     check(v, "load", 3000, &["insert"]);
     check(v, "run", 2 * 6000, &["read"]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A list of thread counts runs each on a fresh cluster, and the plots put
+/// them on the x axis.
+#[test]
+fn thread_counts_run_in_turn_and_are_plotted() {
+    let plots = std::env::temp_dir().join(format!("dxkv-tplots-{}", std::process::id()));
+    let all = run_local(
+        "paper-b",
+        1,
+        &["--threads", "4,24", "--plot", plots.to_str().unwrap()],
+    );
+    let r = runs(&all);
+    assert_eq!(r.len(), 2);
+    for (run, t) in r.iter().zip([4, 24]) {
+        assert_eq!(run["threads_per_node"], t);
+        assert_eq!(run["reports"][1]["threads"], t);
+        check(run, "run", 6000, &["read"]);
+    }
+    for f in ["dxkv_paper-b_throughput.svg", "dxkv_paper-b_latency.png"] {
+        assert!(
+            std::fs::metadata(plots.join(f)).unwrap().len() > 1000,
+            "{f}"
+        );
+    }
+    std::fs::remove_dir_all(&plots).unwrap();
 }
 
 /// Root with iproute2, else a skip (outside CI).

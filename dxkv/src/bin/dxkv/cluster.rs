@@ -45,6 +45,8 @@ pub struct Run {
     pub workload: Workload,
     pub storage_nodes: u16,
     pub benchmark_nodes: u16,
+    /// Client threads of each benchmark node.
+    pub threads_per_node: usize,
     pub round: usize,
     pub binding: String,
     /// Per phase, the benchmark nodes' reports merged.
@@ -123,31 +125,39 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
     let mut runs = Vec::new();
     for name in &a.ycsb.workload {
         for &(storage, bench) in &a.layouts {
-            for round in 0..rounds {
-                for i in 0..a.bindings.len() {
-                    let binding = &a.bindings[(i + round) % a.bindings.len()];
-                    if binding == "memcached" && workload(name, &a.ycsb)?.scanproportion > 0.0 {
-                        if round == 0 {
-                            println!("--- {name}: memcached has no scan, left out");
+            for &threads in &a.ycsb.threads {
+                for round in 0..rounds {
+                    for i in 0..a.bindings.len() {
+                        let binding = &a.bindings[(i + round) % a.bindings.len()];
+                        if binding == "memcached" && workload(name, &a.ycsb)?.scanproportion > 0.0 {
+                            if round == 0 {
+                                println!("--- {name}: memcached has no scan, left out");
+                            }
+                            continue;
                         }
-                        continue;
+                        println!(
+                            "--- {name}, {storage} storage + {bench} benchmark nodes x {threads} threads, round {} of {rounds}: {binding}",
+                            round + 1
+                        );
+                        let c = Cluster {
+                            storage,
+                            bench,
+                            threads,
+                        };
+                        let (reports, per_node_ops_per_sec) =
+                            run_once(a, &placement, name, c, binding)?;
+                        runs.push(Run {
+                            workload_name: name.clone(),
+                            workload: workload(name, &a.ycsb)?,
+                            storage_nodes: storage,
+                            benchmark_nodes: bench,
+                            threads_per_node: threads,
+                            round,
+                            binding: binding.clone(),
+                            reports,
+                            per_node_ops_per_sec,
+                        });
                     }
-                    println!(
-                        "--- {name}, {storage} storage + {bench} benchmark nodes, round {} of {rounds}: {binding}",
-                        round + 1
-                    );
-                    let (reports, per_node_ops_per_sec) =
-                        run_once(a, &placement, name, storage, bench, binding)?;
-                    runs.push(Run {
-                        workload_name: name.clone(),
-                        workload: workload(name, &a.ycsb)?,
-                        storage_nodes: storage,
-                        benchmark_nodes: bench,
-                        round,
-                        binding: binding.clone(),
-                        reports,
-                        per_node_ops_per_sec,
-                    });
                 }
             }
         }
@@ -176,17 +186,18 @@ fn write_outputs(a: &LocalArgs, runs: &[Run]) -> Result<(), String> {
     }
     if let Some(path) = &a.ycsb.csv {
         let mut csv = format!(
-            "workload,storage_nodes,benchmark_nodes,round,{}\n",
+            "workload,storage_nodes,benchmark_nodes,threads_per_node,round,{}\n",
             ycsb::driver::CSV_HEADER
         );
         for r in runs {
             for rep in &r.reports {
                 for row in rep.csv_rows().lines() {
                     csv += &format!(
-                        "{},{},{},{},{row}\n",
+                        "{},{},{},{},{},{row}\n",
                         r.workload_name,
                         r.storage_nodes,
                         r.benchmark_nodes,
+                        r.threads_per_node,
                         r.round + 1
                     );
                 }
@@ -314,16 +325,29 @@ impl Drop for Processes {
     }
 }
 
+/// The nodes of one run.
+#[derive(Debug, Clone, Copy)]
+struct Cluster {
+    storage: u16,
+    bench: u16,
+    /// Client threads per benchmark node.
+    threads: usize,
+}
+
 /// A fresh cluster for one binding: its servers, its benchmark nodes, every
 /// phase; returns the merged report of each phase and each node's rate.
 fn run_once(
     a: &LocalArgs,
     at: &Placement,
     name: &str,
-    storage: u16,
-    bench: u16,
+    cluster: Cluster,
     binding: &str,
 ) -> Result<(Vec<Report>, Vec<Vec<f64>>), String> {
+    let Cluster {
+        storage,
+        bench,
+        threads,
+    } = cluster;
     let n = storage + bench;
     // A fresh secret: only this run's processes can join the cluster.
     let secret = format!(
@@ -407,7 +431,7 @@ fn run_once(
             "--workload".into(),
             name.into(),
             "--threads".into(),
-            a.ycsb.threads.to_string(),
+            threads.to_string(),
             "--phases".into(),
             a.ycsb.phases.join(","),
         ];

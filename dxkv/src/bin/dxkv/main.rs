@@ -43,9 +43,10 @@ pub struct YcsbArgs {
     /// node.
     #[arg(long)]
     operations: Option<u64>,
-    /// Client threads per benchmark node.
-    #[arg(long, default_value_t = 100)]
-    threads: usize,
+    /// Client threads per benchmark node; `local` runs each of a list,
+    /// e.g. `1,16,100`.
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    threads: Vec<usize>,
     /// Phases to run.
     #[arg(long, value_delimiter = ',', default_value = "load,run")]
     phases: Vec<String>,
@@ -223,6 +224,9 @@ fn real_main() -> Result<(), String> {
             let [name] = &ycsb.workload[..] else {
                 return Err("ycsb runs one workload (local runs several)".into());
             };
+            let [threads] = ycsb.threads[..] else {
+                return Err("ycsb runs one thread count (local runs several)".into());
+            };
             // Refuse bad arguments before starting the node.
             let w = workload(name, &ycsb)?;
             let binding: Box<dyn Binding> = match binding.as_str() {
@@ -254,9 +258,9 @@ fn real_main() -> Result<(), String> {
             };
             let chooser = Chooser::with_share(&w, share);
             if coordinated {
-                return coordinated_phases(&*binding, &chooser, &ycsb);
+                return coordinated_phases(&*binding, &chooser, threads, &ycsb);
             }
-            let reports = run_phases(&*binding, &chooser, &ycsb)?;
+            let reports = run_phases(&*binding, &chooser, threads, &ycsb)?;
             write_reports(&ycsb, &w, &reports)
         }
         Cmd::Local {
@@ -473,6 +477,7 @@ pub fn without_histograms(r: &ycsb::Report) -> ycsb::Report {
 fn run_phases(
     binding: &dyn Binding,
     chooser: &Chooser,
+    threads: usize,
     a: &YcsbArgs,
 ) -> Result<Vec<ycsb::Report>, String> {
     let mut reports = Vec::new();
@@ -483,7 +488,7 @@ fn run_phases(
                 eprint!("\r{phase:?}: {done}/{total}   ");
             }
         };
-        let r = ycsb::run(binding, phase, a.threads, chooser, &progress)?;
+        let r = ycsb::run(binding, phase, threads, chooser, &progress)?;
         if tty {
             eprint!("\r{:40}\r", "");
         }
@@ -498,6 +503,7 @@ fn run_phases(
 fn coordinated_phases(
     binding: &dyn Binding,
     chooser: &Chooser,
+    threads: usize,
     a: &YcsbArgs,
 ) -> Result<(), String> {
     let mut stdin = std::io::stdin().lock();
@@ -514,7 +520,7 @@ fn coordinated_phases(
             return Err("stopped before the phase began".into());
         }
         let progress = |done: u64, _total: u64| say(format!("PROGRESS {done}"));
-        let r = ycsb::run(binding, phase, a.threads, chooser, &progress)?;
+        let r = ycsb::run(binding, phase, threads, chooser, &progress)?;
         say(format!(
             "REPORT {}",
             serde_json::to_string(&r).expect("serializable")

@@ -1,8 +1,9 @@
 //! The summary table and the plots of `dxkv local`: the run phase's
-//! throughput per workload, cluster and binding, as medians over rounds,
-//! and each binding's ratio to the first one's from the same round.
+//! throughput per workload, cluster, thread count and binding, as medians
+//! over rounds, and each binding's ratio to the first one's from the same
+//! round.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use dxkv::ycsb::{Phase, Report};
 use dxnet_bench::output::plot::{Chart, Line, XAxis};
@@ -23,11 +24,31 @@ fn run_report(r: &Run) -> Option<&Report> {
     r.reports.iter().find(|r| r.phase == Phase::Run)
 }
 
-/// (workload, storage nodes, benchmark nodes) in the order first run.
-fn clusters(runs: &[Run]) -> Vec<(String, u16, u16)> {
-    let mut out: Vec<(String, u16, u16)> = Vec::new();
+/// What one line of the table compares across bindings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Key {
+    workload: String,
+    storage: u16,
+    bench: u16,
+    threads: usize,
+}
+
+impl Key {
+    fn of(r: &Run) -> Self {
+        Key {
+            workload: r.workload_name.clone(),
+            storage: r.storage_nodes,
+            bench: r.benchmark_nodes,
+            threads: r.threads_per_node,
+        }
+    }
+}
+
+/// Every key, in the order first run.
+fn keys(runs: &[Run]) -> Vec<Key> {
+    let mut out: Vec<Key> = Vec::new();
     for r in runs {
-        let k = (r.workload_name.clone(), r.storage_nodes, r.benchmark_nodes);
+        let k = Key::of(r);
         if !out.contains(&k) {
             out.push(k);
         }
@@ -35,63 +56,68 @@ fn clusters(runs: &[Run]) -> Vec<(String, u16, u16)> {
     out
 }
 
-/// The run phase's operations per second of `binding` on a cluster, by
-/// round.
-fn rates(runs: &[Run], c: &(String, u16, u16), binding: &str) -> Vec<(usize, f64)> {
+/// The run phase's operations per second of `binding` at `k`, by round.
+fn rates(runs: &[Run], k: &Key, binding: &str) -> Vec<(usize, f64)> {
     runs.iter()
-        .filter(|r| {
-            r.binding == binding
-                && r.workload_name == c.0
-                && r.storage_nodes == c.1
-                && r.benchmark_nodes == c.2
-        })
+        .filter(|r| r.binding == binding && Key::of(r) == *k)
         .filter_map(|r| run_report(r).map(|rep| (r.round, rep.ops_per_sec)))
         .collect()
 }
 
-/// The summary table: per workload, cluster and binding the median run
-/// phase rate; with several bindings each one's ratio to the first one's
-/// in the same round (then the median of those); with several cluster
-/// sizes the ratio to the same binding on the first size.
+/// The summary table: per workload, cluster, thread count and binding the
+/// median run phase rate; with several bindings each one's ratio to the
+/// first one's in the same round (then the median of those); with several
+/// cluster sizes or thread counts the ratio to the same binding on the
+/// first of them.
 pub fn table(bindings: &[String], runs: &[Run]) -> String {
     let first = &bindings[0];
-    let all = clusters(runs);
+    let all = keys(runs);
     let compare = bindings.len() > 1;
-    let scale = all.iter().any(|c| (c.1, c.2) != (all[0].1, all[0].2));
+    let scale = all
+        .iter()
+        .any(|k| (k.storage, k.bench, k.threads) != (all[0].storage, all[0].bench, all[0].threads));
     let mut s = String::from("\nrun phase, median over rounds");
     if compare {
         s += &format!("; vs {first}: ratio per round, then their median");
     }
     if scale {
-        s += "; vs first size: ratio to the same binding on the first cluster";
+        s += "; vs first: ratio to the same binding and workload on the first cluster and thread count";
     }
     s += &format!(
-        ":\n{:<9} {:>7} {:>9} {:<10} {:>12} {:>14} {:>12}",
-        "workload", "storage", "benchmark", "binding", "ops/s", "/storage node", "/bench node"
+        ":\n{:<9} {:>7} {:>9} {:>7} {:<10} {:>12} {:>14} {:>12}",
+        "workload",
+        "storage",
+        "benchmark",
+        "threads",
+        "binding",
+        "ops/s",
+        "/storage node",
+        "/bench node"
     );
     if compare {
         s += &format!(" {:>8} {:<16}", format!("vs {first}"), "(rounds)");
     }
     if scale {
-        s += " vs first size";
+        s += "  vs first";
     }
     s += "\n";
-    for c in &all {
-        let base = rates(runs, c, first);
+    for k in &all {
+        let base = rates(runs, k, first);
         for b in bindings {
-            let mine = rates(runs, c, b);
+            let mine = rates(runs, k, b);
             let Some(m) = median(mine.iter().map(|x| x.1).collect()) else {
                 continue;
             };
             s += &format!(
-                "{:<9} {:>7} {:>9} {:<10} {:>12.0} {:>14.0} {:>12.0}",
-                c.0,
-                c.1,
-                c.2,
+                "{:<9} {:>7} {:>9} {:>7} {:<10} {:>12.0} {:>14.0} {:>12.0}",
+                k.workload,
+                k.storage,
+                k.bench,
+                k.threads,
                 b,
                 m,
-                m / f64::from(c.1),
-                m / f64::from(c.2),
+                m / f64::from(k.storage),
+                m / f64::from(k.bench),
             );
             if compare {
                 let ratios: Vec<f64> = mine
@@ -106,9 +132,12 @@ pub fn table(bindings: &[String], runs: &[Run]) -> String {
                 );
             }
             if scale {
-                let smallest = all.iter().find(|f| f.0 == c.0).expect("c is in all");
-                let m0 = median(rates(runs, smallest, b).iter().map(|x| x.1).collect());
-                s += &format!(" {:>12.2}x", m0.map_or(f64::NAN, |m0| m / m0));
+                let first_k = all
+                    .iter()
+                    .find(|f| f.workload == k.workload)
+                    .expect("k is in all");
+                let m0 = median(rates(runs, first_k, b).iter().map(|x| x.1).collect());
+                s += &format!(" {:>8.2}x", m0.map_or(f64::NAN, |m0| m / m0));
             }
             s += "\n";
         }
@@ -132,34 +161,58 @@ struct Point {
     p99: f64,
 }
 
-/// Per workload run on two or more cluster sizes: the run phase's
+/// Per workload run on two or more cluster sizes (x: nodes) or else on two
+/// or more thread counts (x: threads per benchmark node): the run phase's
 /// throughput (all nodes, and per storage node) and its main operation's
-/// p50 and p99 latency against the number of nodes, a line per binding.
+/// p50 and p99 latency, a line per binding (and thread count, against
+/// nodes).
 pub fn charts(bindings: &[String], runs: &[Run]) -> Vec<Chart> {
     let mut by_workload: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
     for r in runs {
         by_workload.entry(&r.workload_name).or_default().push(r);
     }
-    let x = XAxis::Count("nodes (storage + benchmark)".into());
     let mut out = Vec::new();
     for (w, runs) in by_workload {
-        let sizes: std::collections::BTreeSet<u16> = runs
-            .iter()
-            .map(|r| r.storage_nodes + r.benchmark_nodes)
-            .collect();
-        if sizes.len() < 2 {
+        let nodes = |r: &Run| r.storage_nodes + r.benchmark_nodes;
+        let sizes: BTreeSet<u16> = runs.iter().map(|r| nodes(r)).collect();
+        let threads: BTreeSet<usize> = runs.iter().map(|r| r.threads_per_node).collect();
+        // The x of a run and the series it belongs to (beyond its binding).
+        type Place = Box<dyn Fn(&Run) -> (f64, String)>;
+        let (x, place): (XAxis, Place) = if sizes.len() >= 2 {
+            let label = threads.len() >= 2;
+            (
+                XAxis::Count("nodes (storage + benchmark)".into()),
+                Box::new(move |r: &Run| {
+                    let t = if label {
+                        format!(" t{}", r.threads_per_node)
+                    } else {
+                        String::new()
+                    };
+                    (f64::from(nodes(r)), t)
+                }),
+            )
+        } else if threads.len() >= 2 {
+            (
+                XAxis::Count("client threads per benchmark node".into()),
+                Box::new(|r: &Run| (r.threads_per_node as f64, String::new())),
+            )
+        } else {
             continue;
-        }
+        };
         let op = runs.iter().find_map(|r| run_report(r).and_then(main_op));
         let mut tput = Vec::new();
         let mut lat = Vec::new();
         for b in bindings {
-            let mut points: BTreeMap<u16, Vec<Point>> = BTreeMap::new();
+            // series -> x -> points
+            let mut series: BTreeMap<String, BTreeMap<u64, Vec<Point>>> = BTreeMap::new();
             for r in runs.iter().filter(|r| &r.binding == b) {
                 let Some(rep) = run_report(r) else { continue };
                 let o = op.as_ref().and_then(|op| rep.ops.get(op));
-                points
-                    .entry(r.storage_nodes + r.benchmark_nodes)
+                let (xv, extra) = place(r);
+                series
+                    .entry(format!("{b}{extra}"))
+                    .or_default()
+                    .entry(xv.to_bits())
                     .or_default()
                     .push(Point {
                         mops: rep.ops_per_sec / 1e6,
@@ -168,23 +221,31 @@ pub fn charts(bindings: &[String], runs: &[Run]) -> Vec<Chart> {
                         p99: o.map_or(f64::NAN, |o| o.p99_us as f64),
                     });
             }
-            let line = |label: String, dashed, f: &dyn Fn(&Point) -> f64| Line {
-                label,
-                dashed,
-                points: points
-                    .iter()
-                    .filter_map(|(n, v)| {
-                        let m = median(v.iter().map(f).filter(|x| x.is_finite()).collect())?;
-                        Some((f64::from(*n), m))
-                    })
-                    .collect(),
-            };
-            tput.push(line(format!("{b} all nodes"), false, &|p| p.mops));
-            tput.push(line(format!("{b} per storage node"), true, &|p| {
-                p.mops_per_storage_node
-            }));
-            lat.push(line(format!("{b} p50"), false, &|p| p.p50));
-            lat.push(line(format!("{b} p99"), true, &|p| p.p99));
+            for (name, points) in &series {
+                let line = |label: String, dashed, f: &dyn Fn(&Point) -> f64| {
+                    let mut pts: Vec<(f64, f64)> = points
+                        .iter()
+                        .filter_map(|(xb, v)| {
+                            let m = median(v.iter().map(f).filter(|x| x.is_finite()).collect())?;
+                            Some((f64::from_bits(*xb), m))
+                        })
+                        .collect();
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Line {
+                        label,
+                        dashed,
+                        points: pts,
+                    }
+                };
+                tput.push(line(format!("{name} all nodes"), false, &|p| p.mops));
+                if sizes.len() >= 2 {
+                    tput.push(line(format!("{name} per storage node"), true, &|p| {
+                        p.mops_per_storage_node
+                    }));
+                }
+                lat.push(line(format!("{name} p50"), false, &|p| p.p50));
+                lat.push(line(format!("{name} p99"), true, &|p| p.p99));
+            }
         }
         out.push(Chart {
             x: x.clone(),
@@ -196,7 +257,7 @@ pub fn charts(bindings: &[String], runs: &[Run]) -> Vec<Chart> {
         });
         if let Some(op) = &op {
             out.push(Chart {
-                x: x.clone(),
+                x,
                 stem: format!("dxkv_{w}_latency"),
                 title: format!("YCSB {w}: {op} latency"),
                 y_desc: "latency [µs]".into(),
