@@ -265,10 +265,10 @@ impl Client {
 
     /// Stores `record` under `key`, replacing any; returns its version.
     pub fn put(&self, key: &[u8], record: &Record) -> Result<u64> {
-        match self.write(key, record, WriteMode::Put)? {
-            Written::Stored(v) => Ok(v),
-            other => unreachable!("a put is always stored, got {other:?}"),
-        }
+        put_outcome(
+            self.node_of_key(key),
+            self.write(key, record, WriteMode::Put)?,
+        )
     }
 
     /// Stores `record` under `key` if no record is there; returns its
@@ -286,12 +286,8 @@ impl Client {
     /// [`Client::put`] as a future (sent at once).
     pub fn put_async(&self, key: &[u8], record: &Record) -> impl Future<Output = Result<u64>> {
         let f = self.write_async(key, record, WriteMode::Put);
-        async move {
-            match f.await? {
-                Written::Stored(v) => Ok(v),
-                other => unreachable!("a put is always stored, got {other:?}"),
-            }
-        }
+        let to = self.node_of_key(key);
+        async move { put_outcome(to, f.await?) }
     }
 
     /// [`Client::insert`] as a future (sent at once).
@@ -806,6 +802,16 @@ fn merge_scans(
     all.sort_by(|a, b| a.0.cmp(&b.0));
     all.truncate(count as usize);
     Ok(all)
+}
+
+/// A put's version: the store stores every put it does not refuse.
+fn put_outcome(to: NodeId, w: Written) -> Result<u64> {
+    match w {
+        Written::Stored(v) => Ok(v),
+        other => Err(Error::Net(dxnet::Error::Decode(format!(
+            "storage node {to} answered a put with {other:?}"
+        )))),
+    }
 }
 
 fn write_req(key: &[u8], record: &Record, mode: WriteMode) -> Write {

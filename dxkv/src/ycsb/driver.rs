@@ -45,6 +45,26 @@ pub enum Phase {
     Run,
 }
 
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Load => "load",
+            Phase::Run => "run",
+        })
+    }
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "load" => Ok(Phase::Load),
+            "run" => Ok(Phase::Run),
+            other => Err(format!("unknown phase {other:?} (load, run)")),
+        }
+    }
+}
+
 /// Latency and count of one operation type.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpStats {
@@ -376,10 +396,7 @@ pub const CSV_HEADER: &str =
 impl Report {
     /// One CSV line per operation type (columns as [`CSV_HEADER`]).
     pub fn csv_rows(&self) -> String {
-        let phase = match self.phase {
-            Phase::Load => "load",
-            Phase::Run => "run",
-        };
+        let phase = self.phase;
         let mut s = String::new();
         for (op, o) in &self.ops {
             s += &format!(

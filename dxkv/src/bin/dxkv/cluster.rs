@@ -1,9 +1,10 @@
-//! `dxkv local`: a cluster of processes on this machine. Storage nodes run
-//! `dxkv storage`, benchmark nodes `dxkv ycsb --coordinated`; this process
-//! starts every phase on all benchmark nodes at once, gathers their reports
-//! and merges them. Nodes run on 127.0.0.1 (node i on port + i) or each in
-//! its own network namespace (node i at 10.201.0.(i+1), all on one port),
-//! which is as close to one node per host as one machine gets.
+//! `dxkv local`: a cluster of processes. Storage nodes run `dxkv storage`,
+//! benchmark nodes `dxkv ycsb --coordinated`, each handed its dxnet
+//! configuration on stdin; this process starts every phase on all
+//! benchmark nodes at once, gathers their reports and merges them. Nodes
+//! run on 127.0.0.1 (node i on port + i), each in its own network namespace
+//! (node i at 10.201.0.(i+1), all on one port), or on the hosts of a node
+//! file, started through a launcher such as ssh.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -17,7 +18,7 @@ use dxnet::Config;
 use dxnet_bench::netns;
 use serde::Serialize;
 
-use crate::{phase_name, phases, workload, YcsbArgs};
+use crate::{phases, workload, YcsbArgs};
 
 /// What `dxkv local` runs.
 pub struct LocalArgs {
@@ -85,10 +86,22 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
             );
         }
     }
-    let most = a.layouts.iter().map(|(s, b)| s + b).max().unwrap_or(2);
-    if !a.netns && a.hosts.is_none() && u32::from(a.port) + u32::from(most) > 65_535 {
+    let most = a
+        .layouts
+        .iter()
+        .map(|&(s, b)| u32::from(s) + u32::from(b))
+        .max()
+        .unwrap_or(2);
+    if a.netns && most > 250 {
+        return Err(format!("--netns: at most 250 nodes, not {most}"));
+    }
+    if most > u32::from(u16::MAX) {
+        return Err(format!("{most} nodes: node ids are 16 bits"));
+    }
+    if !a.netns && a.hosts.is_none() && u32::from(a.port) + most - 1 > 65_535 {
         return Err("--port: the node map runs past port 65535".into());
     }
+    let most = most as u16;
     if let Some(h) = &a.hosts {
         if a.netns {
             return Err("--hosts and --netns: one placement at a time".into());
@@ -108,6 +121,7 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
         .then(|| netns::Layout::new(&format!("dxkv{}n", std::process::id()), most as usize, 1500));
     let _guard = match &layout {
         Some(l) => {
+            remove_stale_namespaces();
             l.setup().map_err(|e| format!("{e:#}"))?;
             Some(netns::Guard(l.clone()))
         }
@@ -145,7 +159,17 @@ pub fn local(a: &LocalArgs) -> Result<(), String> {
                             threads,
                         };
                         let (reports, per_node_ops_per_sec) =
-                            run_once(a, &placement, name, c, binding)?;
+                            match run_once(a, &placement, name, c, binding) {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    // Keep what the finished runs measured.
+                                    if !runs.is_empty() {
+                                        print!("{}", crate::summary::table(&a.bindings, &runs));
+                                        write_outputs(a, &runs)?;
+                                    }
+                                    return Err(e);
+                                }
+                            };
                         runs.push(Run {
                             workload_name: name.clone(),
                             workload: workload(name, &a.ycsb)?,
@@ -218,6 +242,27 @@ fn write_outputs(a: &LocalArgs, runs: &[Run]) -> Result<(), String> {
     Ok(())
 }
 
+/// Deletes the namespaces of earlier `dxkv local --netns` runs whose
+/// process is gone (killed before it could tear them down).
+fn remove_stale_namespaces() {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("dxkv")
+            .and_then(|r| r.split_once('n'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
+    }
+}
+
 /// dxkv itself, over TCP (`dxkv`) or InfiniBand/RoCE verbs (`dxkv-ib`).
 fn is_dxkv(binding: &str) -> bool {
     binding.starts_with("dxkv")
@@ -265,6 +310,17 @@ impl Placement<'_> {
     /// launcher gets the host, then the command line quoted for a POSIX
     /// shell, as ssh wants it).
     fn command(&self, i: u16, program: &Path, args: &[String]) -> Command {
+        self.command_with(i, program, args, false)
+    }
+
+    /// [`Placement::command`] for a program that ignores its stdin: on a
+    /// host it is stopped when its stdin ends, as a dxkv node stops (here
+    /// the process itself is killed).
+    fn server_command(&self, i: u16, program: &Path, args: &[String]) -> Command {
+        self.command_with(i, program, args, true)
+    }
+
+    fn command_with(&self, i: u16, program: &Path, args: &[String], until_eof: bool) -> Command {
         match (self.hosts, self.netns) {
             (Some(h), _) => {
                 let mut c = Command::new(&self.launcher[0]);
@@ -272,9 +328,13 @@ impl Placement<'_> {
                     .chain(args.iter().cloned())
                     .map(|a| shell_quote(&a))
                     .collect();
-                c.args(&self.launcher[1..])
-                    .arg(&h[i as usize].0)
-                    .arg(line.join(" "));
+                let mut line = line.join(" ");
+                if until_eof {
+                    // A server ignores its stdin: the host's shell stops it
+                    // when the line's stdin ends (ssh ending included).
+                    line = format!("{line} </dev/null & p=$!; cat >/dev/null; kill $p");
+                }
+                c.args(&self.launcher[1..]).arg(&h[i as usize].0).arg(line);
                 c
             }
             (None, Some(l)) => {
@@ -358,7 +418,8 @@ fn run_once(
     // Each node's configuration goes to it as the first line of its stdin
     // (`--config -`): no files to copy to other hosts.
     let config_line = |id: u16| -> String {
-        let mut c = Config::tcp_localhost(id, n, at.port);
+        // The node map of ids 0..n, each address set below.
+        let mut c = Config::tcp_localhost(id, n, 0);
         for e in &mut c.nodes {
             e.address = at.address(e.id);
         }
@@ -487,10 +548,15 @@ fn run_once(
     let tty = std::io::stderr().is_terminal();
     // A node may be ready for the next phase before the others reported.
     let mut ready_early = BTreeSet::new();
+    // Nodes whose output ended after their last report.
+    let mut gone = BTreeSet::new();
     for phase in phases(&a.ycsb)? {
-        let pname = phase_name(phase);
+        let pname = phase.to_string();
         // Every node ready, then all go at once.
         let mut ready = std::mem::take(&mut ready_early);
+        if let Some(&i) = gone.iter().find(|i| !ready.contains(*i)) {
+            return Err(exited(i));
+        }
         while ready.len() < bench as usize {
             match next_line(&rx)? {
                 (i, Some(line)) if line == format!("READY {pname}") => {
@@ -500,10 +566,10 @@ fn run_once(
                 _ => {}
             }
         }
-        for s in &mut stdins {
+        for (i, s) in stdins.iter_mut().enumerate() {
             s.write_all(b"go\n")
                 .and_then(|_| s.flush())
-                .map_err(|e| format!("a benchmark node stopped: {e}"))?;
+                .map_err(|e| format!("benchmark node {i} stopped: {e}"))?;
         }
         let mut reports: Vec<Option<Report>> = vec![None; bench as usize];
         let mut done = vec![0u64; bench as usize];
@@ -514,6 +580,7 @@ fn run_once(
                 if reports[i].is_none() {
                     return Err(exited(i));
                 }
+                gone.insert(i);
                 continue;
             };
             if let Some(n) = line.strip_prefix("PROGRESS ") {
@@ -557,8 +624,9 @@ fn exited(i: usize) -> String {
     format!("benchmark node {i} exited early (see its errors above)")
 }
 
-/// A fresh memcached (2 threads, as the Ibdxnet paper's comparison) or
-/// Redis as node 0, listening where the storage node would.
+/// A new memcached (2 threads, as the Ibdxnet paper's comparison) or Redis
+/// as node 0, listening where the storage node would; stopped with the
+/// run.
 fn start_baseline(which: &str, at: &Placement, max_memory: u64) -> Result<Child, String> {
     let host = at.host(0);
     let port = at.port(0).to_string();
@@ -574,14 +642,14 @@ fn start_baseline(which: &str, at: &Placement, max_memory: u64) -> Result<Child,
         if at.hosts.is_none() && crate::is_root() {
             args.extend(["-u".into(), "root".into()]);
         }
-        at.command(0, Path::new("memcached"), &args)
+        at.server_command(0, Path::new("memcached"), &args)
     } else {
         let args: Vec<String> = ["--port", &port, "--bind", &host, "--save", ""]
             .iter()
             .chain(&["--appendonly", "no", "--maxmemory", &max_memory.to_string()])
             .map(|s| s.to_string())
             .collect();
-        at.command(0, Path::new("redis-server"), &args)
+        at.server_command(0, Path::new("redis-server"), &args)
     };
     // The benchmark nodes wait for it to listen.
     cmd.stdin(Stdio::piped())

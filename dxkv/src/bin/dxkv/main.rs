@@ -1,6 +1,7 @@
 //! The `dxkv` command: run a storage node, run YCSB against a cluster (or
-//! against memcached or Redis), or start a whole cluster of processes, on
-//! 127.0.0.1 or in network namespaces, and run YCSB on it in one go.
+//! against memcached or Redis), or start a whole cluster of processes (on
+//! 127.0.0.1, in network namespaces or on the hosts of a node file) and run
+//! YCSB on it in one go.
 
 mod cluster;
 mod summary;
@@ -118,7 +119,8 @@ enum Cmd {
         ycsb: YcsbArgs,
     },
     /// Start a cluster of processes (storage nodes and benchmark nodes, on
-    /// 127.0.0.1 or each in its own network namespace), run YCSB on it,
+    /// 127.0.0.1, each in its own network namespace, or on the hosts of a
+    /// node file), run YCSB on it,
     /// stop it; with `--bindings` also against a memcached (2 threads) and
     /// a Redis server, in interleaved rounds, each on a fresh server.
     Local {
@@ -139,7 +141,9 @@ enum Cmd {
         netns: bool,
         /// Run node i on the host of id i in this node file (lines `ID
         /// HOST` or `ID HOST:PORT`, ids 0..N; port default --port),
-        /// started through --launcher.
+        /// started through --launcher. HOST is both what the launcher
+        /// connects to and the node's dxnet address, so an address (or a
+        /// name that resolves), not an ssh alias.
         #[arg(long, value_name = "NODE_FILE")]
         hosts: Option<PathBuf>,
         /// With --hosts: the command that runs a command line on a host,
@@ -385,6 +389,10 @@ fn node_file(path: &std::path::Path, port: u16) -> Result<Vec<(String, u16)>, St
     hosts
         .into_iter()
         .map(|h| {
+            if h.starts_with('-') {
+                // It would reach the launcher as an option.
+                return Err(format!("{}: bad host {h:?}", path.display()));
+            }
             if let Some(rest) = h.strip_prefix('[') {
                 // [IPv6] or [IPv6]:PORT
                 return match rest.split_once(']') {
@@ -435,14 +443,7 @@ pub fn workload(name: &str, a: &YcsbArgs) -> Result<Workload, String> {
 
 /// The phases named in `a`, checked.
 pub fn phases(a: &YcsbArgs) -> Result<Vec<Phase>, String> {
-    a.phases
-        .iter()
-        .map(|p| match p.as_str() {
-            "load" => Ok(Phase::Load),
-            "run" => Ok(Phase::Run),
-            other => Err(format!("unknown phase {other:?} (load, run)")),
-        })
-        .collect()
+    a.phases.iter().map(|p| p.parse()).collect()
 }
 
 fn write_reports(a: &YcsbArgs, w: &Workload, reports: &[ycsb::Report]) -> Result<(), String> {
@@ -514,7 +515,7 @@ fn coordinated_phases(
         let _ = o.flush();
     };
     for phase in phases(a)? {
-        say(format!("READY {}", phase_name(phase)));
+        say(format!("READY {phase}"));
         let mut go = String::new();
         if stdin.read_line(&mut go).map_err(|e| e.to_string())? == 0 {
             return Err("stopped before the phase began".into());
@@ -541,14 +542,6 @@ fn wait_for_server(server: &str) -> Result<(), String> {
             }
             Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
         }
-    }
-}
-
-/// A phase's name on the command line.
-pub fn phase_name(p: Phase) -> &'static str {
-    match p {
-        Phase::Load => "load",
-        Phase::Run => "run",
     }
 }
 
@@ -588,6 +581,8 @@ mod tests {
         assert!(node_file(&path, 1).unwrap_err().contains("bad port"));
         std::fs::write(&path, "0 a\n2 b\n").unwrap();
         assert!(node_file(&path, 1).is_err());
+        std::fs::write(&path, "0 a\n1 -oProxyCommand=x\n").unwrap();
+        assert!(node_file(&path, 1).unwrap_err().contains("bad host"));
         std::fs::remove_file(&path).unwrap();
     }
 }
