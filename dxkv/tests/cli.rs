@@ -194,6 +194,71 @@ fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A benchmark node killed right after its load report: the run fails
+/// naming it, well within the test's deadline, instead of waiting for it
+/// to be ready for the run phase.
+#[test]
+fn a_benchmark_node_lost_between_phases_fails_the_run() {
+    let dir = std::env::temp_dir().join(format!("dxkv-lost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let launcher = dir.join("cutting-ssh");
+    // Node 1 is killed right after its load report; the others run as
+    // through ssh.
+    let script = r#"#!/bin/sh
+shift
+case "$*" in
+*'--client-index 1 '*)
+  pidfile=$(mktemp)
+  sh -c "echo \$\$ > $pidfile; exec $*" | while read -r l; do
+    echo "$l"
+    case $l in REPORT*) kill -9 "$(cat "$pidfile")"; rm -f "$pidfile"; exit 0;; esac
+  done ;;
+*) exec sh -c "$*" ;;
+esac
+"#;
+    std::fs::write(&launcher, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = free_ports(3);
+    let nodes = dir.join("nodes");
+    std::fs::write(
+        &nodes,
+        format!(
+            "0 127.0.0.1:{port}\n1 127.0.0.1:{}\n2 127.0.0.1:{}\n",
+            port + 1,
+            port + 2
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dxkv"))
+        .args(["local", "--workload", "paper-b", "--threads", "4"])
+        .args(["--records", "500", "--operations", "500"])
+        .args(["--benchmark-nodes", "2", "--hosts"])
+        .arg(&nodes)
+        .arg("--launcher")
+        .arg(&launcher)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("dxkv local still waits for a benchmark node that is gone");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(err.contains("benchmark node 1 exited early"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A list of thread counts runs each on a fresh cluster, and the plots put
 /// them on the x axis.
 #[test]

@@ -612,12 +612,23 @@ fn run_once(
     Ok((merged, per_node))
 }
 
-/// The next line of a benchmark node, `None` when it closed its output.
+/// How long the benchmark nodes may all stay silent: a running node prints
+/// its progress every second, a node between phases is ready at once, and
+/// a starting one within its connection timeouts.
+const SILENCE: Duration = Duration::from_secs(60);
+
+/// The next line of a benchmark node, `None` when it closed its output; an
+/// error when none said anything for [`SILENCE`].
 fn next_line(
     rx: &mpsc::Receiver<(usize, Option<String>)>,
 ) -> Result<(usize, Option<String>), String> {
-    rx.recv()
-        .map_err(|_| "every benchmark node exited".to_string())
+    rx.recv_timeout(SILENCE).map_err(|e| match e {
+        mpsc::RecvTimeoutError::Timeout => format!(
+            "no benchmark node said anything for {} s (a node or its connection hangs)",
+            SILENCE.as_secs()
+        ),
+        mpsc::RecvTimeoutError::Disconnected => "every benchmark node exited".to_string(),
+    })
 }
 
 fn exited(i: usize) -> String {

@@ -511,8 +511,12 @@ fn coordinated_phases(
     let out = std::sync::Mutex::new(std::io::stdout());
     let say = |line: String| {
         let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = writeln!(o, "{line}");
-        let _ = o.flush();
+        if writeln!(o, "{line}").and_then(|_| o.flush()).is_err() {
+            // Nobody coordinates this node any more: stop rather than run
+            // phases nobody waits for.
+            eprintln!("dxkv ycsb: the coordinator's end of stdout is closed; stopping");
+            std::process::exit(1);
+        }
     };
     for phase in phases(a)? {
         say(format!("READY {phase}"));
