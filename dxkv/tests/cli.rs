@@ -146,18 +146,15 @@ fn three_benchmark_nodes_share_the_load_and_insert_disjoint_keys() {
     }
 }
 
-/// `--hosts`: every node started through a launcher on the host of its id
-/// in a node file, its command line quoted for the host's shell and its
-/// configuration sent on stdin. The launcher here runs the line through
-/// `sh -c` on this machine, as ssh runs it on the host; the node file gives
-/// each node its own port of 127.0.0.1.
-#[test]
-fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
-    let dir = std::env::temp_dir().join(format!("dxkv-hosts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let launcher = dir.join("fake-ssh");
-    std::fs::write(&launcher, "#!/bin/sh\nshift\nexec sh -c \"$*\"\n").unwrap();
+/// In `dir`: an executable launcher script and a node file of three
+/// "hosts", each a port of 127.0.0.1 (ids out of order, with a comment).
+fn three_hosts(
+    dir: &std::path::Path,
+    launcher_script: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     use std::os::unix::fs::PermissionsExt;
+    let launcher = dir.join("launcher");
+    std::fs::write(&launcher, launcher_script).unwrap();
     std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
     let port = free_ports(3);
     let nodes = dir.join("nodes");
@@ -170,6 +167,19 @@ fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
         ),
     )
     .unwrap();
+    (launcher, nodes)
+}
+
+/// `--hosts`: every node started through a launcher on the host of its id
+/// in a node file, its command line quoted for the host's shell and its
+/// configuration sent on stdin. The launcher here runs the line through
+/// `sh -c` on this machine, as ssh runs it on the host; the node file gives
+/// each node its own port of 127.0.0.1.
+#[test]
+fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
+    let dir = std::env::temp_dir().join(format!("dxkv-hosts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (launcher, nodes) = three_hosts(&dir, "#!/bin/sh\nshift\nexec sh -c \"$*\"\n");
     let all = run_local(
         "paper-b",
         1,
@@ -201,7 +211,6 @@ fn nodes_start_through_a_launcher_on_the_hosts_of_a_node_file() {
 fn a_benchmark_node_lost_between_phases_fails_the_run() {
     let dir = std::env::temp_dir().join(format!("dxkv-lost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let launcher = dir.join("cutting-ssh");
     // Node 1 is killed right after its load report; the others run as
     // through ssh.
     let script = r#"#!/bin/sh
@@ -216,20 +225,7 @@ case "$*" in
 *) exec sh -c "$*" ;;
 esac
 "#;
-    std::fs::write(&launcher, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let port = free_ports(3);
-    let nodes = dir.join("nodes");
-    std::fs::write(
-        &nodes,
-        format!(
-            "0 127.0.0.1:{port}\n1 127.0.0.1:{}\n2 127.0.0.1:{}\n",
-            port + 1,
-            port + 2
-        ),
-    )
-    .unwrap();
+    let (launcher, nodes) = three_hosts(&dir, script);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dxkv"))
         .args(["local", "--workload", "paper-b", "--threads", "4"])
         .args(["--records", "500", "--operations", "500"])
