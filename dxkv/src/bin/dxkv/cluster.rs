@@ -425,14 +425,15 @@ fn run_once(
         }
         c.cluster_secret = Some(secret.clone());
         if binding == "dxkv-ib" {
-            // The device as the Soft-RoCE VM (scripts/rdma-vm) or the user
-            // names it; the node map's addresses carry the UDP handshake.
+            // The device, port and GID as dxnet-bench's verbs bindings take
+            // them ($RDMA_DEV, $RDMA_PORT, $RDMA_GID_INDEX, as the Soft-RoCE
+            // VM sets them); the node map's addresses carry the UDP
+            // handshake.
+            let rdma = dxnet_bench::config::RdmaParams::default().resolve();
             c.transport = dxnet::TransportKind::Ib;
-            c.ib.device = std::env::var("RDMA_DEV").unwrap_or_default();
-            if let Some(g) = std::env::var("RDMA_GID_INDEX")
-                .ok()
-                .and_then(|g| g.parse().ok())
-            {
+            c.ib.device = rdma.device.unwrap_or_default();
+            c.ib.port = rdma.port;
+            if let Some(g) = rdma.gid_index.and_then(|g| u8::try_from(g).ok()) {
                 c.ib.gid_index = g;
             }
         }
