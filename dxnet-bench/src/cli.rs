@@ -345,6 +345,13 @@ pub struct RunArgs {
     /// RDMA port (default: $RDMA_PORT, else 1).
     #[arg(long)]
     rdma_port: Option<u8>,
+    /// MPI bindings: messages in flight per window (OSU's window size;
+    /// default 64).
+    #[arg(long)]
+    mpi_window: Option<usize>,
+    /// MPI bindings: further `mpirun` options, e.g. `--bind-to none`.
+    #[arg(long, value_name = "OPTIONS", allow_hyphen_values = true)]
+    mpirun_extra: Option<String>,
     /// GID index for RoCE (default: $RDMA_GID_INDEX).
     #[arg(long)]
     rdma_gid_index: Option<u32>,
@@ -534,6 +541,12 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if let Some(v) = a.rdma_port {
         p.rdma.port = v;
+    }
+    if let Some(v) = a.mpi_window {
+        p.mpi_window = v;
+    }
+    if let Some(v) = &a.mpirun_extra {
+        p.mpirun_options = v.clone();
     }
     if let Some(v) = a.rdma_gid_index {
         p.rdma.gid_index = Some(v);

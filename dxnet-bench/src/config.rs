@@ -337,6 +337,12 @@ pub struct Params {
     /// uses (the frequent-buffer paper's spectrum test; 1: no reuse at
     /// all); 0: reused for the whole run.
     pub buffer_reuse: u64,
+    /// MPI bindings: messages in flight per window (the OSU benchmarks'
+    /// window size; per peer in `all_to_all`).
+    pub mpi_window: usize,
+    /// MPI bindings: further `mpirun` options (whitespace-separated), after
+    /// the ones that pick the transport.
+    pub mpirun_options: String,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -450,6 +456,8 @@ impl Default for Params {
             handler_work_ns: 0,
             handler_block_us: 0,
             parallel_handlers: false,
+            mpi_window: 64,
+            mpirun_options: String::new(),
         }
     }
 }
@@ -576,6 +584,9 @@ impl BenchConfig {
         }
         if !(1..=4096).contains(&self.params.rdma_window) {
             bail!("params.rdma_window must be within 1..=4096");
+        }
+        if !(1..=4096).contains(&self.params.mpi_window) {
+            bail!("params.mpi_window must be within 1..=4096");
         }
         if self.params.min_count == 0 {
             bail!("params.min_count must be > 0");

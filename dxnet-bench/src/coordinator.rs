@@ -142,7 +142,7 @@ impl Coordinator {
     fn skip_reason(&self, g: &Group) -> Option<String> {
         let kind = BindingKind::parse(&g.key.binding).ok()?;
         if kind.is_external() && !matches!(self.placement, Placement::Local) {
-            return Some("perftest runs only on the local host".into());
+            return Some("perftest and mpirun run only on the local host".into());
         }
         match &self.placement {
             Placement::Hosts { hosts, .. } => {
@@ -341,8 +341,9 @@ impl Coordinator {
 }
 
 impl Coordinator {
-    /// A perftest group: every repetition runs the perftest pair itself (no
-    /// node processes, no warm-up of ours; perftest warms up by itself).
+    /// A perftest or MPI group: every repetition runs the perftest pair or
+    /// `mpirun` itself (no node processes, no warm-up phase of ours; perftest
+    /// warms up by itself, the MPI program runs the warm-up count first).
     fn run_external(&self, g: &Group, pb: &ProgressBar, records: &mut Vec<Record>) -> Result<()> {
         let params = &self.cfg.params;
         for run in &g.runs {
@@ -361,8 +362,13 @@ impl Coordinator {
                 static NEXT: AtomicU32 = AtomicU32::new(0);
                 let k = NEXT.fetch_add(2, Ordering::Relaxed) % 1000;
                 let port = (u32::from(params.base_port) + 4100 + k) as u16;
-                let rec = crate::binding::perftest::measure(&g.key, run, rep, params, port)
-                    .with_context(|| format!("{what}: repetition {rep}"))?;
+                let kind = BindingKind::parse(&g.key.binding)?;
+                let rec = if kind.is_mpi() {
+                    crate::binding::mpi::measure(&g.key, run, rep, params)
+                } else {
+                    crate::binding::perftest::measure(&g.key, run, rep, params, port)
+                }
+                .with_context(|| format!("{what}: repetition {rep}"))?;
                 records.push(rec);
                 pb.inc(1);
             }

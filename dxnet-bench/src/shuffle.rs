@@ -308,46 +308,14 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
 /// The MPI peer's source (`mpi/shuffle.c`).
 const MPI_SOURCE: &str = include_str!("../mpi/shuffle.c");
 
-/// The MPI peer, compiled with `mpicc` into the temporary directory once
-/// per version of its source.
-fn mpi_program() -> Result<std::path::PathBuf> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    MPI_SOURCE.hash(&mut h);
-    let dir = std::env::temp_dir().join(format!("dxnet-bench-mpi-{:016x}", h.finish()));
-    let exe = dir.join("shuffle-mpi");
-    if exe.exists() {
-        return Ok(exe);
-    }
-    std::fs::create_dir_all(&dir)?;
-    let src = dir.join("shuffle.c");
-    std::fs::write(&src, MPI_SOURCE)?;
-    let tmp = dir.join(format!("shuffle-mpi.{}", std::process::id()));
-    let st = Command::new("mpicc")
-        .args(["-O2", "-o"])
-        .arg(&tmp)
-        .arg(&src)
-        .status()
-        .context("running mpicc (Debian: libopenmpi-dev)")?;
-    if !st.success() {
-        bail!("mpicc failed on {}: {st}", src.display());
-    }
-    std::fs::rename(&tmp, &exe)?;
-    Ok(exe)
-}
-
 /// One run of the MPI peer: `procs` ranks of `mpirun` on this host.
 fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
     if a.transport != "tcp" {
         bail!("the mpi mode runs on the host (transport tcp)");
     }
-    let exe = mpi_program()?;
-    let mut cmd = Command::new("mpirun");
-    // Root in containers and VMs; more ranks than cores.
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-np", &a.procs.to_string()])
-        .args(a.mpirun_options.split_whitespace())
+    let exe = crate::binding::mpi::program("shuffle-mpi", MPI_SOURCE)?;
+    let mut cmd = crate::binding::mpi::mpirun(a.procs);
+    cmd.args(a.mpirun_options.split_whitespace())
         .arg(&exe)
         .args([
             a.threads.to_string(),
@@ -357,7 +325,6 @@ fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
             a.mpi_chunk.to_string(),
         ]);
     let out = cmd
-        .stdin(Stdio::null())
         .output()
         .context("running mpirun (Debian: openmpi-bin)")?;
     let stdout = String::from_utf8_lossy(&out.stdout);

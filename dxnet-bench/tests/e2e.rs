@@ -518,13 +518,7 @@ fn shuffle_between_processes() {
 #[test]
 fn shuffle_mpi_peer() {
     let _g = serial();
-    let have = |c: &str| Command::new(c).arg("--version").output().is_ok();
-    if !(have("mpicc") && have("mpirun")) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI: mpicc and mpirun are missing"
-        );
-        println!("skipped: no Open MPI (install libopenmpi-dev and openmpi-bin)");
+    if !have_open_mpi() {
         return;
     }
     let text = shuffle_ok(&[
@@ -554,6 +548,72 @@ fn shuffle_mpi_peer() {
             .count()
     };
     assert_eq!((rows("messages"), rows("mpi")), (1, 1), "{text}");
+}
+
+/// Whether Open MPI is installed; under CI its absence is a failure.
+fn have_open_mpi() -> bool {
+    let have = |c: &str| Command::new(c).arg("--version").output().is_ok();
+    if have("mpicc") && have("mpirun") {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI: mpicc and mpirun are missing"
+    );
+    println!("skipped: no Open MPI (install libopenmpi-dev and openmpi-bin)");
+    false
+}
+
+/// The MPI bindings (`mpirun` of `mpi/osu.c`) beside dxnet-tcp: every
+/// operation they run, with 1 and 3 threads per rank (`MPI_THREAD_MULTIPLE`),
+/// a window that does not divide the count, and sizes below and above the
+/// 8-byte index each message carries. The program fails the run unless
+/// every rank received exactly the messages addressed to it with the
+/// contents sent; the records' counts are checked here, and the summary
+/// shows dxnet's ratio to each MPI.
+#[test]
+fn mpi_bindings_count_every_message() {
+    let _serial = serial();
+    if !have_open_mpi() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": ["dxnet-tcp", "mpi-tcp", "mpi-shm"],
+        "benchmarks": [
+            {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [3, 9000], "count": 500, "warmup": 20, "repetitions": 1, "threads": [1, 3]},
+            {"operation": "latency", "sizes": [64], "count": 40, "warmup": 4, "repetitions": 1},
+            {"operation": "pingpong", "sizes": [64], "count": 60, "warmup": 0, "repetitions": 1, "threads": [3]},
+            {"operation": "all_to_all", "sizes": [100], "count": 301, "warmup": 0, "repetitions": 1, "nodes": [4], "threads": [2]}
+        ],
+        "params": {"base_port": 15900, "timeout_s": 60, "halve_count_from": 0, "mpi_window": 7}
+    });
+    let (stdout, recs) = run_config(&dir.path().join("mpi"), &cfg);
+    // Per binding: throughput 2 modes x 2 sizes x 2 thread counts, latency,
+    // pingpong, all-to-all.
+    assert_eq!(recs.len(), 3 * (8 + 3), "{stdout}");
+    for r in recs.iter().filter(|r| r["binding"] != "dxnet-tcp") {
+        let want = match r["operation"].as_str().unwrap() {
+            "throughput" if r["mode"] == "uni" => 500,
+            "throughput" => 1000,
+            "latency" => 40,
+            "pingpong" => 60,
+            "all_to_all" => 4 * 301,
+            other => panic!("operation {other}"),
+        };
+        assert_eq!(r["messages"], want, "{r}");
+        assert!(r["msgs_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["cpu_s"].as_f64().unwrap() > 0.0, "{r}");
+        if r["operation"] == "latency" || r["operation"] == "pingpong" {
+            assert!(r["lat_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        if r["binding"] == "mpi-tcp" && r["operation"] == "throughput" {
+            // TCP carries at least the payload.
+            assert!(r["wire_overhead"].as_f64().unwrap() >= 1.0, "{r}");
+        }
+    }
+    assert!(stdout.contains("dxnet-tcp / mpi-tcp"), "{stdout}");
+    assert!(stdout.contains("dxnet-tcp / mpi-shm"), "{stdout}");
 }
 
 /// `shuffle --netns`: one process per network namespace, TCP over the veth

@@ -7,15 +7,17 @@
 //! Adding a binding: add a [`BindingKind`] variant, a module implementing
 //! [`Binding`], and a line in [`create`] and [`BindingKind::wire`].
 //!
-//! `ib_send_bw` / `ib_send_lat` ([`perftest`]) are external bindings: the
-//! coordinator runs perftest's programs for them instead of node processes,
-//! and records their results in the same form.
+//! `ib_send_bw` / `ib_send_lat` ([`perftest`]) and `mpi-tcp` / `mpi-shm`
+//! ([`mpi`]) are external bindings: the coordinator runs perftest's
+//! programs or `mpirun` for them instead of node processes, and records
+//! their results in the same form.
 
 pub mod raw_tcp;
 pub mod raw_tcp_batched;
 
 pub mod dxnet;
 
+pub mod mpi;
 pub mod perftest;
 pub mod raw_verbs;
 
@@ -66,6 +68,12 @@ pub enum BindingKind {
     IbReadBw,
     /// perftest's `ib_read_lat` (`rdma_read_lat`).
     IbReadLat,
+    /// Open MPI's ob1 point-to-point over its TCP transport, the OSU
+    /// benchmarks' calls ([`mpi`]), one rank per node.
+    MpiTcp,
+    /// The same over Open MPI's shared-memory transport (vader): MPI on one
+    /// host at its fastest, for reference.
+    MpiShm,
 }
 
 /// The raw baseline a binding is compared with (by name, so that results of
@@ -79,7 +87,7 @@ pub fn baseline_of(binding: &str) -> Option<&'static str> {
 /// `ib_send_lat` in latency rows (see [`perftest_for`]).
 pub fn baselines_of(binding: &str) -> &'static [&'static str] {
     match binding {
-        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp", "raw-tcp-batched"],
+        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp", "raw-tcp-batched", "mpi-tcp", "mpi-shm"],
         "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp", "raw-tcp-batched"],
         "dxnet-ib" => &["raw-verbs", "perftest"],
         _ => &[],
@@ -98,9 +106,9 @@ pub fn perftest_for(op: Operation) -> &'static str {
     }
 }
 
-/// Whether a binding is a baseline (no library): `raw-*` and perftest.
+/// Whether a binding is a baseline (not dxnet): `raw-*`, perftest and MPI.
 pub fn is_baseline(binding: &str) -> bool {
-    binding.starts_with("raw-") || binding.starts_with("ib_")
+    binding.starts_with("raw-") || binding.starts_with("ib_") || binding.starts_with("mpi-")
 }
 
 /// Where a node's wire bytes are counted.
@@ -134,11 +142,13 @@ impl BindingKind {
             "ib_write_lat" => BindingKind::IbWriteLat,
             "ib_read_bw" => BindingKind::IbReadBw,
             "ib_read_lat" => BindingKind::IbReadLat,
+            "mpi-tcp" => BindingKind::MpiTcp,
+            "mpi-shm" => BindingKind::MpiShm,
             other => {
                 bail!(
                     "unknown binding {other:?} (raw-tcp, raw-tcp-batched, dxnet-tcp, \
                      dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat, \
-                     ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat)"
+                     ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat, mpi-tcp, mpi-shm)"
                 )
             }
         };
@@ -161,6 +171,8 @@ impl BindingKind {
             BindingKind::IbWriteLat => "ib_write_lat",
             BindingKind::IbReadBw => "ib_read_bw",
             BindingKind::IbReadLat => "ib_read_lat",
+            BindingKind::MpiTcp => "mpi-tcp",
+            BindingKind::MpiShm => "mpi-shm",
         }
     }
 
@@ -190,9 +202,14 @@ impl BindingKind {
         )
     }
 
-    /// Whether the coordinator runs an external program (perftest) instead
-    /// of node processes.
+    /// Whether the coordinator runs an external program (perftest,
+    /// `mpirun`) instead of node processes.
     pub fn is_external(self) -> bool {
+        self.is_perftest() || self.is_mpi()
+    }
+
+    /// Whether the binding is one of perftest's programs.
+    pub fn is_perftest(self) -> bool {
         matches!(
             self,
             BindingKind::IbSendBw
@@ -202,6 +219,11 @@ impl BindingKind {
                 | BindingKind::IbReadBw
                 | BindingKind::IbReadLat
         )
+    }
+
+    /// Whether the binding runs MPI ([`mpi`]).
+    pub fn is_mpi(self) -> bool {
+        matches!(self, BindingKind::MpiTcp | BindingKind::MpiShm)
     }
 
     /// Whether the binding can run `op`/`mode` with `threads` sender threads
@@ -222,6 +244,7 @@ impl BindingKind {
             BindingKind::IbWriteLat | BindingKind::IbReadLat => {
                 perftest_for(op) == self.name() && threads == 1 && nodes == 2
             }
+            BindingKind::MpiTcp | BindingKind::MpiShm => mpi::supports(op),
             // One-sided operations: dxnet's API and raw verbs.
             _ if op.is_one_sided() => self.has_handlers() || self == BindingKind::RawVerbs,
             _ => true,
@@ -374,7 +397,9 @@ pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn 
         | BindingKind::IbWriteBw
         | BindingKind::IbWriteLat
         | BindingKind::IbReadBw
-        | BindingKind::IbReadLat) => {
+        | BindingKind::IbReadLat
+        | BindingKind::MpiTcp
+        | BindingKind::MpiShm) => {
             bail!(
                 "{} is run by the coordinator, not in a node process",
                 k.name()

@@ -1,0 +1,393 @@
+//! MPI as external bindings (`mpi-tcp`, `mpi-shm`): Open MPI from the
+//! distribution's packages running dxnet-bench's operations the way the
+//! OSU micro-benchmarks do (`mpi/osu.c`, built with `mpicc` at the first
+//! run), one rank per node, so its numbers sit in the same tables, CSV and
+//! plots as dxnet's.
+//!
+//! * `throughput` `uni`: `osu_bw` — windows of `mpi_window` `MPI_Isend`s,
+//!   the receiver's 4-byte ack after each window;
+//! * `throughput` `bi`: `osu_bibw` — both sides post a window of receives
+//!   and sends, then wait;
+//! * `all_to_all`: per window up to `mpi_window` messages to and from every
+//!   other rank, dxnet-bench's round-robin destinations;
+//! * `latency` / `pingpong`: `osu_latency`'s blocking send and receive of
+//!   the echo (latency RTT/2, pingpong the RTT).
+//!
+//! With several threads per node the ranks run `MPI_THREAD_MULTIPLE`, and
+//! thread j exchanges with thread j of its peers (its own tag).
+//!
+//! `mpi-tcp` is the ob1 point-to-point layer over the TCP BTL on `lo` (what
+//! MPI does between hosts on Ethernet); `mpi-shm` over shared memory
+//! (vader), for reference. The ranks' CPU time of the measured phase is
+//! summed; `mpi-tcp` reads `lo`'s `tx_bytes` around it (`wire_iface`
+//! overrides the interface). Every message carries its index; the receivers'
+//! sum must match the senders'. A run is stopped after `timeout_s`.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use super::BindingKind;
+use crate::config::{GroupKey, Mode, Operation, Params, RunSpec};
+use crate::metrics::{new_histogram, record_ns, LatencyStats, Record};
+
+/// The benchmark program's source.
+const OSU_SOURCE: &str = include_str!("../../mpi/osu.c");
+
+/// The `mpirun` options that pick a binding's transport.
+pub fn transport_options(kind: BindingKind) -> Result<&'static [&'static str]> {
+    Ok(match kind {
+        BindingKind::MpiTcp => &[
+            "--mca",
+            "pml",
+            "ob1",
+            "--mca",
+            "btl",
+            "self,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+        ],
+        BindingKind::MpiShm => &["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
+        other => bail!("{} is not an MPI binding", other.name()),
+    })
+}
+
+/// An MPI program from `source`, compiled with `mpicc` into the temporary
+/// directory once per version of the source.
+pub fn program(name: &str, source: &str) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    let dir = std::env::temp_dir().join(format!("dxnet-bench-mpi-{:016x}", h.finish()));
+    let exe = dir.join(name);
+    if exe.exists() {
+        return Ok(exe);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source)?;
+    let tmp = dir.join(format!("{name}.{}", std::process::id()));
+    let out = Command::new("mpicc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .context("running mpicc (Debian: libopenmpi-dev)")?;
+    if !out.status.success() {
+        bail!(
+            "mpicc failed on {} ({}): {}",
+            src.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::rename(&tmp, &exe)?;
+    Ok(exe)
+}
+
+/// `mpirun` for `ranks` ranks on this host: allowed as root (containers,
+/// VMs) and with more ranks than cores.
+pub fn mpirun(ranks: usize) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-np", &ranks.to_string()])
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Whether the MPI program runs `op` (its point-to-point operations).
+pub fn supports(op: Operation) -> bool {
+    matches!(
+        op,
+        Operation::Throughput | Operation::Latency | Operation::Pingpong | Operation::AllToAll
+    )
+}
+
+/// What rank 0 printed.
+#[derive(Debug, Default, PartialEq)]
+struct Output {
+    messages: u64,
+    elapsed_s: f64,
+    cpu_s: f64,
+    wire_bytes: u64,
+    sum_ok: bool,
+    /// Round trips, ns.
+    samples: Vec<u64>,
+}
+
+fn parse(out: &str) -> Result<Output> {
+    let mut o = Output::default();
+    let mut seen = false;
+    for l in out.lines() {
+        let l = l.trim();
+        if let Some(s) = l.strip_prefix("S ") {
+            o.samples.push(
+                s.parse()
+                    .with_context(|| format!("bad sample line {l:?}"))?,
+            );
+        } else if let Some(r) = l.strip_prefix("RESULT ") {
+            seen = true;
+            for kv in r.split_whitespace() {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| anyhow!("bad result {r:?}"))?;
+                let bad = || format!("bad {k} in {r:?}");
+                match k {
+                    "messages" => o.messages = v.parse().with_context(bad)?,
+                    "elapsed_s" => o.elapsed_s = v.parse().with_context(bad)?,
+                    "cpu_s" => o.cpu_s = v.parse().with_context(bad)?,
+                    "wire_bytes" => o.wire_bytes = v.parse().with_context(bad)?,
+                    "sum_ok" => o.sum_ok = v == "1",
+                    _ => {}
+                }
+            }
+        }
+    }
+    if !seen {
+        bail!("no RESULT line in the MPI program's output");
+    }
+    if !o.elapsed_s.is_finite() || o.elapsed_s <= 0.0 {
+        bail!("the MPI program reported {} s", o.elapsed_s);
+    }
+    Ok(o)
+}
+
+/// The messages (or round trips) a run must report.
+fn expected(key: &GroupKey, run: &RunSpec) -> u64 {
+    (0..key.nodes as u16)
+        .map(|id| {
+            if run.operation.is_latency() {
+                // Each initiator's round trips.
+                if id & 1 == 0 {
+                    run.count
+                } else {
+                    0
+                }
+            } else {
+                crate::ops::expected(
+                    run.operation,
+                    run.mode,
+                    id,
+                    key.nodes,
+                    run.count,
+                    key.threads,
+                )
+            }
+        })
+        .sum()
+}
+
+/// One measured repetition of an MPI binding as a [`Record`].
+pub fn measure(key: &GroupKey, run: &RunSpec, repetition: u32, params: &Params) -> Result<Record> {
+    let kind = BindingKind::parse(&key.binding)?;
+    if !supports(run.operation) {
+        bail!("{} does not run {}", kind.name(), run.operation);
+    }
+    let exe = program("bench-mpi", OSU_SOURCE)?;
+    let iface = match kind {
+        BindingKind::MpiTcp if params.wire_iface.is_empty() => "lo".to_string(),
+        BindingKind::MpiTcp => params.wire_iface.clone(),
+        _ => "-".to_string(),
+    };
+    let mode = if run.mode == Mode::Bi { "bi" } else { "uni" };
+    let mut cmd = mpirun(key.nodes);
+    cmd.args(transport_options(kind)?)
+        .args(params.mpirun_options.split_whitespace())
+        .arg(&exe)
+        .args([
+            run.operation.to_string(),
+            mode.to_string(),
+            run.size.to_string(),
+            run.count.to_string(),
+            run.warmup.to_string(),
+            params.mpi_window.to_string(),
+            key.threads.to_string(),
+            iface,
+        ]);
+    let timeout = Duration::from_secs(params.timeout_s.max(1) * 2 + 30);
+    let out = run_with_timeout(cmd, timeout)?;
+    let o = parse(&out)?;
+    let want = expected(key, run);
+    if o.messages != want {
+        bail!("MPI: {} messages arrived, {want} expected", o.messages);
+    }
+    if !o.sum_ok {
+        bail!("MPI: the messages' contents differ from what was sent");
+    }
+    Ok(record(key, run, repetition, &o))
+}
+
+fn record(key: &GroupKey, run: &RunSpec, repetition: u32, o: &Output) -> Record {
+    let size = run.size as u64;
+    let lat_us = run.operation.is_latency().then(|| {
+        let half = run.operation == Operation::Latency;
+        let mut h = new_histogram();
+        for &ns in &o.samples {
+            record_ns(&mut h, if half { ns / 2 } else { ns });
+        }
+        LatencyStats::from_hist(&h)
+    });
+    let payload = if run.operation.is_latency() {
+        2 * o.messages * size
+    } else {
+        o.messages * size
+    };
+    let msgs_per_sec = o.messages as f64 / o.elapsed_s;
+    let wire_bytes = (o.wire_bytes > 0).then_some(o.wire_bytes);
+    Record {
+        operation: run.operation,
+        mode: run.mode,
+        binding: key.binding.clone(),
+        size: run.size,
+        threads: key.threads,
+        handlers: key.handlers,
+        nodes: key.nodes,
+        repetition,
+        count: run.count,
+        messages: o.messages,
+        elapsed_s: o.elapsed_s,
+        msgs_per_sec,
+        bytes_per_sec: msgs_per_sec * run.size as f64,
+        lat_us: lat_us.flatten(),
+        cpu_s: o.cpu_s,
+        wire_bytes,
+        wire_overhead: wire_bytes
+            .filter(|_| payload > 0)
+            .map(|w| w as f64 / payload as f64),
+    }
+}
+
+/// Runs `cmd`, returns its stdout; stops it (SIGTERM, which `mpirun`
+/// passes to its ranks, then SIGKILL) after `timeout`.
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
+    let dir = std::env::temp_dir();
+    let tag = format!(
+        "dxnet-bench-mpi-{}-{:?}",
+        std::process::id(),
+        Instant::now()
+    );
+    let (out_path, err_path) = (
+        dir.join(format!(
+            "{}.out",
+            tag.replace([' ', ':', '{', '}', ','], "")
+        )),
+        dir.join(format!(
+            "{}.err",
+            tag.replace([' ', ':', '{', '}', ','], "")
+        )),
+    );
+    let mut child = cmd
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?)
+        .spawn()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => anyhow!("mpirun not found (Debian: openmpi-bin)"),
+            _ => anyhow!("cannot start mpirun: {e}"),
+        })?;
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Ok(st);
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) on our own child's pid, which we have not
+            // reaped yet (so it cannot name another process).
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let grace = Instant::now() + Duration::from_secs(5);
+            while child.try_wait()?.is_none() && Instant::now() < grace {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            break Err(anyhow!("the MPI run took longer than {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    let status = status?;
+    if !status.success() {
+        let tail: Vec<&str> = err.lines().rev().take(12).collect();
+        bail!(
+            "mpirun failed ({status}): {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str =
+        "RESULT messages=2 elapsed_s=0.5 cpu_s=1.25 wire_bytes=300 sum_ok=1\nS 1000\nS 3000\n";
+
+    fn key(binding: &str) -> GroupKey {
+        GroupKey {
+            binding: binding.into(),
+            nodes: 2,
+            threads: 1,
+            handlers: 0,
+        }
+    }
+
+    fn run(op: Operation) -> RunSpec {
+        RunSpec {
+            operation: op,
+            mode: Mode::Uni,
+            size: 64,
+            count: 2,
+            warmup: 0,
+            repetitions: 1,
+        }
+    }
+
+    #[test]
+    fn parses_the_result_and_samples() {
+        let o = parse(OUT).unwrap();
+        assert_eq!(o.messages, 2);
+        assert_eq!(o.samples, vec![1000, 3000]);
+        assert!(o.sum_ok && o.wire_bytes == 300 && o.cpu_s == 1.25);
+        assert!(parse("S 1\n").is_err());
+        assert!(parse("RESULT messages=x").is_err());
+        assert!(parse("RESULT messages=1 elapsed_s=0").is_err());
+        assert!(!parse(&OUT.replace("sum_ok=1", "sum_ok=0")).unwrap().sum_ok);
+    }
+
+    #[test]
+    fn latency_is_half_the_round_trip_pingpong_all_of_it() {
+        let o = parse(OUT).unwrap();
+        let lat = record(&key("mpi-tcp"), &run(Operation::Latency), 0, &o);
+        let pp = record(&key("mpi-tcp"), &run(Operation::Pingpong), 0, &o);
+        let (l, p) = (lat.lat_us.unwrap(), pp.lat_us.unwrap());
+        assert!((p.max / l.max - 2.0).abs() < 0.01, "{l:?} {p:?}");
+        assert_eq!(pp.msgs_per_sec, 4.0);
+        // Both directions' payload: 300 / (2 * 2 * 64).
+        assert_eq!(pp.wire_overhead, Some(300.0 / 256.0));
+    }
+
+    #[test]
+    fn expected_counts_follow_the_roles() {
+        let mut r = run(Operation::Throughput);
+        r.count = 1000;
+        assert_eq!(expected(&key("mpi-tcp"), &r), 1000);
+        r.mode = Mode::Bi;
+        assert_eq!(expected(&key("mpi-tcp"), &r), 2000);
+        let lat = run(Operation::Pingpong);
+        assert_eq!(expected(&key("mpi-tcp"), &lat), 2);
+        let mut a2a = run(Operation::AllToAll);
+        a2a.count = 999;
+        let k = GroupKey {
+            nodes: 4,
+            ..key("mpi-tcp")
+        };
+        assert_eq!(expected(&k, &a2a), 4 * 999);
+    }
+}
