@@ -773,6 +773,8 @@ mod tests {
             BindingKind::IbWriteLat,
             BindingKind::IbReadBw,
             BindingKind::IbReadLat,
+            BindingKind::MpiTcp,
+            BindingKind::MpiShm,
         ] {
             assert_eq!(BindingKind::parse(k.name()).unwrap(), k);
         }
@@ -795,7 +797,13 @@ mod tests {
             BindingKind::DxnetLoopback
         );
         assert_eq!(baseline_of("dxnet-tcp"), Some("raw-tcp"));
-        assert_eq!(baselines_of("dxnet-tcp"), ["raw-tcp", "raw-tcp-batched"]);
+        assert_eq!(
+            baselines_of("dxnet-tcp"),
+            ["raw-tcp", "raw-tcp-batched", "mpi-tcp", "mpi-shm"]
+        );
+        assert!(is_baseline("mpi-tcp") && BindingKind::MpiShm.is_external());
+        assert!(BindingKind::MpiTcp.supports(Operation::AllToAll, Mode::Bi, 16, 4));
+        assert!(!BindingKind::MpiTcp.supports(Operation::RdmaWrite, Mode::Uni, 1, 2));
         assert_eq!(baseline_of("raw-tcp"), None);
         assert!(is_baseline("raw-tcp-batched"));
         assert!(!BindingKind::RawTcpBatched.has_handlers());
