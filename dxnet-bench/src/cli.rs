@@ -239,6 +239,14 @@ pub struct RunArgs {
     /// Configuration file (JSON or TOML); default: the built-in short suite.
     #[arg(long, short = 'c')]
     config: Option<PathBuf>,
+    /// A published evaluation's settings: `ibdxnet-paper` (the Ibdxnet
+    /// report's Table 2 for dxnet, its counts and sizes). Other flags
+    /// override it.
+    #[arg(long)]
+    preset: Option<String>,
+    /// With `--preset`: divide its message counts by this (small machines).
+    #[arg(long, default_value_t = 1, requires = "preset")]
+    scale: u64,
     /// Output directory.
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
@@ -402,6 +410,11 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
         Some(p) => BenchConfig::from_file(p)?,
         None => BenchConfig::default_suite(),
     };
+    let preset = a
+        .preset
+        .as_deref()
+        .map(crate::presets::Preset::parse)
+        .transpose()?;
     if !a.bindings.is_empty() {
         cfg.bindings = a.bindings.iter().map(|s| s.trim().to_string()).collect();
     }
@@ -428,6 +441,11 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
             }
         }
         cfg.benchmarks = entries;
+    }
+    // The preset's counts and sizes, for every operation chosen above;
+    // the flags below override them.
+    if let Some(p) = preset {
+        p.apply(&mut cfg, a.scale)?;
     }
     let sizes = if !a.sizes.is_empty() {
         Some(Sizes::List(
@@ -570,6 +588,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
             p.dxnet.entry(first).or_insert(serde_json::Value::Null),
             &val,
         );
+    }
+    if let Some(p) = preset {
+        p.split_sizes(&mut cfg);
     }
     cfg.validate()?;
     Ok(cfg)
@@ -774,6 +795,53 @@ mod tests {
         let mut full = vec!["dxnet-bench"];
         full.extend_from_slice(v);
         Cli::try_parse_from(full).unwrap().run
+    }
+
+    #[test]
+    fn preset_sets_the_paper_configuration_and_flags_override_it() {
+        let c = effective_config(&args(&[
+            "--preset",
+            "ibdxnet-paper",
+            "--scale",
+            "1000",
+            "--operations",
+            "throughput,pingpong",
+            "--bindings",
+            "dxnet-tcp,mpi-tcp",
+            "--dxnet",
+            "limits.flow_control_threshold=0.2",
+        ]))
+        .unwrap();
+        // The default suite's two throughput entries (1 and 16 threads) and
+        // its pingpong entry, each split into the two receive-buffer settings.
+        assert_eq!(c.benchmarks.len(), 6);
+        for e in &c.benchmarks {
+            let want = if e.operation == Operation::Pingpong {
+                10_000
+            } else {
+                100_000
+            };
+            assert_eq!(e.count, want);
+        }
+        assert_eq!(c.benchmarks[0].sizes.expand()[0], 1);
+        assert_eq!(c.params.dxnet["limits"]["flow_control_threshold"], 0.2);
+        assert_eq!(c.params.dxnet["limits"]["incoming_max_bytes"], 128 << 20);
+        let c = effective_config(&args(&[
+            "--preset",
+            "ibdxnet-paper",
+            "--sizes",
+            "64",
+            "--count",
+            "7",
+        ]))
+        .unwrap();
+        assert!(c.benchmarks.iter().all(|e| e.count == 7));
+        assert!(c
+            .benchmarks
+            .iter()
+            .all(|e| e.dxnet["limits"]["recv_buffer_size"] == 32 << 10));
+        assert!(effective_config(&args(&["--preset", "nope"])).is_err());
+        assert!(Cli::try_parse_from(["dxnet-bench", "--scale", "2"]).is_err());
     }
 
     #[test]

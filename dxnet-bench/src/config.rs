@@ -233,6 +233,11 @@ pub struct BenchEntry {
     /// Node counts. Default `[2]`; all-to-all default `[4]`.
     #[serde(default)]
     pub nodes: Option<Vec<usize>>,
+    /// dxnet `Config` fields for this entry's runs only, laid over
+    /// `params.dxnet` (e.g. a receive-buffer size per size range); entries
+    /// with different ones run in different processes.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub dxnet: serde_json::Map<String, serde_json::Value>,
 }
 
 fn default_modes() -> Vec<Mode> {
@@ -261,6 +266,7 @@ impl BenchEntry {
             threads: default_one(),
             handlers: default_handlers(),
             nodes: None,
+            dxnet: serde_json::Map::new(),
         }
     }
 
@@ -674,12 +680,16 @@ impl BenchConfig {
                                 threads,
                                 handlers: h,
                             };
-                            let gi = match groups.iter().position(|g| g.key == key) {
+                            let gi = match groups
+                                .iter()
+                                .position(|g| g.key == key && g.dxnet == e.dxnet)
+                            {
                                 Some(i) => i,
                                 None => {
                                     groups.push(Group {
                                         key: key.clone(),
                                         runs: Vec::new(),
+                                        dxnet: e.dxnet.clone(),
                                     });
                                     groups.len() - 1
                                 }
@@ -745,6 +755,24 @@ pub struct Group {
     pub key: GroupKey,
     /// The runs, in order.
     pub runs: Vec<RunSpec>,
+    /// dxnet `Config` fields of this group's entries, over `params.dxnet`.
+    pub dxnet: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Group {
+    /// The parameters of this group's processes: `params` with the group's
+    /// dxnet fields laid over `params.dxnet`.
+    pub fn params(&self, params: &Params) -> Params {
+        let mut p = params.clone();
+        if !self.dxnet.is_empty() {
+            let mut v = serde_json::Value::Object(std::mem::take(&mut p.dxnet));
+            crate::binding::dxnet::merge(&mut v, &serde_json::Value::Object(self.dxnet.clone()));
+            if let serde_json::Value::Object(m) = v {
+                p.dxnet = m;
+            }
+        }
+        p
+    }
 }
 
 /// One (operation, mode, size) with its counts.

@@ -203,7 +203,7 @@ impl Coordinator {
                 .collect(),
             threads: g.key.threads,
             handlers: g.key.handlers,
-            params: params.clone(),
+            params: g.params(params),
             fabric: format!("dxnet-bench-{}-{gi}", std::process::id()),
         };
         let _pki = if kind == BindingKind::DxnetTcpTls {

@@ -27,5 +27,6 @@ pub mod netns;
 pub mod node;
 pub mod ops;
 pub mod output;
+pub mod presets;
 pub mod proto;
 pub mod shuffle;
