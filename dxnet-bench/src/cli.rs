@@ -105,6 +105,26 @@ enum Sub {
         #[command(flatten)]
         args: ShuffleCli,
     },
+    /// The Ibdxnet report's figures 11–19 re-run on this hardware: its
+    /// configuration (`--preset ibdxnet-paper`, counts divided by `--scale`,
+    /// default 1000), dxnet beside raw sockets and Open MPI (`tcp`) or raw
+    /// verbs and perftest (`ib`); every run flag applies (`--netns`,
+    /// `--node-file`, `--sizes`, ...). Writes `OUT/figNN/` per figure and the
+    /// headline ratios to `OUT/figures.txt`.
+    PaperFigures {
+        /// `tcp` or `ib`.
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+        /// Figures to run, e.g. `11,13` (default: all; 17 includes 18).
+        #[arg(long, value_delimiter = ',')]
+        figures: Vec<u32>,
+        /// The report's full sweep, every power of two from 1 B to 1 MiB
+        /// (default: 1 B, 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB).
+        #[arg(long)]
+        all_sizes: bool,
+        #[command(flatten)]
+        run: Box<RunArgs>,
+    },
     /// Redraw plots, CSV and the summary table from a results.json; several
     /// files (e.g. rounds of the same suite) are merged into one
     /// results.json in the output directory, repetitions renumbered.
@@ -244,15 +264,24 @@ pub struct RunArgs {
     /// override it.
     #[arg(long)]
     preset: Option<String>,
-    /// With `--preset`: divide its message counts by this (small machines).
-    #[arg(long, default_value_t = 1, requires = "preset")]
-    scale: u64,
+    /// With `--preset` (and `paper-figures`): divide its message counts by
+    /// this (small machines). Default 1; `paper-figures`: 1000.
+    #[arg(long)]
+    scale: Option<u64>,
+    /// The benchmark to start from instead of a file or the default suite
+    /// (`paper-figures`).
+    #[arg(skip)]
+    base: Option<BenchConfig>,
+    /// Figures to split the records into afterwards (`paper-figures`).
+    #[arg(skip)]
+    figures: Option<Vec<u32>>,
     /// Output directory.
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
     /// Bindings, comma-separated (raw-tcp, raw-tcp-batched, dxnet-tcp,
     /// dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw,
-    /// ib_send_lat).
+    /// ib_send_lat, ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat,
+    /// mpi-tcp, mpi-shm).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,
     /// Operations (throughput, latency, pingpong, all_to_all, rdma_write,
@@ -406,9 +435,10 @@ fn default_count(op: Operation) -> u64 {
 
 /// Builds the effective configuration: file (or default suite) + flags.
 pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
-    let mut cfg = match &a.config {
-        Some(p) => BenchConfig::from_file(p)?,
-        None => BenchConfig::default_suite(),
+    let mut cfg = match (&a.base, &a.config) {
+        (Some(b), _) => b.clone(),
+        (None, Some(p)) => BenchConfig::from_file(p)?,
+        (None, None) => BenchConfig::default_suite(),
     };
     let preset = a
         .preset
@@ -444,8 +474,10 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     // The preset's counts and sizes, for every operation chosen above;
     // the flags below override them.
-    if let Some(p) = preset {
-        p.apply(&mut cfg, a.scale)?;
+    match (preset, a.scale) {
+        (Some(p), scale) => p.apply(&mut cfg, scale.unwrap_or(1))?,
+        (None, Some(_)) => bail!("--scale goes with --preset"),
+        (None, None) => {}
     }
     let sizes = if !a.sizes.is_empty() {
         Some(Sizes::List(
@@ -711,6 +743,29 @@ pub fn main() -> Result<i32> {
             println!("\nwrote {} plot files to {}", files.len(), dir.display());
             Ok(0)
         }
+        Some(Sub::PaperFigures {
+            transport,
+            figures,
+            all_sizes,
+            mut run,
+        }) => {
+            let base = crate::figures::config(&transport, &figures, 1, 1)?;
+            run.base = Some(base);
+            run.preset = Some("ibdxnet-paper".into());
+            run.scale = Some(run.scale.unwrap_or(1000));
+            if run.sizes.is_empty() && run.min_size.is_none() && run.max_size.is_none() {
+                run.sizes = crate::figures::sizes(all_sizes)
+                    .expand()
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            }
+            if run.out == Path::new("bench-results") {
+                run.out = crate::figures::default_out();
+            }
+            run.figures = Some(figures);
+            run_suite(*run)
+        }
         None => run_suite(cli.run),
     }
 }
@@ -770,6 +825,11 @@ fn run_suite(a: RunArgs) -> Result<i32> {
     let files = output::write_all(&outcome.records, &a.out, !a.no_plots)?;
     println!();
     print!("{}", output::table::render(&outcome.records));
+    if let Some(figs) = &a.figures {
+        let text = crate::figures::write(&outcome.records, figs, &a.out, !a.no_plots)?;
+        println!("\nThe report's figures re-run here (headline ratios; per figure in figNN/)\n");
+        print!("{text}");
+    }
     println!(
         "\n{} records; wrote {} files to {} (results.json, *.csv, summary.txt{})",
         outcome.records.len(),
@@ -841,7 +901,7 @@ mod tests {
             .iter()
             .all(|e| e.dxnet["limits"]["recv_buffer_size"] == 32 << 10));
         assert!(effective_config(&args(&["--preset", "nope"])).is_err());
-        assert!(Cli::try_parse_from(["dxnet-bench", "--scale", "2"]).is_err());
+        assert!(effective_config(&args(&["--scale", "2"])).is_err());
     }
 
     #[test]

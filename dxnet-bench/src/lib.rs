@@ -21,6 +21,7 @@ pub mod binding;
 pub mod cli;
 pub mod config;
 pub mod coordinator;
+pub mod figures;
 pub mod membership;
 pub mod metrics;
 pub mod netns;

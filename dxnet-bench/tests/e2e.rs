@@ -616,6 +616,89 @@ fn mpi_bindings_count_every_message() {
     assert!(stdout.contains("dxnet-tcp / mpi-shm"), "{stdout}");
 }
 
+/// `paper-figures`: the report's configuration and figures in one command
+/// (two figures here, tiny counts): every figure gets its directory with
+/// its records and plots titled after it, and the headline table names
+/// dxnet's ratio to each system beside it.
+#[test]
+fn paper_figures_end_to_end() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("figs");
+    let mut cmd = Command::new(EXE);
+    cmd.args([
+        "paper-figures",
+        "--figures",
+        "11,13",
+        "--sizes",
+        "64",
+        "--handlers",
+        "1",
+        "--scale",
+        "1000000",
+        "--base-port",
+        "16000",
+        "-q",
+        "--out",
+    ])
+    .arg(&out);
+    let mpi = have_open_mpi();
+    if !mpi {
+        cmd.args(["--bindings", "dxnet-tcp,raw-tcp"]);
+    }
+    let o = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let headline = std::fs::read_to_string(out.join("figures.txt")).unwrap();
+    assert!(
+        headline.contains("Figure 11: 2 nodes, uni-directional"),
+        "{headline}"
+    );
+    assert!(
+        headline.contains("Figure 13: 2 nodes, round-trip"),
+        "{headline}"
+    );
+    assert!(headline.contains("/ raw-tcp"), "{headline}");
+    if mpi {
+        assert!(headline.contains("/ mpi-tcp"), "{headline}");
+    }
+    for (fig, op) in [("fig11", "throughput"), ("fig13", "pingpong")] {
+        let recs: Vec<Value> = serde_json::from_str(
+            &std::fs::read_to_string(out.join(fig).join("results.json")).unwrap(),
+        )
+        .unwrap();
+        assert!(!recs.is_empty());
+        assert!(recs.iter().all(|r| r["operation"] == op), "{fig}: {recs:?}");
+        let plots: Vec<String> = std::fs::read_dir(out.join(fig))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".svg"))
+            .collect();
+        assert!(
+            !plots.is_empty() && plots.iter().all(|n| n.starts_with(fig)),
+            "{plots:?}"
+        );
+        let svg = std::fs::read_to_string(out.join(fig).join(&plots[0])).unwrap();
+        let number = &fig[3..];
+        assert!(svg.contains(&format!("Figure {number}")), "{fig}: no title");
+    }
+    // The preset's counts, divided by the scale: 10^8 and 10^7 / 10^6.
+    let all: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    for r in &all {
+        let want = if r["operation"] == "pingpong" {
+            10
+        } else {
+            100
+        };
+        assert_eq!(r["count"], want, "{r}");
+    }
+}
+
 /// `shuffle --netns`: one process per network namespace, TCP over the veth
 /// links, both modes, every record received (needs root and iproute2:
 /// `cargo test -p dxnet-bench --test e2e -- --ignored`); the mpi mode is
