@@ -473,6 +473,25 @@ impl DiscoveryConfig {
     }
 }
 
+/// Per-connection statistics and their export (`[metrics]`); see
+/// [`crate::Node::connection_stats`] and `Node::publish_metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MetricsConfig {
+    /// Count messages and bytes per connection and direction (each sent
+    /// message adds to a counter of its own thread, each received buffer
+    /// to its connection's). The rest of a connection's statistics (ring
+    /// fill, flow-control stalls, inbox, closes) is always kept. Default
+    /// false.
+    pub per_connection: bool,
+    /// With the `metrics` feature: a thread publishes the node's and every
+    /// connection's counters through the `metrics` façade this often, in
+    /// milliseconds; 0: only when `Node::publish_metrics` is called.
+    /// Default 0.
+    pub publish_interval_ms: u64,
+}
+
 /// Full configuration of one node. Every field has a documented default; a
 /// file only needs `node_id` and `nodes`. Settings of one concern are in
 /// their section: `[limits]`, `[park]`, `[tcp]`, `[tls]`, `[ib]`,
@@ -522,6 +541,8 @@ pub struct Config {
     pub discovery: Option<DiscoveryConfig>,
     /// Zero-copy from reused buffers.
     pub zero_copy: ZeroCopyConfig,
+    /// Per-connection statistics and their export.
+    pub metrics: MetricsConfig,
 }
 
 impl Default for Config {
@@ -542,6 +563,7 @@ impl Default for Config {
             loopback: LoopbackConfig::default(),
             discovery: None,
             zero_copy: ZeroCopyConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

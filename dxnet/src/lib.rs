@@ -55,7 +55,10 @@ pub use dxnet_proto as proto;
 pub(crate) mod transport;
 
 pub use buffer::{Buffer, BufferHandle, SendHandle};
-pub use config::{Config, DiscoveryConfig, TlsConfig, TransportKind, ZeroCopyConfig};
+pub use config::{
+    Config, DiscoveryConfig, MetricsConfig, TlsConfig, TransportKind, ZeroCopyConfig,
+};
+pub use core::metrics::ConnectionStats;
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
 pub use node::{HeldWindow, MultiSend, Node, NodeStats, ResponseHandle};

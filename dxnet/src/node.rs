@@ -382,6 +382,26 @@ impl Node {
         self.core.stats()
     }
 
+    /// Every connection's statistics (ring fill, flow-control stalls and
+    /// time blocked, queued received data, closes and errors of earlier
+    /// connections to the peer; messages and bytes each way with
+    /// `metrics.per_connection`), sorted by peer. Peers without a
+    /// connection now but with earlier ones are listed as `closed`.
+    pub fn connection_stats(&self) -> Vec<crate::ConnectionStats> {
+        self.core.connection_stats()
+    }
+
+    /// Publishes [`Node::stats`] and [`Node::connection_stats`] through
+    /// the `metrics` façade to the recorder the application installed
+    /// (e.g. `metrics-exporter-prometheus`): counters as absolute values
+    /// (`dxnet_messages_sent`, `dxnet_connection_bytes_sent`, ...), fills as
+    /// gauges, labelled `node` and `peer`. `metrics.publish_interval_ms`
+    /// does this from a thread of the node.
+    #[cfg(feature = "metrics")]
+    pub fn publish_metrics(&self) {
+        self.core.publish_metrics()
+    }
+
     /// Stops the node: pending requests (and later sends) fail with
     /// [`crate::Error::Shutdown`]; messages already sent are written out
     /// first (for at most `limits.shutdown_linger_ms`); connections are

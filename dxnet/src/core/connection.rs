@@ -18,6 +18,7 @@ use crate::primitives::in_order::InOrderTrack;
 use crate::primitives::orb::Orb;
 use crate::primitives::park::{RequestSpinPolicy, Signal};
 use crate::primitives::pool::RecvBuffer;
+use crate::primitives::stats::Traffic;
 use crate::proto::decoder::Decoder;
 use crate::NodeId;
 
@@ -299,6 +300,23 @@ pub struct Connection {
     /// Outcomes of the one-sided device parts posted on this connection,
     /// numbered by the engine (see `transport::RemoteMemory::post`).
     pub parts: Box<InOrderTrack>,
+    /// Messages and bytes of this connection, when `metrics.per_connection`
+    /// is on (`None` costs a sender nothing but the check).
+    pub counters: Option<Box<ConnCounters>>,
+}
+
+/// Messages and bytes one connection carried each way.
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Messages written into the connection's rings (or posted in place),
+    /// and their bytes (header + payload): counted per sending thread, so
+    /// senders share no counter line.
+    pub sent: Traffic,
+    /// Messages dispatched from this connection (added once per received
+    /// buffer by the thread that handled it).
+    pub received_messages: AtomicU64,
+    /// Their bytes (header + payload).
+    pub received_bytes: AtomicU64,
 }
 
 impl Connection {
@@ -329,7 +347,14 @@ impl Connection {
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
             parts: Box::default(),
+            counters: None,
         }
+    }
+
+    /// This connection with per-connection counters.
+    pub fn with_counters(mut self) -> Self {
+        self.counters = Some(Box::default());
+        self
     }
 
     /// Attaches the engine's half of this connection; false if one is

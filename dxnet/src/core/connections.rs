@@ -160,13 +160,18 @@ impl Core {
                 }
             }
             let rings = self.transport().map_or(1, |t| t.rings());
-            let conn = Arc::new(Connection::new(
+            let conn = Connection::new(
                 peer,
                 self.connections.next_id(),
                 (self.config.limits.orb_size, rings),
                 FlowControl::new(self.fc_window, self.fc_unit),
                 self.config.limits.max_message_size,
-            ));
+            );
+            let conn = Arc::new(if self.config.metrics.per_connection {
+                conn.with_counters()
+            } else {
+                conn
+            });
             conn.touch(self.tick(Instant::now()));
             if let Some(t) = self.transport() {
                 for r in conn.rings() {
@@ -315,6 +320,7 @@ impl Core {
             // Counted as opened: a connection that never opened (a refused
             // connect) is neither.
             self.stats.connections_closed.add(1);
+            self.peer_history.lock().closed(conn, reason, failed);
             self.emit(match err {
                 Error::Unreachable(_, cause) => crate::events::ConnectionEvent::Lost {
                     node: conn.peer,

@@ -41,6 +41,25 @@ pub struct FlowControl {
     pending_units: AtomicU32,
     /// Senders blocked on a full window.
     waiters: WaitQueue,
+    /// Sends that found the window full (the slow path only).
+    stalls: AtomicU64,
+    /// Nanoseconds those sends waited for the window.
+    blocked_ns: AtomicU64,
+}
+
+/// What a connection's flow control shows (`Node::connection_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowSnapshot {
+    /// Sent bytes the peer has not confirmed yet.
+    pub in_flight: u64,
+    /// The peer's window.
+    pub window: u64,
+    /// Received bytes processed but not confirmed to the peer yet.
+    pub unconfirmed: u64,
+    /// Sends that found the window full.
+    pub stalls: u64,
+    /// Time those sends waited, in nanoseconds.
+    pub blocked_ns: u64,
 }
 
 impl FlowControl {
@@ -55,6 +74,20 @@ impl FlowControl {
             processed: AtomicU64::new(0),
             pending_units: AtomicU32::new(0),
             waiters: WaitQueue::new(),
+            stalls: AtomicU64::new(0),
+            blocked_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// A snapshot for statistics (each value read on its own).
+    pub fn snapshot(&self) -> FlowSnapshot {
+        FlowSnapshot {
+            in_flight: self.in_flight.in_use(),
+            window: self.peer_window.load(Ordering::Relaxed),
+            unconfirmed: self.processed.load(Ordering::Relaxed)
+                + u64::from(self.pending_units.load(Ordering::Relaxed)) * self.own_unit,
+            stalls: self.stalls.load(Ordering::Relaxed),
+            blocked_ns: self.blocked_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -95,6 +128,22 @@ impl FlowControl {
         if self.waiters.may_race() && self.try_acquire(len) {
             return Ok(());
         }
+        // The window is full: counted, and timed until this send goes on.
+        let since = std::time::Instant::now();
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+        let r = self.acquire_slow(len, deadline, park, open);
+        self.blocked_ns
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
+    fn acquire_slow(
+        &self,
+        len: u64,
+        deadline: &Deadline,
+        park: &ParkConfig,
+        open: impl Fn() -> bool,
+    ) -> Result<(), FlowWaitError> {
         let mut idle = Idle::new(park);
         while self.waiters.may_race() && !idle.step() {
             if self.try_acquire(len) {

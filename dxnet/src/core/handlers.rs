@@ -140,7 +140,7 @@ impl Core {
             });
         }
         put_scratch(pending);
-        self.stats.received.add(count, processed + responses);
+        self.count_received(conn, count, processed + responses);
         if let Incoming::Pooled(b) = item {
             if self.pool.put(b) {
                 self.resources_freed();
@@ -221,7 +221,7 @@ impl Core {
             payload.clear();
             let _ = self.parallel_spare.push(payload);
         }
-        self.stats.received.add(1, bytes);
+        self.count_received(&conn, 1, bytes);
         if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {
             self.on_write_interest(conn.peer);
         }

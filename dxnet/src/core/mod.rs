@@ -31,6 +31,7 @@ mod handlers;
 pub mod incoming;
 pub mod inline;
 pub mod membership;
+pub mod metrics;
 pub(crate) mod pull;
 mod receive;
 pub mod regions;
@@ -226,6 +227,8 @@ pub struct Core {
     events: events::Events,
     /// Counters.
     pub stats: Stats,
+    /// Closes and errors of earlier connections, per peer.
+    peer_history: Mutex<metrics::PeerHistory>,
     /// This node's identity key and the node map's public keys, if
     /// configured (signed connection set-up).
     pub identity: Option<identity::Identity>,
@@ -325,6 +328,7 @@ impl Core {
             zero_copy: zero_copy::ZeroCopy::new(config.zero_copy.clone()),
             events: events::Events::default(),
             stats: Stats::default(),
+            peer_history: Mutex::new(metrics::PeerHistory::default()),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),
             transport: OnceLock::new(),
@@ -356,6 +360,16 @@ impl Core {
                     .spawn(move || c.exclusive_loop(ex_rx))
                     .map_err(|e| Error::Config(format!("cannot spawn exclusive thread: {e}")))?,
             );
+            #[cfg(feature = "metrics")]
+            if core.config.metrics.publish_interval_ms > 0 {
+                let weak = Arc::downgrade(&core);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("dxnet-metrics-{}", own.0))
+                        .spawn(move || metrics::publish_loop(weak))
+                        .map_err(|e| Error::Config(format!("cannot spawn metrics thread: {e}")))?,
+                );
+            }
         }
         match start_engine(&core) {
             Ok(t) => {

@@ -163,7 +163,7 @@ impl Core {
                 pos = end;
             }
         }
-        self.stats.received.add(count, processed);
+        self.count_received(conn, count, processed);
         if self.pool.put(buf) {
             self.resources_freed();
         }
@@ -308,7 +308,7 @@ impl Core {
         }
         // Only responses were processed: outside the flow-control window,
         // nothing to confirm.
-        self.stats.received.add(responses, done);
+        self.count_received(conn, responses, done);
         res.map(|()| out)
     }
 

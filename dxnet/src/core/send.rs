@@ -194,7 +194,7 @@ impl Core {
             }
         };
         drop((keep, guard));
-        self.stats.sent.add(1, total);
+        self.count_sent(&conn, total);
         Ok(Some(PendingSend {
             conn,
             seq,
@@ -561,7 +561,7 @@ impl Core {
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
                 if t.send_standalone(self, conn, &small[..total]) {
-                    self.stats.sent.add(1, total as u64);
+                    self.count_sent(conn, total as u64);
                     return Ok(());
                 }
                 encoded_frame = Some(&small[..total]);
@@ -590,7 +590,7 @@ impl Core {
             });
         match res {
             Ok(()) => {
-                self.stats.sent.add(1, total as u64);
+                self.count_sent(conn, total as u64);
                 Ok(())
             }
             Err(OrbError::Timeout) => {
@@ -647,7 +647,7 @@ impl Core {
             _ => 0,
         };
         self.enqueue(&self.locals[depth], Incoming::Local(v));
-        self.stats.sent.add(1, total as u64);
+        self.count_sent(&self.locals[depth], total as u64);
         Ok(())
     }
 }

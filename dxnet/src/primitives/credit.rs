@@ -123,8 +123,7 @@ impl Credit {
             });
     }
 
-    /// Bytes handed out and not given back (a snapshot).
-    #[cfg(any(test, loom))]
+    /// Bytes handed out and not given back (a snapshot, for statistics).
     pub fn in_use(&self) -> u64 {
         let parked: u64 = self.slots.iter().map(|s| s.load(Ordering::Relaxed)).sum();
         self.claimed.load(Ordering::Relaxed).saturating_sub(parked)
