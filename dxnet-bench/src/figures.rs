@@ -341,6 +341,7 @@ mod tests {
             cpu_s: 0.0,
             wire_bytes: None,
             wire_overhead: None,
+            connections: Vec::new(),
         };
         let of = |r: &Record| -> Vec<u32> {
             figs.iter()

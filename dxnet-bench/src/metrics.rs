@@ -241,6 +241,10 @@ pub struct NodeResult {
     pub elapsed_s: f64,
     /// Latency histogram (ns) of initiators.
     pub hist: Option<HistData>,
+    /// The binding's own statistics of the node's connections after the
+    /// phase (dxnet: `Node::connection_stats`), if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<serde_json::Value>,
 }
 
 /// A wire counter's increase during a phase.
@@ -301,6 +305,12 @@ pub struct Record {
     pub wire_bytes: Option<u64>,
     /// Wire bytes / payload bytes, when known.
     pub wire_overhead: Option<f64>,
+    /// Per node, the binding's statistics of its connections after the
+    /// repetition (dxnet: `Node::connection_stats`, counted since each
+    /// connection opened; messages and bytes each way with
+    /// `--dxnet metrics.per_connection=true`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<serde_json::Value>,
 }
 
 /// Combines what every process measured in one repetition into a record.
@@ -362,6 +372,7 @@ pub fn aggregate(key: &GroupKey, run: &RunSpec, repetition: u32, procs: &[ProcRe
         cpu_s,
         wire_bytes,
         wire_overhead,
+        connections: nodes.iter().filter_map(|n| n.connections.clone()).collect(),
     }
 }
 

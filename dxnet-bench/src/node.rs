@@ -165,12 +165,17 @@ impl Worker {
                         })
                     })
                     .collect();
+                // Connection statistics now too: a received buffer is
+                // counted once all its messages ran, which may be just
+                // after the sink saw the last one.
+                let mut nodes = m.nodes;
+                for n in &mut nodes {
+                    if let Some(ln) = self.nodes.iter().find(|ln| ln.id == n.id) {
+                        n.connections = ln.binding.connection_stats();
+                    }
+                }
                 return Ok(Some(Reply::Measured {
-                    result: ProcResult {
-                        nodes: m.nodes,
-                        cpu_s,
-                        wire,
-                    },
+                    result: ProcResult { nodes, cpu_s, wire },
                 }));
             }
             Command::Cleanup => self.cleanup(),

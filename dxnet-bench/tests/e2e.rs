@@ -550,6 +550,55 @@ fn shuffle_mpi_peer() {
     assert_eq!((rows("messages"), rows("mpi")), (1, 1), "{text}");
 }
 
+/// dxnet's connection statistics in results.json: every dxnet record
+/// carries each node's `Node::connection_stats`, with message counts when
+/// `metrics.per_connection` is on.
+#[test]
+fn dxnet_connection_statistics_in_the_results() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": ["dxnet-tcp", "raw-tcp"],
+        "benchmarks": [
+            {"operation": "throughput", "sizes": [64], "count": 3000, "warmup": 0, "repetitions": 1, "threads": [4]}
+        ],
+        "params": {"base_port": 16100, "timeout_s": 60, "dxnet": {"metrics": {"per_connection": true}}}
+    });
+    let (stdout, recs) = run_config(&dir.path().join("conn"), &cfg);
+    assert_eq!(recs.len(), 2, "{stdout}");
+    for r in &recs {
+        let conns = r["connections"].as_array();
+        if r["binding"] == "raw-tcp" {
+            assert!(conns.is_none(), "{r}");
+            continue;
+        }
+        let conns = conns.unwrap();
+        assert_eq!(conns.len(), 2, "{r}");
+        let peer_stats = |node: u64, peer: u64| {
+            conns
+                .iter()
+                .find(|c| c["node"] == node)
+                .and_then(|c| {
+                    c["connections"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|x| x["peer"] == peer && x["state"] == "open")
+                        .cloned()
+                })
+                .unwrap_or_else(|| panic!("no connection {node} -> {peer}: {r}"))
+        };
+        let (a, b) = (peer_stats(0, 1), peer_stats(1, 0));
+        // The benchmark's 3000 messages plus its own control messages (a
+        // receiver counts a buffer once all its messages ran: perhaps
+        // just after the run saw the last one).
+        assert!(a["msgs_sent"].as_u64().unwrap() >= 3000, "{a}");
+        assert!(b["msgs_received"].as_u64().unwrap() > 0, "{b}");
+        assert!(a["ring_written"].as_u64().unwrap() >= 3000 * 64, "{a}");
+        assert_eq!(a["closes"], 0);
+    }
+}
+
 /// Whether Open MPI is installed; under CI its absence is a failure.
 fn have_open_mpi() -> bool {
     let have = |c: &str| Command::new(c).arg("--version").output().is_ok();

@@ -50,6 +50,13 @@ fn counts_match(kind: Kind) {
     wait_for(60, "every message", || {
         got[1].load(Ordering::Relaxed) == want[0] && got[0].load(Ordering::Relaxed) == want[1]
     });
+    // A received buffer is counted once all its messages ran: perhaps just
+    // after the receiver above saw the last one.
+    wait_for(30, "the receiving counts", || {
+        (0..2).all(|i| {
+            of(&nodes[i].connection_stats(), 1 - i as u16).msgs_received == Some(want[1 - i])
+        })
+    });
     for (i, n) in nodes.iter().enumerate() {
         let peer = 1 - i as u16;
         let c = of(&n.connection_stats(), peer);

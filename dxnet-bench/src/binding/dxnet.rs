@@ -638,6 +638,13 @@ impl Binding for DxnetBinding {
             .map_err(|e| anyhow!("one-sided access in flight: {e}"))
     }
 
+    fn connection_stats(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "node": self.node.id().0,
+            "connections": self.node.connection_stats(),
+        }))
+    }
+
     fn shutdown(&self) {
         if self.buffers.is_some() {
             let st = self.node.stats();

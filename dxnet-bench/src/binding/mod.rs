@@ -374,6 +374,11 @@ pub trait Binding: Send + Sync {
     fn one_sided_drain(&self, _thread: usize) -> Result<()> {
         Ok(())
     }
+    /// The binding's statistics of this node's connections (for the
+    /// results), if it keeps any.
+    fn connection_stats(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// Cleanup phase: closes connections and stops threads.
     fn shutdown(&self);
 }

@@ -357,6 +357,7 @@ fn record(
         cpu_s,
         wire_bytes: None,
         wire_overhead: None,
+        connections: Vec::new(),
     })
 }
 

@@ -68,6 +68,7 @@ mod tests {
             cpu_s: 0.0,
             wire_bytes: None,
             wire_overhead: None,
+            connections: Vec::new(),
         }
     }
 

@@ -432,6 +432,7 @@ mod tests {
             cpu_s: 0.5,
             wire_bytes: None,
             wire_overhead: None,
+            connections: Vec::new(),
         }
     }
 
