@@ -119,7 +119,7 @@ enum Sub {
         #[arg(long, value_delimiter = ',')]
         figures: Vec<u32>,
         /// The report's full sweep, every power of two from 1 B to 1 MiB
-        /// (default: 1 B, 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB).
+        /// (default: 1 B, 64 B, 1 KiB, 16 KiB, 64 KiB, 1 MiB).
         #[arg(long)]
         all_sizes: bool,
         #[command(flatten)]

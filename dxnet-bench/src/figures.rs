@@ -24,9 +24,12 @@ use crate::output::{self, plot, table};
 pub const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Node counts of the all-to-all figures.
 pub const NODES: [usize; 4] = [2, 4, 6, 8];
-/// Sizes run unless `--sizes` or `--all-sizes` is given: every fourth power
-/// of two from 1 B to 1 MiB (the report's sweep has all 21).
-pub const DEFAULT_SIZES: [usize; 6] = [1, 16, 256, 4 << 10, 64 << 10, 1 << 20];
+/// Sizes run unless `--sizes` or `--all-sizes` is given: the ends of the
+/// report's sweep (1 B, 1 MiB), its small-message headline size (64 B) and
+/// points between (the report's sweep has all 21 powers of two).
+pub const DEFAULT_SIZES: [usize; 6] = [1, 64, 1 << 10, 16 << 10, 64 << 10, 1 << 20];
+/// The size of the headline rows' small messages, when measured.
+pub const HEADLINE_SMALL: usize = 64;
 
 /// One figure of the report.
 #[derive(Debug, Clone)]
@@ -195,8 +198,8 @@ pub fn write(records: &[Record], only: &[u32], dir: &Path, plots: bool) -> Resul
     Ok(headline)
 }
 
-/// The figure's headline rows: for every dxnet configuration, at the
-/// smallest and the largest size measured, dxnet's message rate (median
+/// The figure's headline rows: for every dxnet configuration, at 64 B
+/// (else the smallest size measured) and the largest, dxnet's message rate (median
 /// RTT for round trips) and its ratio to every baseline of the same case.
 fn headlines(f: &Figure, recs: &[Record]) -> String {
     let lat = f.entry.operation.is_latency();
@@ -214,9 +217,14 @@ fn headlines(f: &Figure, recs: &[Record]) -> String {
         let mut s: Vec<usize> = recs.iter().map(|r| r.size).collect();
         s.sort_unstable();
         s.dedup();
-        match (s.first(), s.last()) {
-            (Some(&a), Some(&b)) if a != b => vec![a, b],
-            (Some(&a), _) => vec![a],
+        let small = if s.contains(&HEADLINE_SMALL) {
+            Some(HEADLINE_SMALL)
+        } else {
+            s.first().copied()
+        };
+        match (small, s.last()) {
+            (Some(a), Some(&b)) if a != b => vec![a, b],
+            (Some(a), _) => vec![a],
             _ => vec![],
         }
     };
