@@ -18,7 +18,6 @@ use crate::primitives::in_order::InOrderTrack;
 use crate::primitives::orb::Orb;
 use crate::primitives::park::{RequestSpinPolicy, Signal};
 use crate::primitives::pool::RecvBuffer;
-use crate::primitives::stats::Traffic;
 use crate::proto::decoder::Decoder;
 use crate::NodeId;
 
@@ -305,13 +304,10 @@ pub struct Connection {
     pub counters: Option<Box<ConnCounters>>,
 }
 
-/// Messages and bytes one connection carried each way.
+/// Messages and bytes one connection received (those it sent are counted
+/// with the node's, see [`crate::primitives::stats::SentTraffic`]).
 #[derive(Debug, Default)]
 pub struct ConnCounters {
-    /// Messages written into the connection's rings (or posted in place),
-    /// and their bytes (header + payload): counted per sending thread, so
-    /// senders share no counter line.
-    pub sent: Traffic,
     /// Messages dispatched from this connection (added once per received
     /// buffer by the thread that handled it).
     pub received_messages: AtomicU64,

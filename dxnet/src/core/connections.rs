@@ -321,6 +321,8 @@ impl Core {
             // connect) is neither.
             self.stats.connections_closed.add(1);
             self.peer_history.lock().closed(conn, reason, failed);
+            let live: Vec<u64> = self.connections.all().iter().map(|c| c.id).collect();
+            self.stats.sent.retain(|id| live.contains(&id));
             self.emit(match err {
                 Error::Unreachable(_, cause) => crate::events::ConnectionEvent::Lost {
                     node: conn.peer,

@@ -5,9 +5,9 @@
 //! positions), flow-control stalls and their time (counted only on the
 //! slow path, where a sender waits anyway), the inbox, closes per peer
 //! (counted when a connection closes). Messages and bytes per connection
-//! each way need a count per message: with `metrics.per_connection` off
-//! they are not kept (`Connection::counters` is `None`), and a send pays
-//! one predictable branch.
+//! each way are kept with `metrics.per_connection`: sent ones in the same
+//! per-thread cells as the node's count (a slot per connection instead of
+//! one total, see `SentTraffic`), received ones once per received buffer.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -115,10 +115,7 @@ impl Core {
     /// Counts one message of `bytes` sent on `conn`.
     #[inline]
     pub(crate) fn count_sent(&self, conn: &Connection, bytes: u64) {
-        self.stats.sent.add(1, bytes);
-        if let Some(c) = &conn.counters {
-            c.sent.add(1, bytes);
-        }
+        self.stats.sent.add(conn.id, bytes);
     }
 
     /// Counts `msgs` messages of `bytes` in total dispatched from `conn`.
@@ -155,6 +152,7 @@ impl Core {
                     (i.bytes() as u64, i.len() as u64)
                 };
                 let counters = c.counters.as_deref();
+                let sent = counters.map(|_| self.stats.sent.of_connection(c.id));
                 ConnectionStats {
                     peer: c.peer.0,
                     id: c.id,
@@ -163,8 +161,8 @@ impl Core {
                         ConnState::Open => "open",
                         ConnState::Closed => "closed",
                     },
-                    msgs_sent: counters.map(|k| k.sent.messages()),
-                    bytes_sent: counters.map(|k| k.sent.bytes()),
+                    msgs_sent: sent.map(|s| s.0),
+                    bytes_sent: sent.map(|s| s.1),
                     msgs_received: counters.map(|k| k.received_messages.load(Ordering::Relaxed)),
                     bytes_received: counters.map(|k| k.received_bytes.load(Ordering::Relaxed)),
                     ring_written: written,

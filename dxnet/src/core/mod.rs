@@ -327,7 +327,11 @@ impl Core {
             regions: regions::RegionTable::default(),
             zero_copy: zero_copy::ZeroCopy::new(config.zero_copy.clone()),
             events: events::Events::default(),
-            stats: Stats::default(),
+            stats: {
+                let s = Stats::default();
+                s.sent.count_per_connection(config.metrics.per_connection);
+                s
+            },
             peer_history: Mutex::new(metrics::PeerHistory::default()),
             unknown_logged: (0..1024).map(|_| AtomicU64::new(0)).collect(),
             handlers: (0..=u16::MAX as usize).map(|_| OnceLock::new()).collect(),

@@ -12,9 +12,11 @@
 //! locked instructions; a thread's cells are reused by a later thread that
 //! gets its id, which keeps adding to them, so no count is lost).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crossbeam::utils::CachePadded;
+use parking_lot::Mutex;
 use thread_local::ThreadLocal;
 
 /// One cell written by a single thread (the owner of the `ThreadLocal`
@@ -35,6 +37,12 @@ impl OwnedCell {
 
     fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// Sets the value. Only the owning thread calls this.
+    #[inline]
+    fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
     }
 }
 
@@ -84,6 +92,174 @@ impl Traffic {
     }
 }
 
+/// Slots per thread of [`SentTraffic`]: a thread sending to at most this
+/// many connections at once (with different ids modulo it) never evicts.
+pub const SENT_SLOTS: usize = 64;
+
+/// One connection's messages and bytes as counted by one thread.
+#[derive(Debug, Default)]
+struct SentSlot {
+    /// The connection's id; 0: empty.
+    conn: OwnedCell,
+    messages: OwnedCell,
+    bytes: OwnedCell,
+}
+
+/// One thread's cells of [`SentTraffic`].
+#[derive(Debug)]
+struct SentCells {
+    /// Messages and bytes not counted per connection.
+    total: [OwnedCell; 2],
+    /// Per connection, direct-mapped by id.
+    slots: [SentSlot; SENT_SLOTS],
+}
+
+impl Default for SentCells {
+    fn default() -> Self {
+        Self {
+            total: Default::default(),
+            slots: std::array::from_fn(|_| SentSlot::default()),
+        }
+    }
+}
+
+/// Messages and bytes sent, by the node and (when
+/// [`SentTraffic::count_per_connection`] is on) by connection, at the cost
+/// of the node-wide count alone: a send updates one slot of its own
+/// thread's cells, chosen by the connection's id, which also counts for
+/// the node. A thread that meets another connection in a slot moves that
+/// one's counts to a shared map first (a lock; never while a thread sends
+/// to at most [`SENT_SLOTS`] connections with distinct ids modulo it).
+/// While a thread moves a slot, a reader may count the moved counts
+/// twice; once senders are quiet the sums are exact.
+#[derive(Default)]
+pub struct SentTraffic {
+    cells: ThreadLocal<CachePadded<SentCells>>,
+    per_connection: AtomicBool,
+    evicted: Mutex<Evicted>,
+}
+
+/// Counts moved out of threads' slots.
+#[derive(Debug, Default)]
+struct Evicted {
+    /// Of connections that may still be open.
+    by_conn: HashMap<u64, (u64, u64)>,
+    /// Of connections known to be gone.
+    retired: (u64, u64),
+}
+
+impl Evicted {
+    fn totals(&self) -> (u64, u64) {
+        self.by_conn
+            .values()
+            .fold(self.retired, |(m, b), v| (m + v.0, b + v.1))
+    }
+}
+
+impl SentTraffic {
+    /// Counts per connection from now on (set before any send).
+    pub fn count_per_connection(&self, on: bool) {
+        self.per_connection.store(on, Ordering::Relaxed);
+    }
+
+    /// Adds one message of `bytes` sent on connection `conn` (0: not a
+    /// connection to count, e.g. the node's own local queue).
+    #[inline]
+    pub fn add(&self, conn: u64, bytes: u64) {
+        let c = self.cells.get_or_default();
+        if conn == 0 || !self.per_connection.load(Ordering::Relaxed) {
+            c.total[0].add(1);
+            c.total[1].add(bytes);
+            return;
+        }
+        let s = &c.slots[conn as usize % SENT_SLOTS];
+        let held = s.conn.get();
+        if held != conn {
+            self.evict(s, held);
+            s.conn.set(conn);
+        }
+        s.messages.add(1);
+        s.bytes.add(bytes);
+    }
+
+    #[cold]
+    fn evict(&self, s: &SentSlot, held: u64) {
+        let (m, b) = (s.messages.get(), s.bytes.get());
+        if held != 0 && m > 0 {
+            let mut e = self.evicted.lock();
+            let x = e.by_conn.entry(held).or_default();
+            x.0 += m;
+            x.1 += b;
+        }
+        s.messages.set(0);
+        s.bytes.set(0);
+    }
+
+    /// Messages counted so far (all connections).
+    pub fn messages(&self) -> u64 {
+        self.sum(|c| c.total[0].get() + c.slots.iter().map(|s| s.messages.get()).sum::<u64>())
+            + self.evicted.lock().totals().0
+    }
+
+    /// Bytes counted so far (all connections).
+    pub fn bytes(&self) -> u64 {
+        self.sum(|c| c.total[1].get() + c.slots.iter().map(|s| s.bytes.get()).sum::<u64>())
+            + self.evicted.lock().totals().1
+    }
+
+    /// Messages and bytes counted for connection `conn` (zero unless
+    /// counting per connection).
+    pub fn of_connection(&self, conn: u64) -> (u64, u64) {
+        let mut m = 0;
+        let mut b = 0;
+        for c in self.cells.iter() {
+            let s = &c.slots[conn as usize % SENT_SLOTS];
+            if s.conn.get() == conn {
+                m += s.messages.get();
+                b += s.bytes.get();
+            }
+        }
+        let e = self
+            .evicted
+            .lock()
+            .by_conn
+            .get(&conn)
+            .copied()
+            .unwrap_or_default();
+        (m + e.0, b + e.1)
+    }
+
+    /// Keeps moved counts by connection only for the connections `live`
+    /// says are open (the others' go into the node's total): called when
+    /// connections close, so the map stays as small as the open set plus
+    /// what moved since.
+    pub fn retain(&self, live: impl Fn(u64) -> bool) {
+        let mut e = self.evicted.lock();
+        let Evicted { by_conn, retired } = &mut *e;
+        by_conn.retain(|id, v| {
+            let keep = live(*id);
+            if !keep {
+                retired.0 += v.0;
+                retired.1 += v.1;
+            }
+            keep
+        });
+    }
+
+    fn sum(&self, f: impl Fn(&SentCells) -> u64) -> u64 {
+        self.cells.iter().map(|c| f(c)).sum()
+    }
+}
+
+impl std::fmt::Debug for SentTraffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentTraffic")
+            .field("messages", &self.messages())
+            .field("bytes", &self.bytes())
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for Counter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.get())
@@ -102,8 +278,9 @@ impl std::fmt::Debug for Traffic {
 /// Counters of one node.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Messages sent, and their bytes (header + payload).
-    pub sent: Traffic,
+    /// Messages sent, and their bytes (header + payload), also per
+    /// connection with `metrics.per_connection`.
+    pub sent: SentTraffic,
     /// Messages dispatched, and their bytes.
     pub received: Traffic,
     /// Connections opened.
@@ -123,6 +300,47 @@ mod tests {
 
     /// Many more threads than cores, in waves: each wave starts after the
     /// one before exited, so its threads reuse the cells of exited ones.
+    /// Threads sending round-robin to more connections than a thread has
+    /// slots (ids colliding, so slots move to the shared map): every
+    /// connection's counts and the totals are exact once they are done,
+    /// also after closed connections' counts are retired.
+    #[test]
+    fn sent_per_connection_with_evictions() {
+        let sent = Arc::new(SentTraffic::default());
+        sent.count_per_connection(true);
+        let conns = 100u64;
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let sent = Arc::clone(&sent);
+                std::thread::spawn(move || {
+                    for i in 0..5_000u64 {
+                        let conn = 1 + (i + t) % conns;
+                        sent.add(conn, conn);
+                    }
+                    // The own queue (id 0) is counted for the node only.
+                    sent.add(0, 1000);
+                })
+            })
+            .collect();
+        for h in threads {
+            h.join().unwrap();
+        }
+        let per = 8 * 5_000 / conns;
+        for conn in 1..=conns {
+            assert_eq!(sent.of_connection(conn), (per, per * conn), "conn {conn}");
+        }
+        let bytes: u64 = (1..=conns).map(|c| per * c).sum::<u64>() + 8 * 1000;
+        assert_eq!((sent.messages(), sent.bytes()), (8 * 5_001, bytes));
+        assert!(!sent.evicted.lock().by_conn.is_empty());
+        sent.retain(|id| id % 2 == 0);
+        assert_eq!((sent.messages(), sent.bytes()), (8 * 5_001, bytes));
+        assert_eq!(sent.of_connection(2), (per, per * 2));
+        // Without per-connection counting nothing is kept by connection.
+        let off = SentTraffic::default();
+        off.add(7, 10);
+        assert_eq!((off.of_connection(7), off.messages()), ((0, 0), 1));
+    }
+
     /// Every addition is in the sums.
     #[test]
     fn sums_every_threads_additions() {
@@ -133,7 +351,7 @@ mod tests {
                     let stats = Arc::clone(&stats);
                     std::thread::spawn(move || {
                         for i in 0..10_000u64 {
-                            stats.sent.add(1, i % 7 + wave + t);
+                            stats.sent.add(0, i % 7 + wave + t);
                             stats.unknown_messages.add(2);
                         }
                     })
