@@ -167,7 +167,7 @@ impl SentTraffic {
     #[inline]
     pub fn add(&self, conn: u64, bytes: u64) {
         let c = self.cells.get_or_default();
-        if conn == 0 || !self.per_connection.load(Ordering::Relaxed) {
+        if !self.per_connection.load(Ordering::Relaxed) || conn == 0 {
             c.total[0].add(1);
             c.total[1].add(bytes);
             return;
