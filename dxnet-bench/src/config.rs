@@ -346,6 +346,8 @@ pub struct Params {
     /// MPI bindings: messages in flight per window (the OSU benchmarks'
     /// window size; per peer in `all_to_all`).
     pub mpi_window: usize,
+    /// perftest's queue depths.
+    pub perftest: PerftestParams,
     /// MPI bindings: further `mpirun` options (whitespace-separated), after
     /// the ones that pick the transport.
     pub mpirun_options: String,
@@ -409,6 +411,18 @@ impl RdmaParams {
     }
 }
 
+/// Queue depths the perftest bindings pass (`-r`, `-t`); 0 leaves
+/// perftest's default. The Ibdxnet report ran perftest with receive depth
+/// 2000 and send depth 20, its own queue sizes (`--preset ibdxnet-paper`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PerftestParams {
+    /// Receive queue depth of `ib_send_bw` (`-r`).
+    pub rx_depth: u32,
+    /// Send queue depth of the bandwidth tests (`-t`).
+    pub tx_depth: u32,
+}
+
 /// Queue sizes of the `raw-verbs` baseline (perftest's defaults where it has
 /// them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -463,6 +477,7 @@ impl Default for Params {
             handler_block_us: 0,
             parallel_handlers: false,
             mpi_window: 64,
+            perftest: PerftestParams::default(),
             mpirun_options: String::new(),
         }
     }

@@ -70,6 +70,11 @@ impl Preset {
         }
         // Halved from 4 KB on: once at 4 KiB, twice at 8 KiB, ...
         cfg.params.halve_count_from = 2 << 10;
+        // perftest as the report ran it: its queue sizes.
+        cfg.params.perftest = crate::config::PerftestParams {
+            rx_depth: 2000,
+            tx_depth: 20,
+        };
         let mut dxnet = Value::Object(table2());
         merge(
             &mut dxnet,

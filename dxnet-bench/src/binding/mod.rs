@@ -56,7 +56,7 @@ pub enum BindingKind {
     /// RC SEND/RECV through dxnet-verbs, one send WR per message and a
     /// pre-posted receive queue: the verbs analogue of `raw-tcp`.
     RawVerbs,
-    /// perftest's `ib_send_bw` (throughput uni only), run as two processes.
+    /// perftest's `ib_send_bw` (throughput; `bi` with `-b`), run as two processes.
     IbSendBw,
     /// perftest's `ib_send_lat` (latency and pingpong), run as two processes.
     IbSendLat,
@@ -228,12 +228,11 @@ impl BindingKind {
 
     /// Whether the binding can run `op`/`mode` with `threads` sender threads
     /// on `nodes` nodes. perftest measures one pair with one thread:
-    /// `ib_send_bw` uni-directional throughput, `ib_send_lat` round trips.
+    /// `ib_send_bw` throughput (uni, or bi with `-b`), `ib_send_lat` round trips.
     pub fn supports(self, op: Operation, mode: Mode, threads: usize, nodes: usize) -> bool {
         match self {
-            BindingKind::IbSendBw => {
-                op == Operation::Throughput && mode == Mode::Uni && threads == 1 && nodes == 2
-            }
+            // uni, or bi with perftest's `-b`.
+            BindingKind::IbSendBw => op == Operation::Throughput && threads == 1 && nodes == 2,
             BindingKind::IbSendLat => {
                 op.is_latency() && !op.is_one_sided() && threads == 1 && nodes == 2
             }
@@ -788,7 +787,7 @@ mod tests {
         assert!(!BindingKind::RawVerbs.has_handlers());
         assert!(BindingKind::IbSendLat.is_external());
         assert!(BindingKind::IbSendBw.supports(Operation::Throughput, Mode::Uni, 1, 2));
-        assert!(!BindingKind::IbSendBw.supports(Operation::Throughput, Mode::Bi, 1, 2));
+        assert!(BindingKind::IbSendBw.supports(Operation::Throughput, Mode::Bi, 1, 2));
         assert!(!BindingKind::IbSendBw.supports(Operation::Pingpong, Mode::Uni, 1, 2));
         assert!(!BindingKind::IbSendLat.supports(Operation::Pingpong, Mode::Uni, 2, 2));
         assert!(BindingKind::IbSendLat.supports(Operation::Latency, Mode::Uni, 1, 2));

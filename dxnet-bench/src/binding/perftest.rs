@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::BindingKind;
-use crate::config::{GroupKey, Operation, Params, RdmaTarget, RunSpec};
+use crate::config::{GroupKey, Operation, Params, PerftestParams, RdmaTarget, RunSpec};
 use crate::metrics::{new_histogram, record_ns, LatencyStats, Record};
 
 /// Attempts per measured repetition.
@@ -54,7 +54,13 @@ pub fn tool(kind: BindingKind) -> Result<&'static str> {
 }
 
 /// The arguments (server side; the client adds the server address).
-pub fn args(kind: BindingKind, run: &RunSpec, t: &RdmaTarget, tcp_port: u16) -> Vec<String> {
+pub fn args(
+    kind: BindingKind,
+    run: &RunSpec,
+    t: &RdmaTarget,
+    depths: PerftestParams,
+    tcp_port: u16,
+) -> Vec<String> {
     let mut a = Vec::new();
     if let Some(d) = &t.device {
         a.extend(["-d".to_string(), d.clone()]);
@@ -74,6 +80,12 @@ pub fn args(kind: BindingKind, run: &RunSpec, t: &RdmaTarget, tcp_port: u16) -> 
     ]);
     if !is_bw(kind) {
         a.push("-H".to_string());
+    }
+    if is_bw(kind) && depths.tx_depth > 0 {
+        a.extend(["-t".to_string(), depths.tx_depth.to_string()]);
+    }
+    if kind == BindingKind::IbSendBw && depths.rx_depth > 0 {
+        a.extend(["-r".to_string(), depths.rx_depth.to_string()]);
     }
     if run.mode == crate::config::Mode::Bi {
         // Both sides send at once; the report sums both directions.
@@ -279,7 +291,13 @@ pub fn measure(
     for attempt in 0..ATTEMPTS {
         let p = port.wrapping_add(attempt as u16);
         let cpu0 = children_cpu_s();
-        let r = run_pair(tool, &args(kind, run, &target, p), p, timeout).and_then(|out| {
+        let r = run_pair(
+            tool,
+            &args(kind, run, &target, params.perftest, p),
+            p,
+            timeout,
+        )
+        .and_then(|out| {
             let cpu_s = children_cpu_s() - cpu0;
             record(kind, key, run, repetition, &out, cpu_s)
         });
@@ -508,6 +526,7 @@ mod tests {
             BindingKind::IbWriteBw,
             &run(Operation::RdmaWrite, 64),
             &t,
+            PerftestParams::default(),
             1,
         );
         assert!(!a.contains(&"-H".to_string()));
@@ -515,6 +534,7 @@ mod tests {
             BindingKind::IbReadLat,
             &run(Operation::RdmaReadLat, 64),
             &t,
+            PerftestParams::default(),
             1,
         );
         assert!(a.contains(&"-H".to_string()));
@@ -529,15 +549,33 @@ mod tests {
             port: 1,
             gid_index: Some(1),
         };
+        let depths = PerftestParams {
+            rx_depth: 2000,
+            tx_depth: 20,
+        };
         let a = args(
             BindingKind::IbSendLat,
             &run(Operation::Pingpong, 64),
             &t,
+            depths,
             18515,
         );
         assert_eq!(
             a.join(" "),
             "-d rxe0 -i 1 -x 1 -F -s 64 -n 2000 -p 18515 -H"
         );
+        // The report's depths: both for ib_send_bw, -t for the others.
+        let mut bi = run(Operation::Throughput, 64);
+        bi.mode = crate::config::Mode::Bi;
+        let a = args(BindingKind::IbSendBw, &bi, &t, depths, 18515);
+        assert!(a.join(" ").ends_with("-b -t 20 -r 2000"), "{a:?}");
+        let a = args(
+            BindingKind::IbWriteBw,
+            &run(Operation::RdmaWrite, 64),
+            &t,
+            depths,
+            1,
+        );
+        assert!(a.join(" ").ends_with("-t 20"), "{a:?}");
     }
 }
