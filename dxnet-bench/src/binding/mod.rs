@@ -229,7 +229,7 @@ impl BindingKind {
     /// Whether the binding can run `op`/`mode` with `threads` sender threads
     /// on `nodes` nodes. perftest measures one pair with one thread:
     /// `ib_send_bw` throughput (uni, or bi with `-b`), `ib_send_lat` round trips.
-    pub fn supports(self, op: Operation, mode: Mode, threads: usize, nodes: usize) -> bool {
+    pub fn supports(self, op: Operation, _mode: Mode, threads: usize, nodes: usize) -> bool {
         match self {
             // uni, or bi with perftest's `-b`.
             BindingKind::IbSendBw => op == Operation::Throughput && threads == 1 && nodes == 2,

@@ -568,7 +568,7 @@ mod tests {
         let mut bi = run(Operation::Throughput, 64);
         bi.mode = crate::config::Mode::Bi;
         let a = args(BindingKind::IbSendBw, &bi, &t, depths, 18515);
-        assert!(a.join(" ").ends_with("-b -t 20 -r 2000"), "{a:?}");
+        assert!(a.join(" ").ends_with("-t 20 -r 2000 -b"), "{a:?}");
         let a = args(
             BindingKind::IbWriteBw,
             &run(Operation::RdmaWrite, 64),

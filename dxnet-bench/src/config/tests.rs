@@ -88,8 +88,8 @@ fn perftest_runs_only_its_own_tests() {
     assert_eq!(find("dxnet-ib", 1).unwrap().key.handlers, 2);
     assert_eq!(find("raw-verbs", 2).unwrap().runs.len(), 1);
     let bw = find("ib_send_bw", 1).unwrap();
-    assert_eq!(bw.runs.len(), 2, "uni throughput only");
-    assert!(bw.runs.iter().all(|r| r.mode == Mode::Uni));
+    assert_eq!(bw.runs.len(), 4, "throughput only, uni and bi (-b)");
+    assert!(bw.runs.iter().all(|r| r.operation == Operation::Throughput));
     let lat = find("ib_send_lat", 1).unwrap();
     assert_eq!(lat.runs.len(), 1);
     assert_eq!(lat.runs[0].operation, Operation::Pingpong);
