@@ -7,7 +7,7 @@
 # Soft-RoCE VM.
 #
 # Usage:
-#   scripts/bench-ib.sh [--quick] [--repeat N] [--debug] [--no-plots]
+#   scripts/bench-ib.sh [--quick] [--repeat N] [--debug] [--no-plots] [--figures L]
 #                       [--dxnet KEY=VALUE]... OUTDIR
 #       Build dxnet-bench (release) on the host, boot the Soft-RoCE VM
 #       (scripts/rdma-vm/vm.sh, 4 vCPUs) and run the suite there.
@@ -34,6 +34,12 @@
 #               place (write_from/read_into; what perftest does)
 #   --modes L   throughput and one-sided modes, e.g. uni,bi (default: the
 #               suite's, uni)
+#   --figures L instead of the suite, `dxnet-bench paper-figures --transport
+#               ib` for these figures of the Ibdxnet report, e.g. 11,13
+#               (dxnet-ib beside raw-verbs and perftest; each round's
+#               figNN/ directories and figures.txt are in round-N/)
+#   --scale N   with --figures: the report's counts divided by N (default
+#               100000: the emulated device is slow)
 #
 # The suite: throughput uni at 64 B (20 000 messages) and 64 KiB (1 250),
 # pingpong at 64 B (2 000 round trips), one-sided rdma_write and rdma_read
@@ -83,6 +89,8 @@ COUNT=
 WINDOW=
 RDMA_COPY=0
 MODES=
+FIGURES=
+SCALE=100000
 while [ $# -gt 0 ]; do
     case $1 in
         --no-vm) NO_VM=1; shift ;;
@@ -100,12 +108,14 @@ while [ $# -gt 0 ]; do
         --rdma-window) WINDOW=$2; shift 2 ;;
         --rdma-copy) RDMA_COPY=1; shift ;;
         --modes) MODES=$2; shift 2 ;;
+        --figures) FIGURES=$2; shift 2 ;;
+        --scale) SCALE=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "bench-ib.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
-[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] [--rdma-copy] [--modes L] OUTDIR" >&2; exit 2; }
+[ $# = 1 ] || { echo "usage: bench-ib.sh [--no-vm] [--quick] [--repeat N] [--debug] [--no-plots] [--dxnet K=V]... [--threads L] [--bindings L] [--operations L] [--sizes L] [--count N] [--rdma-window N] [--rdma-copy] [--modes L] [--figures L [--scale N]] OUTDIR" >&2; exit 2; }
 OUT=$1
 CONFIG=$ROOT/dxnet-bench/configs/ib.json
 
@@ -142,7 +152,9 @@ run_suite() {
     for r in $(seq 1 "$REPEAT"); do
         echo "bench-ib: round $r of $REPEAT" >&2
         echo "round $r before: $(rxe)" >>"$out/rxe.txt"
-        if ! "$bench" --config "$CONFIG" --repetitions 1 "${extra[@]}" \
+        local -a what=(--config "$CONFIG")
+        [ -n "$FIGURES" ] && what=(paper-figures --transport ib --figures "$FIGURES" --scale "$SCALE")
+        if ! "$bench" "${what[@]}" --repetitions 1 "${extra[@]}" \
                 --out "$out/round-$r" --no-plots -q >"$out/round-$r.log" 2>&1; then
             failed=1
             echo "bench-ib: round $r failed:" >&2
@@ -213,6 +225,7 @@ else
     [ -n "$WINDOW" ] && args+=(--rdma-window "$WINDOW")
     [ "$RDMA_COPY" = 1 ] && args+=(--rdma-copy)
     [ -n "$MODES" ] && args+=(--modes "$MODES")
+    [ -n "$FIGURES" ] && args+=(--figures "$FIGURES" --scale "$SCALE")
     # Other busy processes on the host (builds, fuzzers) take the emulated
     # CPUs' time and show up as millisecond round trips: note them.
     (
