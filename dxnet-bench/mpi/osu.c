@@ -19,8 +19,11 @@
  *   latency,        osu_latency: the even rank's MPI_Send then MPI_Recv of
  *   pingpong        the echo; one sample (round trip, ns) per exchange.
  *
- * Every message carries its index (the first up to 8 bytes), so the
- * receivers' sum of what arrived is checked against the senders' sum.
+ * Every message carries its index + 1 (the first up to 8 bytes; a slot
+ * nothing was received into reads 0), so each thread checks that the sum
+ * of what it received is the sum of what was sent to it, and the
+ * receivers' total against the senders'. A window holds at most
+ * WINDOW_BYTES per thread and direction (fewer messages of large sizes).
  *
  * Usage: bench-mpi OP MODE SIZE COUNT WARMUP WINDOW THREADS IFACE
  * (IFACE: the interface whose tx_bytes rank 0 reads around the measured
@@ -59,9 +62,20 @@ struct part {
     uint64_t received;     /* messages (or round trips) */
     uint64_t sent_sum;     /* sum of the indices sent */
     uint64_t recv_sum;     /* sum of the indices received */
+    uint64_t expect_sum;   /* what recv_sum must be */
     uint64_t *samples;     /* round trips, ns (initiators of latency ops) */
     uint64_t nsamples;
 };
+
+/* Most bytes a thread's window holds per direction. */
+#define WINDOW_BYTES ((uint64_t)16 << 20)
+
+/* The window for messages of `size` bytes to `peers` peers. */
+static uint64_t window_for(uint64_t w, size_t size, uint64_t peers) {
+    const uint64_t per = (size ? size : 1) * peers;
+    const uint64_t cap = WINDOW_BYTES / per;
+    return w < cap ? w : (cap ? cap : 1);
+}
 
 static void die(const char *what) {
     fprintf(stderr, "bench-mpi: %s\n", what);
@@ -117,6 +131,13 @@ static uint64_t truncated(uint64_t i, size_t size) {
     return size >= 8 ? i : i & ((1ull << (8 * size)) - 1);
 }
 
+/* The sum of the stamps of messages 0..n-1 (what a receiver must add up). */
+static uint64_t stamps(uint64_t n, size_t size) {
+    uint64_t sum = 0;
+    for (uint64_t i = 0; i < n; i++) sum += truncated(i + 1, size);
+    return sum;
+}
+
 static void throughput(struct part *p) {
     const struct cfg *c = p->c;
     const int peer = c->rank ^ 1;
@@ -124,8 +145,9 @@ static void throughput(struct part *p) {
     const int even = (c->rank & 1) == 0;
     const int sends = c->bi || even, recvs = c->bi || !even;
     const uint64_t n = thread_count(p->count, c->threads, p->j);
-    const size_t size = c->size, w = c->window;
+    const size_t size = c->size, w = window_for(c->window, size, 1);
     char *sbuf = calloc(w, size ? size : 1), *rbuf = calloc(w, size ? size : 1);
+    if (recvs) p->expect_sum = stamps(n, size);
     MPI_Request *req = malloc(2 * w * sizeof *req);
     if (!sbuf || !rbuf || !req) die("out of memory");
     char ack[4] = {0};
@@ -138,8 +160,8 @@ static void throughput(struct part *p) {
                           &req[r++]);
         if (sends)
             for (uint64_t k = 0; k < m; k++) {
-                stamp(sbuf + k * size, size, done + k);
-                p->sent_sum += truncated(done + k, size);
+                stamp(sbuf + k * size, size, done + k + 1);
+                p->sent_sum += truncated(done + k + 1, size);
                 MPI_Isend(sbuf + k * size, (int)size, MPI_CHAR, peer, p->j, MPI_COMM_WORLD,
                           &req[r++]);
             }
@@ -174,11 +196,12 @@ static void latency(struct part *p) {
     if (even) {
         p->samples = malloc((n ? n : 1) * sizeof *p->samples);
         if (!p->samples) die("out of memory");
+        p->expect_sum = stamps(n, size); /* the echoes */
     }
     for (uint64_t i = 0; i < n; i++) {
         if (even) {
-            stamp(sbuf, size, i);
-            p->sent_sum += truncated(i, size);
+            stamp(sbuf, size, i + 1);
+            p->sent_sum += truncated(i + 1, size);
             const uint64_t t0 = now_ns();
             MPI_Send(sbuf, (int)size, MPI_CHAR, peer, p->j, MPI_COMM_WORLD);
             MPI_Recv(rbuf, (int)size, MPI_CHAR, peer, p->j, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -210,7 +233,7 @@ static void all_to_all(struct part *p) {
     const struct cfg *c = p->c;
     const int d = c->procs - 1;
     if (d < 1) return;
-    const size_t size = c->size, w = c->window;
+    const size_t size = c->size, w = window_for(c->window, size, (uint64_t)d);
     uint64_t *to = calloc(d, sizeof *to), *from = calloc(d, sizeof *from);
     uint64_t *sent = calloc(d, sizeof *sent), *got = calloc(d, sizeof *got);
     char *sbuf = calloc(w * d, size ? size : 1), *rbuf = calloc(w * d, size ? size : 1);
@@ -219,6 +242,7 @@ static void all_to_all(struct part *p) {
     for (int k = 0; k < d; k++) {
         to[k] = sent_to(c, p->count, c->rank, other(c->rank, k), p->j);
         from[k] = sent_to(c, p->count, other(c->rank, k), c->rank, p->j);
+        p->expect_sum += stamps(from[k], size);
     }
     for (;;) {
         int r = 0;
@@ -233,8 +257,8 @@ static void all_to_all(struct part *p) {
             const uint64_t m = to[k] - sent[k] < w ? to[k] - sent[k] : w;
             for (uint64_t x = 0; x < m; x++) {
                 char *b = sbuf + (k * w + x) * size;
-                stamp(b, size, sent[k] + x);
-                p->sent_sum += truncated(sent[k] + x, size);
+                stamp(b, size, sent[k] + x + 1);
+                p->sent_sum += truncated(sent[k] + x + 1, size);
                 MPI_Isend(b, (int)size, MPI_CHAR, other(c->rank, k), p->j, MPI_COMM_WORLD,
                           &req[r++]);
             }
@@ -345,13 +369,15 @@ int main(int argc, char **argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     const uint64_t wire = c.rank == 0 ? tx_bytes(iface) - wire0 : 0;
 
-    uint64_t mine[3] = {0, 0, 0}, all[3];
+    uint64_t mine[4] = {0, 0, 0, 0}, all[4];
     for (int j = 0; j < c.threads; j++) {
         mine[0] += parts[j].received;
         mine[1] += parts[j].sent_sum;
         mine[2] += parts[j].recv_sum;
+        /* Threads whose received stamps are not what was sent to them. */
+        mine[3] += parts[j].recv_sum != parts[j].expect_sum;
     }
-    MPI_Reduce(mine, all, 3, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(mine, all, 4, MPI_UINT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     double slowest = 0, cpu_sum = 0;
     MPI_Reduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&cpu, &cpu_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -389,7 +415,7 @@ int main(int argc, char **argv) {
     if (c.rank == 0) {
         printf("RESULT messages=%llu elapsed_s=%.9f cpu_s=%.6f wire_bytes=%llu sum_ok=%d\n",
                (unsigned long long)all[0], slowest, cpu_sum, (unsigned long long)wire,
-               all[1] == all[2]);
+               all[1] == all[2] && all[3] == 0);
         for (uint64_t i = 0; i < total; i++) printf("S %llu\n", (unsigned long long)samples[i]);
         fflush(stdout);
     }

@@ -87,9 +87,12 @@ impl Preset {
     }
 
     /// Splits every entry at [`SMALL_MAX`] into the two receive-buffer
-    /// settings of the preset: call after the command line's flags.
+    /// settings of the preset: call after the command line's flags. A
+    /// setting the user gave (`params.dxnet`, e.g. `--dxnet
+    /// limits.recv_buffer_size=...`) is kept for every size.
     pub fn split_sizes(self, cfg: &mut BenchConfig) {
         let pool = pool_bytes(mem_total());
+        let user = Value::Object(cfg.params.dxnet.clone());
         let mut out = Vec::new();
         for e in cfg.benchmarks.drain(..) {
             let sizes = e.sizes.expand();
@@ -102,7 +105,10 @@ impl Preset {
                 let mut p = e.clone();
                 p.sizes = Sizes::List(part);
                 let mut overlay = Value::Object(std::mem::take(&mut p.dxnet));
-                merge(&mut overlay, &receive_buffers(buffer, sges, pool));
+                merge(
+                    &mut overlay,
+                    &without_set(receive_buffers(buffer, sges, pool), &user),
+                );
                 if let Value::Object(m) = overlay {
                     p.dxnet = m;
                 }
@@ -146,6 +152,18 @@ fn receive_buffers(buffer: usize, sges: u32, pool: u64) -> Value {
         },
         "ib": {"sges_per_recv": sges}
     })
+}
+
+/// `v` without the leaves `set` has (two levels: section, field).
+fn without_set(mut v: Value, set: &Value) -> Value {
+    if let Value::Object(sections) = &mut v {
+        for (name, fields) in sections.iter_mut() {
+            if let (Value::Object(f), Some(Value::Object(given))) = (fields, set.get(name)) {
+                f.retain(|k, _| !given.contains_key(k));
+            }
+        }
+    }
+    v
 }
 
 /// Table 2's 4 GB receive pool, scaled to a host of `mem` bytes: at most a
@@ -217,6 +235,17 @@ mod tests {
         assert_eq!(large.dxnet["limits"]["recv_buffer_size"], 1 << 20);
         assert_eq!(large.dxnet["ib"]["sges_per_recv"], 1);
         c.validate().unwrap();
+        // A receive-buffer size the user set holds for every size.
+        let mut u = cfg();
+        Preset::IbdxnetPaper.apply(&mut u, 1000).unwrap();
+        u.params
+            .dxnet
+            .insert("limits".into(), json!({"recv_buffer_size": 4096}));
+        Preset::IbdxnetPaper.split_sizes(&mut u);
+        for e in &u.benchmarks {
+            assert!(e.dxnet["limits"].get("recv_buffer_size").is_none());
+            assert!(e.dxnet["limits"].get("recv_pool_size").is_some());
+        }
         // Each setting is its own process group (shared by the operations).
         let groups = c.plan().unwrap();
         let dxnet: Vec<_> = groups

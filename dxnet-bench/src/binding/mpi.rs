@@ -20,8 +20,11 @@
 //! MPI does between hosts on Ethernet); `mpi-shm` over shared memory
 //! (vader), for reference. The ranks' CPU time of the measured phase is
 //! summed; `mpi-tcp` reads `lo`'s `tx_bytes` around it (`wire_iface`
-//! overrides the interface). Every message carries its index; the receivers'
-//! sum must match the senders'. A run is stopped after `timeout_s`.
+//! overrides the interface). Every message carries its index + 1; each
+//! thread's received stamps must add up to what was sent to it, else the
+//! run fails. A window holds at most 16 MiB per thread and direction (fewer
+//! messages at large sizes). A run is stopped after `timeout_s`, `mpirun`
+//! and its ranks together.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -61,7 +64,10 @@ pub fn program(name: &str, source: &str) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     source.hash(&mut h);
-    let dir = std::env::temp_dir().join(format!("dxnet-bench-mpi-{:016x}", h.finish()));
+    // Per user: another user's program is never run from a shared path.
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("dxnet-bench-mpi-{uid}-{:016x}", h.finish()));
     let exe = dir.join(name);
     if exe.exists() {
         return Ok(exe);
@@ -208,7 +214,7 @@ pub fn measure(key: &GroupKey, run: &RunSpec, repetition: u32, params: &Params) 
             key.threads.to_string(),
             iface,
         ]);
-    let timeout = Duration::from_secs(params.timeout_s.max(1) * 2 + 30);
+    let timeout = Duration::from_secs(params.timeout_s.max(1).saturating_mul(2).saturating_add(30));
     let out = run_with_timeout(cmd, timeout)?;
     let o = parse(&out)?;
     let want = expected(key, run);
@@ -262,26 +268,33 @@ fn record(key: &GroupKey, run: &RunSpec, repetition: u32, o: &Output) -> Record 
     }
 }
 
-/// Runs `cmd`, returns its stdout; stops it (SIGTERM, which `mpirun`
-/// passes to its ranks, then SIGKILL) after `timeout`.
+/// Removes the files when dropped.
+struct TempFiles(Vec<PathBuf>);
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Runs `cmd` in a process group of its own, returns its stdout; stops the
+/// whole group (`mpirun` and its ranks: SIGTERM, then SIGKILL) after
+/// `timeout`.
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
-    let dir = std::env::temp_dir();
-    let tag = format!(
-        "dxnet-bench-mpi-{}-{:?}",
+    use std::os::unix::process::CommandExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let stem = std::env::temp_dir().join(format!(
+        "dxnet-bench-mpi-{}-{}",
         std::process::id(),
-        Instant::now()
-    );
-    let (out_path, err_path) = (
-        dir.join(format!(
-            "{}.out",
-            tag.replace([' ', ':', '{', '}', ','], "")
-        )),
-        dir.join(format!(
-            "{}.err",
-            tag.replace([' ', ':', '{', '}', ','], "")
-        )),
-    );
+        RUN.fetch_add(1, Ordering::Relaxed)
+    ));
+    let (out_path, err_path) = (stem.with_extension("out"), stem.with_extension("err"));
+    let _files = TempFiles(vec![out_path.clone(), err_path.clone()]);
     let mut child = cmd
+        .process_group(0)
         .stdout(std::fs::File::create(&out_path)?)
         .stderr(std::fs::File::create(&err_path)?)
         .spawn()
@@ -295,14 +308,16 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
             break Ok(st);
         }
         if Instant::now() >= deadline {
-            // SAFETY: kill(2) on our own child's pid, which we have not
-            // reaped yet (so it cannot name another process).
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let group = child.id() as libc::pid_t;
+            // SAFETY: kill(2) on the process group our unreaped child leads
+            // (its id cannot name another group while it is not reaped).
+            unsafe { libc::kill(-group, libc::SIGTERM) };
             let grace = Instant::now() + Duration::from_secs(5);
             while child.try_wait()?.is_none() && Instant::now() < grace {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = child.kill();
+            // SAFETY: as above; ranks left behind by mpirun die too.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = child.wait();
             break Err(anyhow!("the MPI run took longer than {timeout:?}"));
         }
@@ -310,8 +325,6 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
     };
     let out = std::fs::read_to_string(&out_path).unwrap_or_default();
     let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    let _ = std::fs::remove_file(&err_path);
     let status = status?;
     if !status.success() {
         let tail: Vec<&str> = err.lines().rev().take(12).collect();

@@ -302,10 +302,15 @@ pub struct Connection {
     /// Messages and bytes of this connection, when `metrics.per_connection`
     /// is on (`None` costs a sender nothing but the check).
     pub counters: Option<Box<ConnCounters>>,
+    /// Where the node's sent-message counts keep this connection's (see
+    /// `SentTraffic::take_slot`).
+    pub sent_slot: u32,
 }
 
 /// Messages and bytes one connection received (those it sent are counted
-/// with the node's, see [`crate::primitives::stats::SentTraffic`]).
+/// with the node's, see [`crate::primitives::stats::SentTraffic`]):
+/// added once per received buffer, or per message for receivers run on
+/// all handler threads (`register_parallel`).
 #[derive(Debug, Default)]
 pub struct ConnCounters {
     /// Messages dispatched from this connection (added once per received
@@ -344,12 +349,15 @@ impl Connection {
             engine: OnceLock::new(),
             parts: Box::default(),
             counters: None,
+            sent_slot: crate::primitives::stats::SHARED_SLOT,
         }
     }
 
-    /// This connection with per-connection counters.
-    pub fn with_counters(mut self) -> Self {
+    /// This connection with per-connection counters, its sent messages
+    /// counted in slot `sent_slot`.
+    pub fn with_counters(mut self, sent_slot: u32) -> Self {
         self.counters = Some(Box::default());
+        self.sent_slot = sent_slot;
         self
     }
 

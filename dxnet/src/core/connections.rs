@@ -168,7 +168,7 @@ impl Core {
                 self.config.limits.max_message_size,
             );
             let conn = Arc::new(if self.config.metrics.per_connection {
-                conn.with_counters()
+                conn.with_counters(self.stats.sent.take_slot())
             } else {
                 conn
             });
@@ -290,6 +290,9 @@ impl Core {
         let Some(was) = conn.close(reason) else {
             return;
         };
+        if conn.counters.is_some() {
+            self.stats.sent.give_slot(conn.sent_slot);
+        }
         {
             let mut count = self.connections.lock.lock();
             self.connections.remove_if_current(&mut count, conn);
@@ -321,8 +324,11 @@ impl Core {
             // connect) is neither.
             self.stats.connections_closed.add(1);
             self.peer_history.lock().closed(conn, reason, failed);
-            let live: Vec<u64> = self.connections.all().iter().map(|c| c.id).collect();
-            self.stats.sent.retain(|id| live.contains(&id));
+            if self.stats.sent.any_moved() {
+                let live: std::collections::HashSet<u64> =
+                    self.connections.all().iter().map(|c| c.id).collect();
+                self.stats.sent.retain(|id| live.contains(&id));
+            }
             self.emit(match err {
                 Error::Unreachable(_, cause) => crate::events::ConnectionEvent::Lost {
                     node: conn.peer,

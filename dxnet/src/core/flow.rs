@@ -54,8 +54,6 @@ pub struct FlowSnapshot {
     pub in_flight: u64,
     /// The peer's window.
     pub window: u64,
-    /// Received bytes processed but not confirmed to the peer yet.
-    pub unconfirmed: u64,
     /// Sends that found the window full.
     pub stalls: u64,
     /// Time those sends waited, in nanoseconds.
@@ -84,8 +82,6 @@ impl FlowControl {
         FlowSnapshot {
             in_flight: self.in_flight.in_use(),
             window: self.peer_window.load(Ordering::Relaxed),
-            unconfirmed: self.processed.load(Ordering::Relaxed)
-                + u64::from(self.pending_units.load(Ordering::Relaxed)) * self.own_unit,
             stalls: self.stalls.load(Ordering::Relaxed),
             blocked_ns: self.blocked_ns.load(Ordering::Relaxed),
         }

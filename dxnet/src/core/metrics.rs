@@ -7,7 +7,8 @@
 //! (counted when a connection closes). Messages and bytes per connection
 //! each way are kept with `metrics.per_connection`: sent ones in the same
 //! per-thread cells as the node's count (a slot per connection instead of
-//! one total, see `SentTraffic`), received ones once per received buffer.
+//! one total, see `SentTraffic`), received ones once per received buffer
+//! (per message for receivers run on all handler threads).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -115,7 +116,7 @@ impl Core {
     /// Counts one message of `bytes` sent on `conn`.
     #[inline]
     pub(crate) fn count_sent(&self, conn: &Connection, bytes: u64) {
-        self.stats.sent.add(conn.id, bytes);
+        self.stats.sent.add(conn.id, conn.sent_slot, bytes);
     }
 
     /// Counts `msgs` messages of `bytes` in total dispatched from `conn`.
@@ -152,7 +153,7 @@ impl Core {
                     (i.bytes() as u64, i.len() as u64)
                 };
                 let counters = c.counters.as_deref();
-                let sent = counters.map(|_| self.stats.sent.of_connection(c.id));
+                let sent = counters.map(|_| self.stats.sent.of_connection(c.id, c.sent_slot));
                 ConnectionStats {
                     peer: c.peer.0,
                     id: c.id,

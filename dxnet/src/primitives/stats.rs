@@ -92,8 +92,8 @@ impl Traffic {
     }
 }
 
-/// Slots per thread of [`SentTraffic`]: a thread sending to at most this
-/// many connections at once (with different ids modulo it) never evicts.
+/// Slots per thread of [`SentTraffic`]: while at most this many
+/// connections are open, each has a slot of its own and no send evicts.
 pub const SENT_SLOTS: usize = 64;
 
 /// One connection's messages and bytes as counted by one thread.
@@ -126,18 +126,24 @@ impl Default for SentCells {
 /// Messages and bytes sent, by the node and (when
 /// [`SentTraffic::count_per_connection`] is on) by connection, at the cost
 /// of the node-wide count alone: a send updates one slot of its own
-/// thread's cells, chosen by the connection's id, which also counts for
-/// the node. A thread that meets another connection in a slot moves that
-/// one's counts to a shared map first (a lock; never while a thread sends
-/// to at most [`SENT_SLOTS`] connections with distinct ids modulo it).
-/// While a thread moves a slot, a reader may count the moved counts
-/// twice; once senders are quiet the sums are exact.
+/// thread's cells, which also counts for the node. Each open connection
+/// holds a slot index of its own ([`SentTraffic::take_slot`]) while fewer
+/// than [`SENT_SLOTS`] are open; beyond, connections share slots by id. A
+/// thread that finds another connection in a slot (a shared slot, or one
+/// handed on after a close) first moves that one's counts to a shared map
+/// under its lock; readers sum under the same lock, so they never see
+/// counts in both places.
 #[derive(Default)]
 pub struct SentTraffic {
     cells: ThreadLocal<CachePadded<SentCells>>,
     per_connection: AtomicBool,
     evicted: Mutex<Evicted>,
+    /// Slot indices no open connection holds (filled at the first take).
+    free_slots: Mutex<Option<Vec<u32>>>,
 }
+
+/// A connection's slot index when it has none of its own: shared by id.
+pub const SHARED_SLOT: u32 = u32::MAX;
 
 /// Counts moved out of threads' slots.
 #[derive(Debug, Default)]
@@ -162,71 +168,102 @@ impl SentTraffic {
         self.per_connection.store(on, Ordering::Relaxed);
     }
 
-    /// Adds one message of `bytes` sent on connection `conn` (0: not a
-    /// connection to count, e.g. the node's own local queue).
+    /// A slot index for a new connection: its own while fewer than
+    /// [`SENT_SLOTS`] connections hold one, else [`SHARED_SLOT`].
+    pub fn take_slot(&self) -> u32 {
+        let mut f = self.free_slots.lock();
+        let free = f.get_or_insert_with(|| (0..SENT_SLOTS as u32).rev().collect());
+        free.pop().unwrap_or(SHARED_SLOT)
+    }
+
+    /// Gives back the slot index of a connection that closed.
+    pub fn give_slot(&self, slot: u32) {
+        if (slot as usize) < SENT_SLOTS {
+            if let Some(free) = self.free_slots.lock().as_mut() {
+                free.push(slot);
+            }
+        }
+    }
+
+    fn index(conn: u64, slot: u32) -> usize {
+        if (slot as usize) < SENT_SLOTS {
+            slot as usize
+        } else {
+            conn as usize % SENT_SLOTS
+        }
+    }
+
+    /// Adds one message of `bytes` sent on connection `conn` holding slot
+    /// index `slot` (`conn` 0: not a connection to count, e.g. the node's
+    /// own local queue).
     #[inline]
-    pub fn add(&self, conn: u64, bytes: u64) {
+    pub fn add(&self, conn: u64, slot: u32, bytes: u64) {
         let c = self.cells.get_or_default();
         if !self.per_connection.load(Ordering::Relaxed) || conn == 0 {
             c.total[0].add(1);
             c.total[1].add(bytes);
             return;
         }
-        let s = &c.slots[conn as usize % SENT_SLOTS];
-        let held = s.conn.get();
-        if held != conn {
-            self.evict(s, held);
-            s.conn.set(conn);
+        let s = &c.slots[Self::index(conn, slot)];
+        if s.conn.get() != conn {
+            self.evict(s, conn);
         }
         s.messages.add(1);
         s.bytes.add(bytes);
     }
 
+    /// Moves the counts of the connection in `s` to the shared map and
+    /// gives the slot to `conn`, all under the lock readers take.
     #[cold]
-    fn evict(&self, s: &SentSlot, held: u64) {
-        let (m, b) = (s.messages.get(), s.bytes.get());
+    fn evict(&self, s: &SentSlot, conn: u64) {
+        let mut e = self.evicted.lock();
+        let (held, m, b) = (s.conn.get(), s.messages.get(), s.bytes.get());
         if held != 0 && m > 0 {
-            let mut e = self.evicted.lock();
             let x = e.by_conn.entry(held).or_default();
             x.0 += m;
             x.1 += b;
         }
         s.messages.set(0);
         s.bytes.set(0);
+        s.conn.set(conn);
+        drop(e);
     }
 
     /// Messages counted so far (all connections).
     pub fn messages(&self) -> u64 {
+        let e = self.evicted.lock();
         self.sum(|c| c.total[0].get() + c.slots.iter().map(|s| s.messages.get()).sum::<u64>())
-            + self.evicted.lock().totals().0
+            + e.totals().0
     }
 
     /// Bytes counted so far (all connections).
     pub fn bytes(&self) -> u64 {
+        let e = self.evicted.lock();
         self.sum(|c| c.total[1].get() + c.slots.iter().map(|s| s.bytes.get()).sum::<u64>())
-            + self.evicted.lock().totals().1
+            + e.totals().1
     }
 
-    /// Messages and bytes counted for connection `conn` (zero unless
-    /// counting per connection).
-    pub fn of_connection(&self, conn: u64) -> (u64, u64) {
+    /// Messages and bytes counted for connection `conn` holding slot index
+    /// `slot` (zero unless counting per connection).
+    pub fn of_connection(&self, conn: u64, slot: u32) -> (u64, u64) {
+        let e = self.evicted.lock();
         let mut m = 0;
         let mut b = 0;
         for c in self.cells.iter() {
-            let s = &c.slots[conn as usize % SENT_SLOTS];
+            let s = &c.slots[Self::index(conn, slot)];
             if s.conn.get() == conn {
                 m += s.messages.get();
                 b += s.bytes.get();
             }
         }
-        let e = self
-            .evicted
-            .lock()
-            .by_conn
-            .get(&conn)
-            .copied()
-            .unwrap_or_default();
-        (m + e.0, b + e.1)
+        let moved = e.by_conn.get(&conn).copied().unwrap_or_default();
+        (m + moved.0, b + moved.1)
+    }
+
+    /// Whether counts of some connection were moved to the shared map (so
+    /// that closes know whether [`SentTraffic::retain`] has work).
+    pub fn any_moved(&self) -> bool {
+        !self.evicted.lock().by_conn.is_empty()
     }
 
     /// Keeps moved counts by connection only for the connections `live`
@@ -298,27 +335,28 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    /// Many more threads than cores, in waves: each wave starts after the
-    /// one before exited, so its threads reuse the cells of exited ones.
-    /// Threads sending round-robin to more connections than a thread has
-    /// slots (ids colliding, so slots move to the shared map): every
-    /// connection's counts and the totals are exact once they are done,
+    /// Threads sending round-robin to 100 connections: 64 hold slots of
+    /// their own, 36 share slots by id (so counts move to the shared map);
+    /// then a closed connection's slot goes to a new one. Every
+    /// connection's counts and the totals are exact once senders are done,
     /// also after closed connections' counts are retired.
     #[test]
-    fn sent_per_connection_with_evictions() {
+    fn sent_per_connection_with_shared_and_reused_slots() {
         let sent = Arc::new(SentTraffic::default());
         sent.count_per_connection(true);
         let conns = 100u64;
+        let slots: Arc<Vec<u32>> = Arc::new((0..conns).map(|_| sent.take_slot()).collect());
+        assert_eq!(slots.iter().filter(|&&s| s == SHARED_SLOT).count(), 36);
         let threads: Vec<_> = (0..8u64)
             .map(|t| {
-                let sent = Arc::clone(&sent);
+                let (sent, slots) = (Arc::clone(&sent), Arc::clone(&slots));
                 std::thread::spawn(move || {
                     for i in 0..5_000u64 {
                         let conn = 1 + (i + t) % conns;
-                        sent.add(conn, conn);
+                        sent.add(conn, slots[conn as usize - 1], conn);
                     }
                     // The own queue (id 0) is counted for the node only.
-                    sent.add(0, 1000);
+                    sent.add(0, SHARED_SLOT, 1000);
                 })
             })
             .collect();
@@ -326,21 +364,32 @@ mod tests {
             h.join().unwrap();
         }
         let per = 8 * 5_000 / conns;
+        let of = |conn: u64| sent.of_connection(conn, slots[conn as usize - 1]);
         for conn in 1..=conns {
-            assert_eq!(sent.of_connection(conn), (per, per * conn), "conn {conn}");
+            assert_eq!(of(conn), (per, per * conn), "conn {conn}");
         }
-        let bytes: u64 = (1..=conns).map(|c| per * c).sum::<u64>() + 8 * 1000;
+        let mut bytes: u64 = (1..=conns).map(|c| per * c).sum::<u64>() + 8 * 1000;
         assert_eq!((sent.messages(), sent.bytes()), (8 * 5_001, bytes));
-        assert!(!sent.evicted.lock().by_conn.is_empty());
+        assert!(sent.any_moved());
+        // Connection 1 closes; its slot goes to connection 101.
+        sent.give_slot(slots[0]);
+        let reused = sent.take_slot();
+        assert_eq!(reused, slots[0]);
+        sent.add(101, reused, 7);
+        assert_eq!(sent.of_connection(101, reused), (1, 7));
+        assert_eq!(of(1), (per, per));
+        bytes += 7;
         sent.retain(|id| id % 2 == 0);
-        assert_eq!((sent.messages(), sent.bytes()), (8 * 5_001, bytes));
-        assert_eq!(sent.of_connection(2), (per, per * 2));
+        assert_eq!((sent.messages(), sent.bytes()), (8 * 5_001 + 1, bytes));
+        assert_eq!(of(2), (per, per * 2));
         // Without per-connection counting nothing is kept by connection.
         let off = SentTraffic::default();
-        off.add(7, 10);
-        assert_eq!((off.of_connection(7), off.messages()), ((0, 0), 1));
+        off.add(7, 0, 10);
+        assert_eq!((off.of_connection(7, 0), off.messages()), ((0, 0), 1));
     }
 
+    /// Many more threads than cores, in waves: each wave starts after the
+    /// one before exited, so its threads reuse the cells of exited ones.
     /// Every addition is in the sums.
     #[test]
     fn sums_every_threads_additions() {
@@ -351,7 +400,7 @@ mod tests {
                     let stats = Arc::clone(&stats);
                     std::thread::spawn(move || {
                         for i in 0..10_000u64 {
-                            stats.sent.add(0, i % 7 + wave + t);
+                            stats.sent.add(0, SHARED_SLOT, i % 7 + wave + t);
                             stats.unknown_messages.add(2);
                         }
                     })
