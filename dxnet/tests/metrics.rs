@@ -10,6 +10,17 @@ use std::time::Duration;
 use common::{cluster_configs, send_checked, start_all, wait_for, Data, Kind};
 use dxnet::{ConnectionStats, NodeId};
 
+/// Counts the [`Data`] messages `node` receives.
+fn count_data(node: &dxnet::Node) -> Arc<AtomicU64> {
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    node.register(move |_, _: Data| {
+        g.fetch_add(1, Ordering::Relaxed);
+    })
+    .unwrap();
+    got
+}
+
 fn of(stats: &[ConnectionStats], peer: u16) -> ConnectionStats {
     stats
         .iter()
@@ -25,18 +36,7 @@ fn of(stats: &[ConnectionStats], peer: u16) -> ConnectionStats {
 fn counts_match(kind: Kind) {
     let cfgs = cluster_configs(kind, 2, |c| c.metrics.per_connection = true);
     let nodes = start_all(cfgs);
-    let got: Vec<Arc<AtomicU64>> = nodes
-        .iter()
-        .map(|n| {
-            let got = Arc::new(AtomicU64::new(0));
-            let g = got.clone();
-            n.register(move |_, _: Data| {
-                g.fetch_add(1, Ordering::Relaxed);
-            })
-            .unwrap();
-            got
-        })
-        .collect();
+    let got: Vec<Arc<AtomicU64>> = nodes.iter().map(|n| count_data(n)).collect();
     let (threads, per) = ([24u16, 4], [500u64, 300]);
     std::thread::scope(|s| {
         for (i, n) in nodes.iter().enumerate() {
@@ -104,13 +104,7 @@ fn connection_counters_match_the_messages_of_many_threads_loopback() {
 #[test]
 fn without_per_connection_counting_only_the_free_statistics_show() {
     let nodes = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    nodes[1]
-        .register(move |_, _: Data| {
-            g.fetch_add(1, Ordering::Relaxed);
-        })
-        .unwrap();
+    let got = count_data(&nodes[1]);
     send_checked(&nodes[0], 0, 200, 500, |_| 1);
     wait_for(30, "200 messages", || got.load(Ordering::Relaxed) == 200);
     let c = of(&nodes[0].connection_stats(), 1);
@@ -160,13 +154,7 @@ fn flow_control_stalls_are_counted_and_timed() {
 #[test]
 fn closes_of_earlier_connections_are_kept() {
     let mut nodes = start_all(cluster_configs(Kind::Tcp, 2, |_| {}));
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    nodes[1]
-        .register(move |_, _: Data| {
-            g.fetch_add(1, Ordering::Relaxed);
-        })
-        .unwrap();
+    let got = count_data(&nodes[1]);
     send_checked(&nodes[0], 0, 10, 100, |_| 1);
     wait_for(30, "10 messages", || got.load(Ordering::Relaxed) == 10);
     let n1 = nodes.pop().unwrap();
@@ -194,13 +182,7 @@ fn published_through_the_metrics_facade() {
     let nodes = start_all(cluster_configs(Kind::Loopback, 2, |c| {
         c.metrics.per_connection = true
     }));
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    nodes[1]
-        .register(move |_, _: Data| {
-            g.fetch_add(1, Ordering::Relaxed);
-        })
-        .unwrap();
+    let got = count_data(&nodes[1]);
     send_checked(&nodes[0], 0, 321, 200, |_| 1);
     wait_for(30, "321 messages", || got.load(Ordering::Relaxed) == 321);
     let recorder = DebuggingRecorder::new();
@@ -249,13 +231,7 @@ fn published_periodically_by_the_node() {
     let nodes = start_all(cluster_configs(Kind::Loopback, 2, |c| {
         c.metrics.publish_interval_ms = 30
     }));
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    nodes[1]
-        .register(move |_, _: Data| {
-            g.fetch_add(1, Ordering::Relaxed);
-        })
-        .unwrap();
+    let got = count_data(&nodes[1]);
     send_checked(&nodes[0], 0, 77, 100, |_| 1);
     wait_for(30, "77 messages", || got.load(Ordering::Relaxed) == 77);
     wait_for(30, "node 1's count published", || {
