@@ -490,6 +490,10 @@ pub struct MetricsConfig {
     /// milliseconds; 0: only when `Node::publish_metrics` is called.
     /// Default 0.
     pub publish_interval_ms: u64,
+    /// Keep per-stage latency histograms of requests (see
+    /// [`crate::breakdown`] and `Node::latency_breakdown`): about eight
+    /// clock reads per round trip. Default false.
+    pub breakdown: bool,
 }
 
 /// Full configuration of one node. Every field has a documented default; a

@@ -38,6 +38,7 @@
 // that serve network engines (receive threads, inline completion) unused.
 #![cfg_attr(not(any(feature = "tcp", feature = "ib")), allow(dead_code))]
 
+pub mod breakdown;
 pub mod buffer;
 pub mod config;
 pub(crate) mod core;

@@ -391,6 +391,15 @@ impl Node {
         self.core.connection_stats()
     }
 
+    /// Per-stage latency histograms of the requests this node sent and
+    /// served since it started (see [`crate::breakdown`]); `None` unless
+    /// `metrics.breakdown` is on. Subtract an earlier reading
+    /// ([`LatencyBreakdown::since`](crate::breakdown::LatencyBreakdown::since))
+    /// for a phase of its own.
+    pub fn latency_breakdown(&self) -> Option<crate::breakdown::LatencyBreakdown> {
+        self.core.latency_breakdown()
+    }
+
     /// Publishes [`Node::stats`] and [`Node::connection_stats`] through
     /// the `metrics` façade to the recorder the application installed
     /// (e.g. `metrics-exporter-prometheus`): counters as absolute values

@@ -250,3 +250,162 @@ fn published_periodically_by_the_node() {
     // Shutting down joins the publishing thread (a hang fails the test).
     drop(nodes);
 }
+
+/// A request whose handler takes at least `spin_us` of CPU and answers
+/// with its bytes' sum.
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+struct Work {
+    bytes: Vec<u8>,
+    spin_us: u64,
+}
+/// The answer to a [`Work`].
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+struct WorkSum(u64);
+dxnet::message!(WorkSum, 11, 2);
+dxnet::request!(Work, 11, 1 => WorkSum);
+
+fn serve_work(node: &dxnet::Node, parallel: bool) {
+    let f = |_, w: Work| {
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_micros(w.spin_us) {
+            std::hint::spin_loop();
+        }
+        WorkSum(w.bytes.iter().map(|&b| b as u64).sum())
+    };
+    if parallel {
+        node.register_request_parallel(f).unwrap();
+    } else {
+        node.register_request(f).unwrap();
+    }
+}
+
+/// Requests from `threads` threads of `from` to `to` (sizes up to 3000
+/// bytes, blocking and through the handle in turn), every answer checked;
+/// returns the round trips' total time as the callers measured it.
+fn work_requests(from: &dxnet::Node, to: u16, threads: u64, per: u64, spin_us: u64) -> Duration {
+    let total = std::sync::Mutex::new(Duration::ZERO);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let total = &total;
+            s.spawn(move || {
+                let mut mine = Duration::ZERO;
+                for i in 0..per {
+                    let len = common::size_for(t * 1_000_003 + i, 3000);
+                    let bytes: Vec<u8> = (0..len).map(|k| (k as u64 * 7 + t + i) as u8).collect();
+                    let want = WorkSum(bytes.iter().map(|&b| b as u64).sum());
+                    let req = Work { bytes, spin_us };
+                    let started = std::time::Instant::now();
+                    let got = if i % 2 == 0 {
+                        from.request(NodeId(to), &req, Duration::from_secs(60))
+                    } else {
+                        from.request_async(NodeId(to), &req, Duration::from_secs(60))
+                            .and_then(|h| h.wait())
+                    };
+                    mine += started.elapsed();
+                    assert_eq!(got.unwrap(), want);
+                }
+                *total.lock().unwrap() += mine;
+            });
+        }
+    });
+    total.into_inner().unwrap()
+}
+
+/// Both nodes request from each other with many more threads than cores:
+/// every answered request is split once at each end, the requester's
+/// stages add up to its round trip, the round trips lie within what the
+/// callers measured, and the handler stage holds the handlers' time.
+fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
+    let nodes = start_all(cluster_configs(kind, 2, |c| c.metrics.breakdown = true));
+    for n in &nodes {
+        serve_work(n, parallel);
+    }
+    let (threads, per, spin_us) = ([24u64, 3], [60u64, 80], [20u64, 0]);
+    let measured: Vec<Duration> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|i| {
+                let n = &nodes[i];
+                s.spawn(move || work_requests(n, 1 - i as u16, threads[i], per[i], spin_us[i]))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let b: Vec<_> = nodes
+        .iter()
+        .map(|n| n.latency_breakdown().expect("breakdown is on"))
+        .collect();
+    for i in 0..2 {
+        let (me, peer) = (&b[i], &b[1 - i]);
+        let sent = threads[i] * per[i];
+        let served = threads[1 - i] * per[1 - i];
+        let what = format!("{kind:?} parallel={parallel} node {i}");
+        for (name, h) in me.stages() {
+            let want = if ["request_queue", "handler", "response_send"].contains(&name) {
+                served
+            } else {
+                sent
+            };
+            assert_eq!(h.count(), want, "{what}: {name}");
+        }
+        // Each round trip is split into its four stages exactly.
+        let parts = me.send.sum_ns()
+            + me.awaiting.sum_ns()
+            + me.response_receive.sum_ns()
+            + me.wake.sum_ns();
+        assert_eq!(parts, me.round_trip.sum_ns(), "{what}");
+        // Inside the callers' own measurement, and most of it (decoding
+        // the response is all that lies outside).
+        let rt = me.round_trip.sum_ns() as f64;
+        let callers = measured[i].as_nanos() as f64;
+        assert!(
+            rt <= callers && rt >= 0.5 * callers,
+            "{what}: {rt} of {callers} ns"
+        );
+        // The peer's handlers ran at least their spin on its side of the
+        // requests, which lies within this node's wait for responses.
+        assert!(
+            peer.handler.sum_ns() >= sent * spin_us[i] * 1000,
+            "{what}: handler {} ns",
+            peer.handler.sum_ns()
+        );
+        assert!(
+            dxnet::breakdown::LatencyBreakdown::transport_ns(me, peer) > 0.0,
+            "{what}: {me:?} {peer:?}"
+        );
+        // Arrival times reached both ends' dispatch (unstamped, these
+        // stages would be 0 for every request).
+        assert!(me.response_receive.sum_ns() > 0, "{what}");
+        assert!(peer.request_queue.sum_ns() > 0, "{what}");
+        let p50 = me.round_trip.quantile_ns(0.5);
+        assert!(p50 > 0 && p50 <= me.round_trip.quantile_ns(0.99));
+    }
+    // A later reading less an earlier one holds only what came between.
+    let before = nodes[0].latency_breakdown().unwrap();
+    work_requests(&nodes[0], 1, 2, 5, 0);
+    let d = nodes[0].latency_breakdown().unwrap().since(&before);
+    assert_eq!(d.round_trip.count(), 10);
+    assert_eq!(d.handler.count(), 0);
+}
+
+#[test]
+fn latency_breakdown_covers_every_round_trip_tcp() {
+    breakdown_covers_every_round_trip(Kind::Tcp, false);
+}
+
+#[test]
+fn latency_breakdown_covers_every_round_trip_parallel_handlers() {
+    breakdown_covers_every_round_trip(Kind::Tcp, true);
+}
+
+#[test]
+fn latency_breakdown_covers_every_round_trip_loopback() {
+    breakdown_covers_every_round_trip(Kind::Loopback, false);
+}
+
+#[test]
+fn latency_breakdown_is_off_by_default() {
+    let nodes = start_all(cluster_configs(Kind::Loopback, 2, |_| {}));
+    serve_work(&nodes[1], false);
+    work_requests(&nodes[0], 1, 2, 5, 0);
+    assert!(nodes.iter().all(|n| n.latency_breakdown().is_none()));
+}

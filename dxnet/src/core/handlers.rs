@@ -67,6 +67,14 @@ impl Core {
         let mut responses = 0u64;
         let mut count = 0u64;
         let mut pending = take_scratch();
+        let arrived = match &item {
+            Incoming::Pooled(b) => b.arrived(),
+            _ => 0,
+        };
+        let _arrival = self
+            .breakdown
+            .is_some()
+            .then(|| breakdown::ArrivalScope::enter(arrived));
         let base: &[u8] = match &item {
             Incoming::Pooled(b) => b.bytes(),
             Incoming::Local(v) | Incoming::Decoded(v) => v,
@@ -115,7 +123,7 @@ impl Core {
                             PayloadAt::In(r) => self.parallel_payload(&base[r]),
                             PayloadAt::Owned(v) => v,
                         };
-                        self.queue_parallel(conn, m.header, payload);
+                        self.queue_parallel(conn, m.header, payload, arrived);
                         continue;
                     }
                     let payload = match &m.at {
@@ -177,11 +185,18 @@ impl Core {
     /// thread is woken only for the second job waiting: the first is left
     /// to a thread that comes by (this one, once done with its
     /// connection), since a wake-up costs more than many small handlers.
-    fn queue_parallel(&self, conn: &Arc<Connection>, header: MessageHeader, payload: Vec<u8>) {
+    fn queue_parallel(
+        &self,
+        conn: &Arc<Connection>,
+        header: MessageHeader,
+        payload: Vec<u8>,
+        arrived: u64,
+    ) {
         self.parallel.push(ParallelJob {
             conn: conn.clone(),
             header,
             payload,
+            arrived,
         });
         // Receive threads (inline handling) and senders to the own node
         // never take jobs: they always wake a handler thread.
@@ -214,8 +229,15 @@ impl Core {
             conn,
             header,
             mut payload,
+            arrived,
         } = job;
-        self.dispatch(&conn, &header, &payload);
+        {
+            let _arrival = self
+                .breakdown
+                .is_some()
+                .then(|| breakdown::ArrivalScope::enter(arrived));
+            self.dispatch(&conn, &header, &payload);
+        }
         let bytes = (HEADER_LEN + payload.len()) as u64;
         if payload.capacity() <= PARALLEL_SPARE_MAX_BYTES {
             payload.clear();
@@ -279,7 +301,10 @@ impl Core {
                     );
                     return 0;
                 }
-                f(self, src, h.request_id, payload)
+                match &self.breakdown {
+                    Some(b) => b.handle(|| f(self, src, h.request_id, payload)),
+                    None => f(self, src, h.request_id, payload),
+                }
             }
             HandlerKind::Message(_) if entry.mode == Mode::Exclusive => {
                 let item = ExclusiveItem {

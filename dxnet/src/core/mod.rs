@@ -21,6 +21,7 @@
 //! (delivery, inline handling) in `receive.rs`, the handler threads
 //! (decode and dispatch) in `handlers.rs`.
 
+pub mod breakdown;
 pub mod connection;
 mod connections;
 pub mod discovery;
@@ -129,6 +130,8 @@ struct ParallelJob {
     conn: Arc<Connection>,
     header: MessageHeader,
     payload: Vec<u8>,
+    /// Its buffer's arrival (latency breakdown; 0: not stamped).
+    arrived: u64,
 }
 
 /// A message for the exclusive handler thread.
@@ -201,6 +204,8 @@ pub struct Core {
     pub fc_unit: u64,
     /// Open connections.
     pub connections: ConnectionTable,
+    /// Per-stage latency of requests (`metrics.breakdown`).
+    breakdown: Option<Arc<breakdown::Breakdown>>,
     /// The node map as it is now.
     membership: membership::Membership,
     /// The discovery job's state, with discovery configured.
@@ -299,6 +304,10 @@ impl Core {
             .collect();
         let (ex_tx, ex_rx) = crossbeam::channel::bounded(1024);
         let identity = config.identity()?;
+        let breakdown = config
+            .metrics
+            .breakdown
+            .then(|| Arc::new(breakdown::Breakdown::new()));
         let core = Arc::new_cyclic(|me| Core {
             me: me.clone(),
             own,
@@ -312,6 +321,7 @@ impl Core {
             fc_window,
             fc_unit,
             connections: ConnectionTable::default(),
+            breakdown: breakdown.clone(),
             membership: membership::Membership::from_config(&config),
             discovery: discovery::Discovery::new(&config).map(Box::new),
             wim: WriteInterest::new(),
@@ -323,7 +333,7 @@ impl Core {
             parallel: crossbeam::queue::SegQueue::new(),
             any_parallel: AtomicBool::new(false),
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
-            requests: RequestTable::new(),
+            requests: RequestTable::new(breakdown),
             regions: regions::RegionTable::default(),
             zero_copy: zero_copy::ZeroCopy::new(config.zero_copy.clone()),
             events: events::Events::default(),
@@ -510,6 +520,11 @@ impl Core {
     }
 
     // ----- lifecycle -----------------------------------------------------------
+
+    /// The per-stage latency histograms, if kept.
+    pub fn latency_breakdown(&self) -> Option<crate::breakdown::LatencyBreakdown> {
+        self.breakdown.as_ref().map(|b| b.snapshot())
+    }
 
     /// Counters.
     pub fn stats(&self) -> NodeStats {

@@ -42,11 +42,12 @@ impl Core {
     }
 
     /// A transport received `buf` (segments set) on `conn`.
-    pub fn deliver(self: &Arc<Self>, conn: &Arc<Connection>, buf: RecvBuffer) {
+    pub fn deliver(self: &Arc<Self>, conn: &Arc<Connection>, mut buf: RecvBuffer) {
         if buf.data_len() == 0 {
             self.pool.put(buf);
             return;
         }
+        self.stamp_arrival(&mut buf);
         if let Err(buf) = self.complete_responses_inline(conn, buf) {
             self.enqueue(conn, Incoming::Pooled(buf));
         }
@@ -60,13 +61,14 @@ impl Core {
     pub fn deliver_or_inline(
         self: &Arc<Self>,
         conn: &Arc<Connection>,
-        buf: RecvBuffer,
+        mut buf: RecvBuffer,
     ) -> Option<InlineWork> {
         let len = buf.data_len();
         if len == 0 || len > self.config.inline_receive_bytes {
             self.deliver(conn, buf);
             return None;
         }
+        self.stamp_arrival(&mut buf);
         let buf = match self.complete_responses_inline(conn, buf) {
             Ok(()) => return None,
             Err(b) => b,
@@ -82,6 +84,14 @@ impl Core {
             return None;
         };
         Some(InlineWork { conn, buf })
+    }
+
+    /// Stamps `buf`'s arrival when the node keeps a latency breakdown.
+    #[inline]
+    fn stamp_arrival(&self, buf: &mut RecvBuffer) {
+        if self.breakdown.is_some() && buf.arrived() == 0 {
+            buf.set_arrived(breakdown::now_ns());
+        }
     }
 
     /// Handles an [`InlineWork`] on the calling thread, then any buffers
@@ -154,6 +164,10 @@ impl Core {
     pub(super) fn complete_standalone_responses(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
         let mut processed = 0u64;
         let mut count = 0u64;
+        let _arrival = self
+            .breakdown
+            .is_some()
+            .then(|| breakdown::ArrivalScope::enter(buf.arrived()));
         if let Some(seg) = buf.segments().next() {
             let mut pos = 0;
             while let Some((h, end)) = message_at(seg, pos, self.config.limits.max_message_size) {

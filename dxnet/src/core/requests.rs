@@ -7,7 +7,7 @@
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::{JoinHandle, Thread};
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::core::breakdown::{self, Breakdown, RequesterTimes};
 use crate::primitives::park;
 
 use crate::error::{Cancelled, Waited};
@@ -103,6 +104,15 @@ struct Slot {
     state: Mutex<SlotState>,
     /// Set once the outcome is known (lets a waiter spin without the lock).
     done: AtomicBool,
+    /// Stamps its path for the latency breakdown (`metrics.breakdown`).
+    timed: bool,
+    /// The call, in [`breakdown::ns`] (when `timed`).
+    start: u64,
+    /// The request in the ring; its response's arrival and completion
+    /// (these two written before `done`).
+    sent: AtomicU64,
+    arrived: AtomicU64,
+    completed: AtomicU64,
 }
 
 impl Slot {
@@ -128,6 +138,12 @@ impl Slot {
         match std::mem::replace(&mut *st, SlotState::Taken) {
             SlotState::Waiting { waker, thread, buf } => {
                 *st = SlotState::Done(f(buf));
+                if self.timed {
+                    let now = breakdown::now_ns();
+                    self.completed.store(now, Ordering::Relaxed);
+                    self.arrived
+                        .store(breakdown::arrival_or(now), Ordering::Relaxed);
+                }
                 self.done.store(true, Ordering::Release);
                 drop(st);
                 if let Some(w) = waker {
@@ -153,11 +169,14 @@ pub struct RequestTable {
     shards: Box<[Shard]>,
     closed: AtomicBool,
     timer: Timer,
+    /// The node's latency breakdown, when kept.
+    breakdown: Option<Arc<Breakdown>>,
 }
 
 impl RequestTable {
-    /// An empty table with its timeout thread (for `Future` waiters).
-    pub fn new() -> Arc<Self> {
+    /// An empty table with its timeout thread (for `Future` waiters);
+    /// its requests record their stages into `breakdown` if given.
+    pub fn new(breakdown: Option<Arc<Breakdown>>) -> Arc<Self> {
         let table = Arc::new(Self {
             next_id: AtomicU32::new(1),
             shards: (0..SHARDS)
@@ -165,6 +184,7 @@ impl RequestTable {
                 .collect(),
             closed: AtomicBool::new(false),
             timer: Timer::default(),
+            breakdown,
         });
         let weak = Arc::downgrade(&table);
         let handle = std::thread::Builder::new()
@@ -186,21 +206,26 @@ impl RequestTable {
         peer: NodeId,
         timeout: Duration,
     ) -> Result<(u32, PendingResponse)> {
-        self.insert_at(peer, Instant::now(), timeout)
+        self.insert_at(peer, Instant::now(), timeout, false)
     }
 
     /// Registers a new pending request to `peer` sent at `now` (the caller's
     /// clock reading, also used for the send: one clock read less per
     /// request, which costs ~0.1 µs under CPU emulation).
+    /// `timed`: a request whose stages go into the node's latency
+    /// breakdown, if it keeps one.
     pub fn insert_at(
         self: &Arc<Self>,
         peer: NodeId,
         now: Instant,
         timeout: Duration,
+        timed: bool,
     ) -> Result<(u32, PendingResponse)> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Shutdown);
         }
+        let timed = timed && self.breakdown.is_some();
+        let start = if timed { breakdown::ns(now) } else { 0 };
         let waiting = SlotState::Waiting {
             waker: None,
             thread: None,
@@ -218,6 +243,8 @@ impl RequestTable {
                 s.deadline = now + timeout;
                 *s.state.get_mut() = waiting;
                 *s.done.get_mut() = false;
+                s.timed = timed;
+                s.start = start;
                 slot
             }
             None => Arc::new(Slot {
@@ -225,6 +252,11 @@ impl RequestTable {
                 deadline: now + timeout,
                 state: Mutex::new(waiting),
                 done: AtomicBool::new(false),
+                timed,
+                start,
+                sent: AtomicU64::new(0),
+                arrived: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
             }),
         };
         loop {
@@ -394,13 +426,46 @@ impl PendingResponse {
         let mut st = self.slot().state.lock();
         if matches!(*st, SlotState::Done(_)) {
             match std::mem::replace(&mut *st, SlotState::Taken) {
-                SlotState::Done(o) => Some(o),
+                SlotState::Done(o) => {
+                    drop(st);
+                    if o.is_ok() && self.slot().timed {
+                        self.record_stages();
+                    }
+                    Some(o)
+                }
                 _ => unreachable!(),
             }
         } else if matches!(*st, SlotState::Taken) {
             Some(Err(Error::Cancelled(Cancelled::AlreadyTaken)))
         } else {
             None
+        }
+    }
+
+    /// Notes that the request is in the ring (or written): the end of its
+    /// `send` stage.
+    pub fn mark_sent(&self) {
+        let s = self.slot();
+        if s.timed {
+            s.sent.store(breakdown::now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Records a timed request's stages as its outcome is taken (the
+    /// slot's completion times were written before `done`, which the
+    /// caller saw under the slot's lock).
+    #[cold]
+    fn record_stages(&self) {
+        let s = self.slot();
+        let times = RequesterTimes {
+            start: s.start,
+            sent: s.sent.load(Ordering::Relaxed),
+            arrived: s.arrived.load(Ordering::Relaxed),
+            completed: s.completed.load(Ordering::Relaxed),
+        };
+        let taken = breakdown::now_ns();
+        if let Some(b) = self.table.upgrade().and_then(|t| t.breakdown.clone()) {
+            b.record_requester(times, taken);
         }
     }
 
@@ -551,7 +616,7 @@ mod tests {
 
     #[test]
     fn complete_fail_timeout() {
-        let t = RequestTable::new();
+        let t = RequestTable::new(None);
         let (id, p) = t.insert(NodeId(1), Duration::from_secs(10)).unwrap();
         assert!(
             !t.complete(id, NodeId(2), Ok(vec![1])),
@@ -578,7 +643,7 @@ mod tests {
 
     #[test]
     fn slots_and_payload_buffers_are_reused_per_thread() {
-        let t = RequestTable::new();
+        let t = RequestTable::new(None);
         let (id1, p1) = t.insert(NodeId(1), Duration::from_secs(10)).unwrap();
         let slot1 = Arc::as_ptr(p1.slot.as_ref().unwrap());
         assert!(t.complete_payload(id1, NodeId(1), &[7; 100]));
@@ -608,7 +673,7 @@ mod tests {
 
     #[test]
     fn many_threads_match_responses() {
-        let t = RequestTable::new();
+        let t = RequestTable::new(None);
         let mut handles = Vec::new();
         for th in 0..4 {
             let t = t.clone();

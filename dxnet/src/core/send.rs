@@ -235,7 +235,7 @@ impl Core {
     ) -> Result<PendingResponse> {
         let len = codec::encoded_len(req)?;
         let now = Instant::now();
-        let (id, pending) = self.requests.insert_at(dest, now, timeout)?;
+        let (id, pending) = self.requests.insert_at(dest, now, timeout, true)?;
         let deadline = pending.deadline();
         with_encoded(req, len, |payload| {
             self.send_frame(
@@ -250,6 +250,7 @@ impl Core {
                 |w| payload.fill(w),
             )
         })?;
+        pending.mark_sent();
         Ok(pending)
     }
 
@@ -265,7 +266,7 @@ impl Core {
         fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<PendingResponse> {
         let now = Instant::now();
-        let (id, pending) = self.requests.insert_at(dest, now, timeout)?;
+        let (id, pending) = self.requests.insert_at(dest, now, timeout, false)?;
         let deadline = pending.deadline();
         self.send_frame(
             dest,
@@ -339,6 +340,9 @@ impl Core {
     }
 
     pub(super) fn send_response<M: Message>(&self, dest: NodeId, id: u32, resp: &M) -> Result<()> {
+        if self.breakdown.is_some() {
+            breakdown::handler_returned();
+        }
         let len = codec::encoded_len(resp)?;
         with_encoded(resp, len, |payload| {
             self.send_frame(

@@ -9,6 +9,8 @@
 //! - [`deadline`]: a timeout that reads the clock only when a wait begins.
 //! - [`hazard`]: a table of shared objects read without locked
 //!   instructions (hazard pointers, `membarrier` on the writers' side).
+//! - [`histogram`]: latency histograms recorded in per-thread cells
+//!   (log-linear buckets, exact sums).
 //! - [`in_order`]: outcomes of work a queue finishes in order (one report
 //!   settles a run of items), with parking and wakers.
 //! - [`mailbox`]: a bounded queue to application threads (blocking, with
@@ -39,6 +41,7 @@ pub mod buffer_mem;
 pub mod credit;
 pub mod deadline;
 pub mod hazard;
+pub mod histogram;
 pub mod in_order;
 pub mod mailbox;
 pub mod orb;

@@ -43,6 +43,9 @@ pub struct RecvBuffer {
     /// Holds whole messages outside the connection's byte stream (see
     /// [`RecvBuffer::mark_standalone`]).
     standalone: bool,
+    /// When the transport handed it over (a runtime's clock reading, for
+    /// latency statistics; 0: not stamped).
+    arrived: u64,
 }
 
 // SAFETY: a RecvBuffer is the only handle to its slice of the arena, which
@@ -132,10 +135,22 @@ impl RecvBuffer {
         self.standalone
     }
 
-    /// Forgets the segments and the standalone mark (buffer reuse).
+    /// Stamps the buffer's arrival (see [`RecvBuffer::arrived`]).
+    pub fn set_arrived(&mut self, at: u64) {
+        self.arrived = at;
+    }
+
+    /// Its arrival as stamped (0: not stamped).
+    pub fn arrived(&self) -> u64 {
+        self.arrived
+    }
+
+    /// Forgets the segments, the standalone mark and the arrival stamp
+    /// (buffer reuse).
     pub fn clear(&mut self) {
         self.segments.clear();
         self.standalone = false;
+        self.arrived = 0;
     }
 }
 
@@ -192,6 +207,7 @@ impl BufferPool {
                 _arena: arena.clone(),
                 segments: SmallVec::new(),
                 standalone: false,
+                arrived: 0,
             });
         }
         Self {

@@ -22,20 +22,20 @@ use thread_local::ThreadLocal;
 /// One cell written by a single thread (the owner of the `ThreadLocal`
 /// entry holding it) and read by any.
 #[derive(Debug, Default)]
-struct OwnedCell(AtomicU64);
+pub(crate) struct OwnedCell(AtomicU64);
 
 impl OwnedCell {
     /// Adds `n`. Only the owning thread calls this, so a load and a store
     /// (no read-modify-write) cannot lose an update.
     #[inline]
-    fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.store(
             self.0.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
     }
 
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 
