@@ -336,6 +336,11 @@ pub struct RunArgs {
     /// e.g. `--dxnet limits.orb_size=4194304`.
     #[arg(long = "dxnet", value_name = "KEY=VALUE")]
     dxnet: Vec<String>,
+    /// dxnet bindings: keep per-stage latency histograms of requests
+    /// (`metrics.breakdown`) and print where the `pingpong` round trips
+    /// went (also in results.json as `breakdown`).
+    #[arg(long)]
+    breakdown: bool,
     /// Receive buffer of the raw TCP baseline in bytes (e.g. `4M`).
     #[arg(long)]
     raw_tcp_recv_buffer: Option<String>,
@@ -600,6 +605,14 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     }
     if let Some(v) = a.rdma_gid_index {
         p.rdma.gid_index = Some(v);
+    }
+    if a.breakdown {
+        crate::binding::dxnet::merge(
+            p.dxnet
+                .entry("metrics".to_string())
+                .or_insert(serde_json::Value::Null),
+            &serde_json::json!({ "breakdown": true }),
+        );
     }
     for kv in &a.dxnet {
         let (k, v) = kv

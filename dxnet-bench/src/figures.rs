@@ -354,6 +354,7 @@ mod tests {
             wire_bytes: None,
             wire_overhead: None,
             connections: Vec::new(),
+            breakdown: None,
         };
         let of = |r: &Record| -> Vec<u32> {
             figs.iter()

@@ -245,6 +245,10 @@ pub struct NodeResult {
     /// phase (dxnet: `Node::connection_stats`), if it has any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<serde_json::Value>,
+    /// The binding's per-stage latency of the phase's requests (dxnet
+    /// with `--breakdown`: `Node::latency_breakdown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<dxnet::breakdown::LatencyBreakdown>,
 }
 
 /// A wire counter's increase during a phase.
@@ -311,6 +315,74 @@ pub struct Record {
     /// `--dxnet metrics.per_connection=true`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<serde_json::Value>,
+    /// Where the round trips went (`--breakdown`, dxnet requests): every
+    /// node's stages merged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<BreakdownSummary>,
+}
+
+/// One stage of a [`BreakdownSummary`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageSummary {
+    /// The stage (see `dxnet::breakdown`), or `transport`.
+    pub stage: String,
+    /// Requests it was recorded for.
+    pub count: u64,
+    /// Mean in µs (exact).
+    pub mean_us: f64,
+    /// Median in µs (within its histogram bucket, 1/8 wide; none for
+    /// `transport`, known as a mean only).
+    pub p50_us: Option<f64>,
+    /// 99th percentile in µs (likewise).
+    pub p99_us: Option<f64>,
+}
+
+/// The round trips of a phase split into stages, from the merged
+/// histograms of its nodes: the requesters' `send`, `awaiting`,
+/// `response_receive`, `wake` (which add up to `round_trip`), the
+/// responders' `request_queue`, `handler`, `response_send`, and
+/// `transport`: the mean of `awaiting` less the responders' stages (both
+/// engines and the wire, both ways; a mean only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakdownSummary {
+    /// Stages in path order, `transport` after `awaiting`.
+    pub stages: Vec<StageSummary>,
+}
+
+impl BreakdownSummary {
+    /// Summarizes the merged breakdown of a phase's nodes; `None` when it
+    /// holds no round trip.
+    pub fn from_merged(b: &dxnet::breakdown::LatencyBreakdown) -> Option<Self> {
+        if b.round_trip.count() == 0 {
+            return None;
+        }
+        let us = |ns: f64| ns / 1000.0;
+        let mut stages = Vec::new();
+        for (name, h) in b.stages() {
+            stages.push(StageSummary {
+                stage: name.to_string(),
+                count: h.count(),
+                mean_us: us(h.mean_ns()),
+                p50_us: Some(us(h.quantile_ns(0.5) as f64)),
+                p99_us: Some(us(h.quantile_ns(0.99) as f64)),
+            });
+            if name == "awaiting" {
+                stages.push(StageSummary {
+                    stage: "transport".into(),
+                    count: h.count(),
+                    mean_us: us(dxnet::breakdown::LatencyBreakdown::transport_ns(b, b)),
+                    p50_us: None,
+                    p99_us: None,
+                });
+            }
+        }
+        Some(Self { stages })
+    }
+
+    /// The stage named `name`.
+    pub fn stage(&self, name: &str) -> Option<&StageSummary> {
+        self.stages.iter().find(|s| s.stage == name)
+    }
 }
 
 /// Combines what every process measured in one repetition into a record.
@@ -373,7 +445,20 @@ pub fn aggregate(key: &GroupKey, run: &RunSpec, repetition: u32, procs: &[ProcRe
         wire_bytes,
         wire_overhead,
         connections: nodes.iter().filter_map(|n| n.connections.clone()).collect(),
+        breakdown: merged_breakdown(&nodes),
     }
+}
+
+/// Every node's breakdown merged and summarized (a phase's requests are
+/// all served by nodes of the same phase).
+fn merged_breakdown(nodes: &[&NodeResult]) -> Option<BreakdownSummary> {
+    let mut all = nodes.iter().filter_map(|n| n.breakdown.as_ref()).peekable();
+    all.peek()?;
+    let mut merged = dxnet::breakdown::LatencyBreakdown::default();
+    for b in all {
+        merged.merge(b);
+    }
+    BreakdownSummary::from_merged(&merged)
 }
 
 #[cfg(test)]

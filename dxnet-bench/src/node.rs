@@ -18,6 +18,8 @@ struct Measured {
     nodes: Vec<NodeResult>,
     cpu0: f64,
     wire0: Vec<Option<u64>>,
+    /// Each logical node's latency breakdown before the phase.
+    breakdown0: Vec<Option<dxnet::breakdown::LatencyBreakdown>>,
 }
 
 struct Prepared {
@@ -139,10 +141,20 @@ impl Worker {
                     .ok_or_else(|| anyhow!("not prepared"))?;
                 let ctx = self.ctx(p)?;
                 let wire0: Vec<Option<u64>> = self.wire.iter().map(metrics::read_wire).collect();
+                let breakdown0 = self
+                    .nodes
+                    .iter()
+                    .map(|ln| ln.binding.latency_breakdown())
+                    .collect();
                 let cpu0 = metrics::process_cpu_s();
                 let nodes = ops::run_phase(&self.nodes, &ctx, p.run.count)?;
                 ops::arm(&self.nodes, &ctx, p.run.count);
-                self.measured = Some(Measured { nodes, cpu0, wire0 });
+                self.measured = Some(Measured {
+                    nodes,
+                    cpu0,
+                    wire0,
+                    breakdown0,
+                });
             }
             Command::Collect => {
                 // Read the counters only now that every node is done: the
@@ -170,8 +182,15 @@ impl Worker {
                 // after the sink saw the last one.
                 let mut nodes = m.nodes;
                 for n in &mut nodes {
-                    if let Some(ln) = self.nodes.iter().find(|ln| ln.id == n.id) {
-                        n.connections = ln.binding.connection_stats();
+                    if let Some(k) = self.nodes.iter().position(|ln| ln.id == n.id) {
+                        let b = &self.nodes[k].binding;
+                        n.connections = b.connection_stats();
+                        // Stamped when the requester holds its response:
+                        // every round trip of the phase is in by now.
+                        n.breakdown = b
+                            .latency_breakdown()
+                            .zip(m.breakdown0[k].as_ref())
+                            .map(|(after, before)| after.since(before));
                     }
                 }
                 return Ok(Some(Reply::Measured {

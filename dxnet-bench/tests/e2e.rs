@@ -599,6 +599,94 @@ fn dxnet_connection_statistics_in_the_results() {
     }
 }
 
+/// `--breakdown`: every dxnet round trip of the measured phase is split
+/// at both ends, the requester's stages add up to its round trip, which
+/// lies within the bench's own RTT (checked on the recorded results); the
+/// table shows it; a baseline has none.
+#[test]
+fn latency_breakdown_in_the_results() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bd");
+    let o = Command::new(EXE)
+        .args([
+            "--bindings",
+            "dxnet-tcp,dxnet-loopback,raw-tcp",
+            "--operations",
+            "pingpong,throughput",
+            "--sizes",
+            "64,5000",
+            "--threads",
+            "1,3",
+            "--count",
+            "600",
+            "--warmup",
+            "50",
+            "--repetitions",
+            "1",
+            "--base-port",
+            "16200",
+            "--breakdown",
+            "--no-plots",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("Latency breakdown"), "{stdout}");
+    let recs: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let mut split = 0;
+    for r in &recs {
+        let b = &r["breakdown"];
+        if r["binding"] == "raw-tcp" || r["operation"] != "pingpong" {
+            assert!(b.is_null(), "{r}");
+            continue;
+        }
+        split += 1;
+        let stage = |name: &str| {
+            b["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["stage"] == name)
+                .unwrap_or_else(|| panic!("no stage {name}: {r}"))
+                .clone()
+        };
+        let mean = |name: &str| stage(name)["mean_us"].as_f64().unwrap();
+        // Every round trip of the phase (and none of the warm-up), once
+        // at each end.
+        let trips = r["messages"].as_u64().unwrap();
+        assert_eq!(Some(trips), r["count"].as_u64(), "{r}");
+        assert!(trips >= 300, "{r}");
+        for s in b["stages"].as_array().unwrap() {
+            assert_eq!(s["count"].as_u64(), Some(trips), "{s} in {r}");
+        }
+        let rt = mean("round_trip");
+        let parts = mean("send") + mean("awaiting") + mean("response_receive") + mean("wake");
+        assert!((parts - rt).abs() <= 1e-6 * rt, "{parts} vs {rt}: {r}");
+        let responder = mean("request_queue") + mean("handler") + mean("response_send");
+        assert!((mean("awaiting") - responder - mean("transport")).abs() <= 1e-6 * rt);
+        // Inside the bench's own round trip (its mean within its
+        // histogram's precision), and most of it.
+        let bench = r["lat_us"]["avg"].as_f64().unwrap();
+        assert!(
+            rt <= bench * 1.01 && rt >= 0.5 * bench,
+            "{rt} vs {bench}: {r}"
+        );
+        let p99 = stage("round_trip")["p99_us"].as_f64().unwrap();
+        assert!(p99 >= stage("round_trip")["p50_us"].as_f64().unwrap());
+    }
+    // 2 dxnet bindings × 2 sizes × 2 thread counts.
+    assert_eq!(split, 8, "{stdout}");
+}
+
 /// Whether Open MPI is installed; under CI its absence is a failure.
 fn have_open_mpi() -> bool {
     let have = |c: &str| Command::new(c).arg("--version").output().is_ok();

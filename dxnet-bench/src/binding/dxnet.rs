@@ -645,6 +645,10 @@ impl Binding for DxnetBinding {
         }))
     }
 
+    fn latency_breakdown(&self) -> Option<dxnet::breakdown::LatencyBreakdown> {
+        self.node.latency_breakdown()
+    }
+
     fn shutdown(&self) {
         if self.buffers.is_some() {
             let st = self.node.stats();

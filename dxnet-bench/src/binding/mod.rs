@@ -378,6 +378,11 @@ pub trait Binding: Send + Sync {
     fn connection_stats(&self) -> Option<serde_json::Value> {
         None
     }
+    /// The binding's per-stage latency histograms of requests so far (dxnet
+    /// with `metrics.breakdown`), if it keeps any.
+    fn latency_breakdown(&self) -> Option<::dxnet::breakdown::LatencyBreakdown> {
+        None
+    }
     /// Cleanup phase: closes connections and stops threads.
     fn shutdown(&self);
 }

@@ -265,6 +265,7 @@ fn record(key: &GroupKey, run: &RunSpec, repetition: u32, o: &Output) -> Record 
             .filter(|_| payload > 0)
             .map(|w| w as f64 / payload as f64),
         connections: Vec::new(),
+        breakdown: None,
     }
 }
 

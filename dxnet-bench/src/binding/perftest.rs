@@ -376,6 +376,7 @@ fn record(
         wire_bytes: None,
         wire_overhead: None,
         connections: Vec::new(),
+        breakdown: None,
     })
 }
 

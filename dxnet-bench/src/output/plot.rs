@@ -457,6 +457,7 @@ mod tests {
             wire_bytes: None,
             wire_overhead: None,
             connections: Vec::new(),
+            breakdown: None,
         }
     }
 

@@ -396,6 +396,82 @@ pub fn render(records: &[Record]) -> String {
     }
     let _ = writeln!(out, "\nDetails (per binding; medians unless noted)\n");
     out.push_str(&layout(&rows));
+    out.push_str(&breakdown_table(records));
+    out
+}
+
+/// The latency breakdown of the records that have one (`--breakdown`):
+/// per repetition, the mean of each stage in µs, with the share of the
+/// round trip of the requester's own stages, the responder's, and the
+/// transport (engines and wire both ways). Empty without such records.
+pub fn breakdown_table(records: &[Record]) -> String {
+    const STAGES: [(&str, &str); 9] = [
+        ("send", "send"),
+        ("transport", "transport"),
+        ("request_queue", "req queue"),
+        ("handler", "handler"),
+        ("response_send", "resp send"),
+        ("response_receive", "resp recv"),
+        ("wake", "wake"),
+        ("round_trip", "round trip"),
+        ("round_trip", "rt p99"),
+    ];
+    let mut rows = vec![{
+        let mut h: Vec<String> = ["operation", "size", "binding", "n", "t", "rep", "bench RTT"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        h.extend(STAGES.iter().map(|s| s.1.to_string()));
+        h.extend(["requester", "responder", "transport"].map(|s| format!("{s} %")));
+        h
+    }];
+    for r in records {
+        let Some(b) = &r.breakdown else { continue };
+        let mean = |s: &str| b.stage(s).map_or(0.0, |x| x.mean_us);
+        let mut row = vec![
+            r.operation.to_string(),
+            fmt_size(r.size),
+            r.binding.clone(),
+            r.nodes.to_string(),
+            r.threads.to_string(),
+            r.repetition.to_string(),
+            r.lat_us
+                .as_ref()
+                .filter(|_| r.operation == Operation::Pingpong)
+                .map(|l| format!("{:.2}", l.avg))
+                .unwrap_or_else(|| "-".into()),
+        ];
+        for (name, label) in STAGES {
+            let v = if label == "rt p99" {
+                b.stage(name).and_then(|s| s.p99_us)
+            } else {
+                Some(mean(name))
+            };
+            row.push(v.map_or_else(|| "-".into(), |v| format!("{v:.2}")));
+        }
+        let rt = mean("round_trip");
+        let requester = mean("send") + mean("response_receive") + mean("wake");
+        let responder = mean("request_queue") + mean("handler") + mean("response_send");
+        for part in [requester, responder, mean("transport")] {
+            row.push(if rt > 0.0 {
+                format!("{:.0}", 100.0 * part / rt)
+            } else {
+                "-".into()
+            });
+        }
+        rows.push(row);
+    }
+    if rows.len() == 1 {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nLatency breakdown (means in µs over each repetition's requests; send + transport + \
+         responder stages + resp recv + wake = round trip, which lies within the bench's RTT; \
+         transport = both engines and the wire, both ways, known as a mean only)\n"
+    );
+    out.push_str(&layout(&rows));
     out
 }
 
@@ -433,6 +509,7 @@ mod tests {
             wire_bytes: None,
             wire_overhead: None,
             connections: Vec::new(),
+            breakdown: None,
         }
     }
 
