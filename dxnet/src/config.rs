@@ -492,7 +492,9 @@ pub struct MetricsConfig {
     pub publish_interval_ms: u64,
     /// Keep per-stage latency histograms of requests (see
     /// [`crate::breakdown`] and `Node::latency_breakdown`): about eight
-    /// clock reads per round trip. Default false.
+    /// clock reads per round trip, and 18 KiB of histogram cells for each
+    /// thread that records (requesters, receive and handler threads).
+    /// Default false.
     pub breakdown: bool,
 }
 
