@@ -417,6 +417,9 @@ int main(int argc, char **argv) {
                (unsigned long long)all[0], slowest, cpu_sum, (unsigned long long)wire,
                all[1] == all[2] && all[3] == 0);
         for (uint64_t i = 0; i < total; i++) printf("S %llu\n", (unsigned long long)samples[i]);
+        /* The output is complete: the launcher may stop ranks that hang in
+           MPI_Finalize (MPICH over UCX's TCP transport does now and then). */
+        printf("END\n");
         fflush(stdout);
     }
     MPI_Finalize();

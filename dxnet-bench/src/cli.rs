@@ -281,7 +281,7 @@ pub struct RunArgs {
     /// Bindings, comma-separated (raw-tcp, raw-tcp-batched, dxnet-tcp,
     /// dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw,
     /// ib_send_lat, ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat,
-    /// mpi-tcp, mpi-shm).
+    /// mpi-tcp, mpi-shm, mpich-tcp, mpich-shm).
     #[arg(long, value_delimiter = ',')]
     bindings: Vec<String>,
     /// Operations (throughput, latency, pingpong, all_to_all, rdma_write,

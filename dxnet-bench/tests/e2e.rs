@@ -701,6 +701,21 @@ fn have_open_mpi() -> bool {
     false
 }
 
+/// Whether MPICH is installed beside Open MPI; under CI its absence is a
+/// failure.
+fn have_mpich() -> bool {
+    let have = |c: &str| Command::new(c).arg("-help").output().is_ok();
+    if have("mpicc.mpich") && have("mpiexec.mpich") {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI: mpicc.mpich and mpiexec.mpich are missing"
+    );
+    println!("skipped MPICH: not installed (install mpich and libmpich-dev)");
+    false
+}
+
 /// The MPI bindings (`mpirun` of `mpi/osu.c`) beside dxnet-tcp: every
 /// operation they run, with 1 and 3 threads per rank (`MPI_THREAD_MULTIPLE`),
 /// a window that does not divide the count, and sizes below and above the
@@ -715,8 +730,12 @@ fn mpi_bindings_count_every_message() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let mut bindings = vec!["dxnet-tcp", "mpi-tcp", "mpi-shm"];
+    if have_mpich() {
+        bindings.extend(["mpich-tcp", "mpich-shm"]);
+    }
     let cfg = serde_json::json!({
-        "bindings": ["dxnet-tcp", "mpi-tcp", "mpi-shm"],
+        "bindings": bindings,
         "benchmarks": [
             {"operation": "throughput", "modes": ["uni", "bi"], "sizes": [3, 9000], "count": 500, "warmup": 20, "repetitions": 1, "threads": [1, 3]},
             {"operation": "latency", "sizes": [64], "count": 40, "warmup": 4, "repetitions": 1},
@@ -728,7 +747,7 @@ fn mpi_bindings_count_every_message() {
     let (stdout, recs) = run_config(&dir.path().join("mpi"), &cfg);
     // Per binding: throughput 2 modes x 2 sizes x 2 thread counts, latency,
     // pingpong, all-to-all.
-    assert_eq!(recs.len(), 3 * (8 + 3), "{stdout}");
+    assert_eq!(recs.len(), bindings.len() * (8 + 3), "{stdout}");
     for r in recs.iter().filter(|r| r["binding"] != "dxnet-tcp") {
         let want = match r["operation"].as_str().unwrap() {
             "throughput" if r["mode"] == "uni" => 500,
@@ -744,13 +763,17 @@ fn mpi_bindings_count_every_message() {
         if r["operation"] == "latency" || r["operation"] == "pingpong" {
             assert!(r["lat_us"]["p50"].as_f64().unwrap() > 0.0, "{r}");
         }
-        if r["binding"] == "mpi-tcp" && r["operation"] == "throughput" {
+        if r["binding"].as_str().unwrap().ends_with("-tcp") && r["operation"] == "throughput" {
             // TCP carries at least the payload.
             assert!(r["wire_overhead"].as_f64().unwrap() >= 1.0, "{r}");
         }
     }
     assert!(stdout.contains("dxnet-tcp / mpi-tcp"), "{stdout}");
     assert!(stdout.contains("dxnet-tcp / mpi-shm"), "{stdout}");
+    if bindings.len() > 3 {
+        assert!(stdout.contains("dxnet-tcp / mpich-tcp"), "{stdout}");
+        assert!(stdout.contains("dxnet-tcp / mpich-shm"), "{stdout}");
+    }
 }
 
 /// `paper-figures`: the report's configuration and figures in one command

@@ -74,6 +74,11 @@ pub enum BindingKind {
     /// The same over Open MPI's shared-memory transport (vader): MPI on one
     /// host at its fastest, for reference.
     MpiShm,
+    /// MPICH (ch4 over UCX) restricted to UCX's TCP transport, the same
+    /// program ([`mpi`]).
+    MpichTcp,
+    /// MPICH with its shared memory between ranks on one host.
+    MpichShm,
 }
 
 /// The raw baseline a binding is compared with (by name, so that results of
@@ -87,7 +92,14 @@ pub fn baseline_of(binding: &str) -> Option<&'static str> {
 /// `ib_send_lat` in latency rows (see [`perftest_for`]).
 pub fn baselines_of(binding: &str) -> &'static [&'static str] {
     match binding {
-        "dxnet-tcp" | "dxnet-loopback" => &["raw-tcp", "raw-tcp-batched", "mpi-tcp", "mpi-shm"],
+        "dxnet-tcp" | "dxnet-loopback" => &[
+            "raw-tcp",
+            "raw-tcp-batched",
+            "mpi-tcp",
+            "mpi-shm",
+            "mpich-tcp",
+            "mpich-shm",
+        ],
         "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp", "raw-tcp-batched"],
         "dxnet-ib" => &["raw-verbs", "perftest"],
         _ => &[],
@@ -108,7 +120,10 @@ pub fn perftest_for(op: Operation) -> &'static str {
 
 /// Whether a binding is a baseline (not dxnet): `raw-*`, perftest and MPI.
 pub fn is_baseline(binding: &str) -> bool {
-    binding.starts_with("raw-") || binding.starts_with("ib_") || binding.starts_with("mpi-")
+    binding.starts_with("raw-")
+        || binding.starts_with("ib_")
+        || binding.starts_with("mpi-")
+        || binding.starts_with("mpich-")
 }
 
 /// Where a node's wire bytes are counted.
@@ -144,6 +159,8 @@ impl BindingKind {
             "ib_read_lat" => BindingKind::IbReadLat,
             "mpi-tcp" => BindingKind::MpiTcp,
             "mpi-shm" => BindingKind::MpiShm,
+            "mpich-tcp" => BindingKind::MpichTcp,
+            "mpich-shm" => BindingKind::MpichShm,
             other => {
                 bail!(
                     "unknown binding {other:?} (raw-tcp, raw-tcp-batched, dxnet-tcp, \
@@ -173,6 +190,8 @@ impl BindingKind {
             BindingKind::IbReadLat => "ib_read_lat",
             BindingKind::MpiTcp => "mpi-tcp",
             BindingKind::MpiShm => "mpi-shm",
+            BindingKind::MpichTcp => "mpich-tcp",
+            BindingKind::MpichShm => "mpich-shm",
         }
     }
 
@@ -223,7 +242,13 @@ impl BindingKind {
 
     /// Whether the binding runs MPI ([`mpi`]).
     pub fn is_mpi(self) -> bool {
-        matches!(self, BindingKind::MpiTcp | BindingKind::MpiShm)
+        matches!(
+            self,
+            BindingKind::MpiTcp
+                | BindingKind::MpiShm
+                | BindingKind::MpichTcp
+                | BindingKind::MpichShm
+        )
     }
 
     /// Whether the binding can run `op`/`mode` with `threads` sender threads
@@ -243,7 +268,7 @@ impl BindingKind {
             BindingKind::IbWriteLat | BindingKind::IbReadLat => {
                 perftest_for(op) == self.name() && threads == 1 && nodes == 2
             }
-            BindingKind::MpiTcp | BindingKind::MpiShm => mpi::supports(op),
+            k if k.is_mpi() => mpi::supports(op),
             // One-sided operations: dxnet's API and raw verbs.
             _ if op.is_one_sided() => self.has_handlers() || self == BindingKind::RawVerbs,
             _ => true,
@@ -408,7 +433,9 @@ pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn 
         | BindingKind::IbReadBw
         | BindingKind::IbReadLat
         | BindingKind::MpiTcp
-        | BindingKind::MpiShm) => {
+        | BindingKind::MpiShm
+        | BindingKind::MpichTcp
+        | BindingKind::MpichShm) => {
             bail!(
                 "{} is run by the coordinator, not in a node process",
                 k.name()
@@ -784,6 +811,8 @@ mod tests {
             BindingKind::IbReadLat,
             BindingKind::MpiTcp,
             BindingKind::MpiShm,
+            BindingKind::MpichTcp,
+            BindingKind::MpichShm,
         ] {
             assert_eq!(BindingKind::parse(k.name()).unwrap(), k);
         }

@@ -1,8 +1,9 @@
-//! MPI as external bindings (`mpi-tcp`, `mpi-shm`): Open MPI from the
-//! distribution's packages running dxnet-bench's operations the way the
-//! OSU micro-benchmarks do (`mpi/osu.c`, built with `mpicc` at the first
-//! run), one rank per node, so its numbers sit in the same tables, CSV and
-//! plots as dxnet's.
+//! MPI as external bindings (`mpi-tcp`, `mpi-shm` on Open MPI; `mpich-tcp`,
+//! `mpich-shm` on MPICH), both from the distribution's packages, running
+//! dxnet-bench's operations the way the OSU micro-benchmarks do
+//! (`mpi/osu.c`, built with each implementation's `mpicc` at the first
+//! run), one rank per node, so their numbers sit in the same tables, CSV
+//! and plots as dxnet's.
 //!
 //! * `throughput` `uni`: `osu_bw` — windows of `mpi_window` `MPI_Isend`s,
 //!   the receiver's 4-byte ack after each window;
@@ -18,7 +19,10 @@
 //!
 //! `mpi-tcp` is the ob1 point-to-point layer over the TCP BTL on `lo` (what
 //! MPI does between hosts on Ethernet); `mpi-shm` over shared memory
-//! (vader), for reference. The ranks' CPU time of the measured phase is
+//! (vader), for reference. `mpich-tcp` is MPICH's ch4 device over UCX
+//! restricted to its TCP transport on `lo` (`UCX_TLS=tcp,self`,
+//! `UCX_NET_DEVICES`, MPICH's shared memory off); `mpich-shm` MPICH as it
+//! runs ranks on one host (its shared memory). The ranks' CPU time of the measured phase is
 //! summed; `mpi-tcp` reads `lo`'s `tx_bytes` around it (`wire_iface`
 //! overrides the interface). Every message carries its index + 1; each
 //! thread's received stamps must add up to what was sent to it, else the
@@ -39,7 +43,54 @@ use crate::metrics::{new_histogram, record_ns, LatencyStats, Record};
 /// The benchmark program's source.
 const OSU_SOURCE: &str = include_str!("../../mpi/osu.c");
 
-/// The `mpirun` options that pick a binding's transport.
+/// An MPI implementation: its compiler wrapper and launcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mpi {
+    /// Open MPI (Debian: openmpi-bin, libopenmpi-dev).
+    Open,
+    /// MPICH (Debian: mpich, libmpich-dev).
+    Mpich,
+}
+
+/// Whether `name` is an executable in a directory of `PATH`.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+impl Mpi {
+    /// The implementation a binding runs on.
+    pub fn of(kind: BindingKind) -> Result<Mpi> {
+        Ok(match kind {
+            BindingKind::MpiTcp | BindingKind::MpiShm => Mpi::Open,
+            BindingKind::MpichTcp | BindingKind::MpichShm => Mpi::Mpich,
+            other => bail!("{} is not an MPI binding", other.name()),
+        })
+    }
+
+    /// Its suffixed command `base` (Debian installs both side by side and
+    /// points the plain names at one of them), else the plain name.
+    fn command(self, base: &str) -> String {
+        let suffixed = match self {
+            Mpi::Open => format!("{base}.openmpi"),
+            Mpi::Mpich => format!("{base}.mpich"),
+        };
+        if on_path(&suffixed) || self == Mpi::Mpich {
+            suffixed
+        } else {
+            base.to_string()
+        }
+    }
+
+    fn packages(self) -> &'static str {
+        match self {
+            Mpi::Open => "Debian: openmpi-bin libopenmpi-dev",
+            Mpi::Mpich => "Debian: mpich libmpich-dev",
+        }
+    }
+}
+
+/// The `mpirun` options that pick a binding's transport (Open MPI).
 pub fn transport_options(kind: BindingKind) -> Result<&'static [&'static str]> {
     Ok(match kind {
         BindingKind::MpiTcp => &[
@@ -54,16 +105,52 @@ pub fn transport_options(kind: BindingKind) -> Result<&'static [&'static str]> {
             "lo",
         ],
         BindingKind::MpiShm => &["--mca", "pml", "ob1", "--mca", "btl", "self,vader"],
+        BindingKind::MpichTcp | BindingKind::MpichShm => &[],
         other => bail!("{} is not an MPI binding", other.name()),
     })
 }
 
-/// An MPI program from `source`, compiled with `mpicc` into the temporary
-/// directory once per version of the source.
+/// The environment that picks a binding's transport (MPICH over UCX):
+/// TCP on `iface` only, MPICH's shared memory off.
+pub fn transport_env(kind: BindingKind, iface: &str) -> Vec<(&'static str, String)> {
+    match kind {
+        BindingKind::MpichTcp => vec![
+            ("UCX_TLS", "tcp,self".into()),
+            ("UCX_NET_DEVICES", iface.into()),
+            ("MPIR_CVAR_CH4_SHM_ENABLE", "0".into()),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// How long ranks may take to leave once rank 0 printed the complete
+/// output (`END`): MPICH over UCX's TCP transport now and then hangs in
+/// `MPI_Finalize` (about one run in three here, Debian's MPICH 4.0.2).
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+/// Whether the file at `path` ends with the program's `END` line.
+fn output_complete(path: &std::path::Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut tail = [0u8; 4];
+    f.seek(SeekFrom::End(-4)).is_ok() && f.read_exact(&mut tail).is_ok() && &tail == b"END\n"
+}
+
+/// An Open MPI program from `source`; see [`program_for`].
 pub fn program(name: &str, source: &str) -> Result<PathBuf> {
+    program_for(Mpi::Open, name, source)
+}
+
+/// An MPI program from `source`, compiled with `mpi`'s `mpicc` into the
+/// temporary directory once per version of the source and compiler.
+pub fn program_for(mpi: Mpi, name: &str, source: &str) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
+    let mpicc = mpi.command("mpicc");
     let mut h = std::collections::hash_map::DefaultHasher::new();
     source.hash(&mut h);
+    mpicc.hash(&mut h);
     // Per user: another user's program is never run from a shared path.
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -76,15 +163,15 @@ pub fn program(name: &str, source: &str) -> Result<PathBuf> {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source)?;
     let tmp = dir.join(format!("{name}.{}", std::process::id()));
-    let out = Command::new("mpicc")
+    let out = Command::new(&mpicc)
         .args(["-O2", "-pthread", "-o"])
         .arg(&tmp)
         .arg(&src)
         .output()
-        .context("running mpicc (Debian: libopenmpi-dev)")?;
+        .with_context(|| format!("running {mpicc} ({})", mpi.packages()))?;
     if !out.status.success() {
         bail!(
-            "mpicc failed on {} ({}): {}",
+            "{mpicc} failed on {} ({}): {}",
             src.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
@@ -94,14 +181,29 @@ pub fn program(name: &str, source: &str) -> Result<PathBuf> {
     Ok(exe)
 }
 
-/// `mpirun` for `ranks` ranks on this host: allowed as root (containers,
-/// VMs) and with more ranks than cores.
+/// Open MPI's `mpirun`; see [`mpirun_for`].
 pub fn mpirun(ranks: usize) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "-np", &ranks.to_string()])
-        .stdin(Stdio::null());
+    mpirun_for(Mpi::Open, ranks)
+}
+
+/// The launcher of `mpi` for `ranks` ranks on this host: allowed as root
+/// (containers, VMs) and with more ranks than cores (MPICH's `mpiexec`
+/// allows both anyway).
+pub fn mpirun_for(mpi: Mpi, ranks: usize) -> Command {
+    let mut cmd;
+    match mpi {
+        Mpi::Open => {
+            cmd = Command::new(mpi.command("mpirun"));
+            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .args(["--oversubscribe", "-np", &ranks.to_string()]);
+        }
+        Mpi::Mpich => {
+            cmd = Command::new(mpi.command("mpiexec"));
+            cmd.args(["-n", &ranks.to_string()]);
+        }
+    }
+    cmd.stdin(Stdio::null());
     cmd
 }
 
@@ -193,15 +295,18 @@ pub fn measure(key: &GroupKey, run: &RunSpec, repetition: u32, params: &Params) 
     if !supports(run.operation) {
         bail!("{} does not run {}", kind.name(), run.operation);
     }
-    let exe = program("bench-mpi", OSU_SOURCE)?;
-    let iface = match kind {
-        BindingKind::MpiTcp if params.wire_iface.is_empty() => "lo".to_string(),
-        BindingKind::MpiTcp => params.wire_iface.clone(),
-        _ => "-".to_string(),
+    let mpi = Mpi::of(kind)?;
+    let exe = program_for(mpi, "bench-mpi", OSU_SOURCE)?;
+    let tcp = matches!(kind, BindingKind::MpiTcp | BindingKind::MpichTcp);
+    let iface = match () {
+        _ if !tcp => "-".to_string(),
+        _ if params.wire_iface.is_empty() => "lo".to_string(),
+        _ => params.wire_iface.clone(),
     };
     let mode = if run.mode == Mode::Bi { "bi" } else { "uni" };
-    let mut cmd = mpirun(key.nodes);
-    cmd.args(transport_options(kind)?)
+    let mut cmd = mpirun_for(mpi, key.nodes);
+    cmd.envs(transport_env(kind, &iface))
+        .args(transport_options(kind)?)
         .args(params.mpirun_options.split_whitespace())
         .arg(&exe)
         .args([
@@ -215,7 +320,7 @@ pub fn measure(key: &GroupKey, run: &RunSpec, repetition: u32, params: &Params) 
             iface,
         ]);
     let timeout = Duration::from_secs(params.timeout_s.max(1).saturating_mul(2).saturating_add(30));
-    let out = run_with_timeout(cmd, timeout)?;
+    let out = run_with_timeout(cmd, timeout, mpi)?;
     let o = parse(&out)?;
     let want = expected(key, run);
     if o.messages != want {
@@ -283,7 +388,7 @@ impl Drop for TempFiles {
 /// Runs `cmd` in a process group of its own, returns its stdout; stops the
 /// whole group (`mpirun` and its ranks: SIGTERM, then SIGKILL) after
 /// `timeout`.
-fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
+fn run_with_timeout(mut cmd: Command, timeout: Duration, mpi: Mpi) -> Result<String> {
     use std::os::unix::process::CommandExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     static RUN: AtomicU64 = AtomicU64::new(0);
@@ -300,15 +405,24 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
         .stderr(std::fs::File::create(&err_path)?)
         .spawn()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => anyhow!("mpirun not found (Debian: openmpi-bin)"),
-            _ => anyhow!("cannot start mpirun: {e}"),
+            std::io::ErrorKind::NotFound => {
+                anyhow!("{:?} not found ({})", cmd.get_program(), mpi.packages())
+            }
+            _ => anyhow!("cannot start {:?}: {e}", cmd.get_program()),
         })?;
     let deadline = Instant::now() + timeout;
+    let mut complete_at: Option<Instant> = None;
+    let mut polls = 0u64;
     let status = loop {
         if let Some(st) = child.try_wait()? {
             break Ok(st);
         }
-        if Instant::now() >= deadline {
+        polls += 1;
+        if complete_at.is_none() && polls % 20 == 0 && output_complete(&out_path) {
+            complete_at = Some(Instant::now());
+        }
+        let hung_at_exit = complete_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE);
+        if hung_at_exit || Instant::now() >= deadline {
             let group = child.id() as libc::pid_t;
             // SAFETY: kill(2) on the process group our unreaped child leads
             // (its id cannot name another group while it is not reaped).
@@ -320,6 +434,13 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<String> {
             // SAFETY: as above; ranks left behind by mpirun die too.
             unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = child.wait();
+            if hung_at_exit {
+                eprintln!(
+                    "note: MPI ranks still running {EXIT_GRACE:?} after their complete output; stopped"
+                );
+                let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+                return Ok(out);
+            }
             break Err(anyhow!("the MPI run took longer than {timeout:?}"));
         }
         std::thread::sleep(Duration::from_millis(5));
