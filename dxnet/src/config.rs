@@ -519,7 +519,7 @@ pub struct Config {
     /// parked, saving a thread wake-up per message in request/response
     /// traffic; the receive thread hands its role to a standby while it
     /// does (see `core/inline.rs`). 0 hands everything to the handler
-    /// threads. Default 4096.
+    /// threads. Default 8192 (a 4 KiB message with its header).
     pub inline_receive_bytes: usize,
     /// Shared cluster secret for authenticating connections (HMAC-SHA256
     /// challenge–response). `None` accepts any peer and logs a warning.
@@ -558,7 +558,7 @@ impl Default for Config {
             nodes: Vec::new(),
             transport: TransportKind::Tcp,
             handler_threads: 2,
-            inline_receive_bytes: 4096,
+            inline_receive_bytes: 8192,
             cluster_secret: None,
             identity_key: None,
             limits: Limits::default(),
