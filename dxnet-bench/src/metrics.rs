@@ -338,9 +338,10 @@ pub struct StageSummary {
 }
 
 /// The round trips of a phase split into stages, from the merged
-/// histograms of its nodes: the requesters' `send`, `awaiting`,
+/// histograms of its nodes: the requesters' `send`, `post`, `awaiting`,
 /// `response_receive`, `wake` (which add up to `round_trip`), the
-/// responders' `request_queue`, `handler`, `response_send`, and
+/// responders' `request_queue`, `handler`, `response_send`,
+/// `response_post`, and
 /// `transport`: the mean of `awaiting` less the responders' stages (both
 /// engines and the wire, both ways; a mean only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

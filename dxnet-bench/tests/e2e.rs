@@ -669,9 +669,14 @@ fn latency_breakdown_in_the_results() {
             assert_eq!(s["count"].as_u64(), Some(trips), "{s} in {r}");
         }
         let rt = mean("round_trip");
-        let parts = mean("send") + mean("awaiting") + mean("response_receive") + mean("wake");
+        let parts = mean("send")
+            + mean("post")
+            + mean("awaiting")
+            + mean("response_receive")
+            + mean("wake");
         assert!((parts - rt).abs() <= 1e-6 * rt, "{parts} vs {rt}: {r}");
-        let responder = mean("request_queue") + mean("handler") + mean("response_send");
+        let responder =
+            mean("request_queue") + mean("handler") + mean("response_send") + mean("response_post");
         assert!((mean("awaiting") - responder - mean("transport")).abs() <= 1e-6 * rt);
         // Inside the bench's own round trip (its mean within its
         // histogram's precision), and most of it.

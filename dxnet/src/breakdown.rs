@@ -6,11 +6,12 @@
 //!
 //! | stage | from | to |
 //! | --- | --- | --- |
-//! | `send` | the call | the request in the ring buffer (encode, flow-control window, commit; also the write to the transport when the calling thread does it because the send thread sleeps) |
-//! | `awaiting` | end of `send` | the response's receive buffer handed over by the engine |
+//! | `send` | the call | the request committed to the ring buffer (encode, flow-control window, commit) |
+//! | `post` | the commit | the end of the call: the write to the transport when the calling thread does it because the send thread sleeps (else the wake-up of the send thread, which writes it) |
+//! | `awaiting` | end of `post` | the response's receive buffer handed over by the engine |
 //! | `response_receive` | that hand-over | the request completed (incoming queue or inline, decode, match) |
 //! | `wake` | completion | the requesting thread holding the response (wake-up, or a spin noticing it) |
-//! | `round_trip` | the call | the requesting thread holding the response (the four above) |
+//! | `round_trip` | the call | the requesting thread holding the response (the five above) |
 //!
 //! A responder records, per request whose handler returned a response:
 //!
@@ -18,9 +19,10 @@
 //! | --- | --- | --- |
 //! | `request_queue` | the request's receive buffer handed over by the engine | its handler starting (incoming queue, handler thread wake-up, messages before it in the buffer) |
 //! | `handler` | start | the handler's return (decode and the user's function) |
-//! | `response_send` | the return | the response in the ring buffer (or written) |
+//! | `response_send` | the return | the response committed to the ring buffer |
+//! | `response_post` | the commit | the end of the dispatch: the write when the handler's thread does it (responses to the messages of one received buffer leave together after the last one's handler, so for the others this is in `transport`) |
 //!
-//! `awaiting` minus the responder's three stages is what the two nodes'
+//! `awaiting` minus the responder's four stages is what the two nodes'
 //! clocks cannot split further: both engines (send thread, socket or queue
 //! pair, receive thread) and the wire, both ways. Between two nodes that
 //! only serve each other's requests [`LatencyBreakdown::transport_ns`]
@@ -141,9 +143,12 @@ impl Histogram {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct LatencyBreakdown {
-    /// Requester: the call until the request is in the ring (or written).
+    /// Requester: the call until the request is committed to the ring.
     pub send: Histogram,
-    /// Requester: end of `send` until the response's buffer arrived.
+    /// Requester: the commit until the end of the call (the write when
+    /// the calling thread does it).
+    pub post: Histogram,
+    /// Requester: end of `post` until the response's buffer arrived.
     pub awaiting: Histogram,
     /// Requester: the response's arrival until its request completed.
     pub response_receive: Histogram,
@@ -155,15 +160,19 @@ pub struct LatencyBreakdown {
     pub request_queue: Histogram,
     /// Responder: the handler (decode and user code).
     pub handler: Histogram,
-    /// Responder: the handler's return until the response is in the ring
-    /// (or written).
+    /// Responder: the handler's return until the response is committed to
+    /// the ring.
     pub response_send: Histogram,
+    /// Responder: the commit until the end of the dispatch (the write when
+    /// the handler's thread does it).
+    pub response_post: Histogram,
 }
 
 impl LatencyBreakdown {
-    fn each(&self) -> [&Histogram; 8] {
+    fn each(&self) -> [&Histogram; 10] {
         [
             &self.send,
+            &self.post,
             &self.awaiting,
             &self.response_receive,
             &self.wake,
@@ -171,12 +180,14 @@ impl LatencyBreakdown {
             &self.request_queue,
             &self.handler,
             &self.response_send,
+            &self.response_post,
         ]
     }
 
-    fn each_mut(&mut self) -> [&mut Histogram; 8] {
+    fn each_mut(&mut self) -> [&mut Histogram; 10] {
         [
             &mut self.send,
+            &mut self.post,
             &mut self.awaiting,
             &mut self.response_receive,
             &mut self.wake,
@@ -184,22 +195,25 @@ impl LatencyBreakdown {
             &mut self.request_queue,
             &mut self.handler,
             &mut self.response_send,
+            &mut self.response_post,
         ]
     }
 
     /// The stages' names and histograms, in path order (requester, then
     /// responder).
-    pub fn stages(&self) -> [(&'static str, &Histogram); 8] {
+    pub fn stages(&self) -> [(&'static str, &Histogram); 10] {
         let h = self.each();
         [
             ("send", h[0]),
-            ("awaiting", h[1]),
-            ("response_receive", h[2]),
-            ("wake", h[3]),
-            ("round_trip", h[4]),
-            ("request_queue", h[5]),
-            ("handler", h[6]),
-            ("response_send", h[7]),
+            ("post", h[1]),
+            ("awaiting", h[2]),
+            ("response_receive", h[3]),
+            ("wake", h[4]),
+            ("round_trip", h[5]),
+            ("request_queue", h[6]),
+            ("handler", h[7]),
+            ("response_send", h[8]),
+            ("response_post", h[9]),
         ]
     }
 
@@ -225,9 +239,12 @@ impl LatencyBreakdown {
     }
 
     /// Mean time a request spent at its responder (queue, handler,
-    /// response send), in nanoseconds.
+    /// response send and post), in nanoseconds.
     pub fn responder_mean_ns(&self) -> f64 {
-        self.request_queue.mean_ns() + self.handler.mean_ns() + self.response_send.mean_ns()
+        self.request_queue.mean_ns()
+            + self.handler.mean_ns()
+            + self.response_send.mean_ns()
+            + self.response_post.mean_ns()
     }
 
     /// Mean time of engines and wire, both ways: the requesters'

@@ -340,15 +340,17 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
         let served = threads[1 - i] * per[1 - i];
         let what = format!("{kind:?} parallel={parallel} node {i}");
         for (name, h) in me.stages() {
-            let want = if ["request_queue", "handler", "response_send"].contains(&name) {
-                served
-            } else {
-                sent
-            };
+            let want =
+                if ["request_queue", "handler", "response_send", "response_post"].contains(&name) {
+                    served
+                } else {
+                    sent
+                };
             assert_eq!(h.count(), want, "{what}: {name}");
         }
         // Each round trip is split into its four stages exactly.
         let parts = me.send.sum_ns()
+            + me.post.sum_ns()
             + me.awaiting.sum_ns()
             + me.response_receive.sum_ns()
             + me.wake.sum_ns();
@@ -375,6 +377,11 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
         // Arrival times reached both ends' dispatch (unstamped, these
         // stages would be 0 for every request).
         assert!(me.response_receive.sum_ns() > 0, "{what}");
+        // Commits were stamped: each split from the write after it.
+        assert!(
+            me.post.sum_ns() > 0 && peer.response_post.sum_ns() > 0,
+            "{what}"
+        );
         assert!(peer.request_queue.sum_ns() > 0, "{what}");
         let p50 = me.round_trip.quantile_ns(0.5);
         assert!(p50 > 0 && p50 <= me.round_trip.quantile_ns(0.99));

@@ -405,12 +405,14 @@ pub fn render(records: &[Record]) -> String {
 /// round trip of the requester's own stages, the responder's, and the
 /// transport (engines and wire both ways). Empty without such records.
 pub fn breakdown_table(records: &[Record]) -> String {
-    const STAGES: [(&str, &str); 9] = [
+    const STAGES: [(&str, &str); 11] = [
         ("send", "send"),
+        ("post", "post"),
         ("transport", "transport"),
         ("request_queue", "req queue"),
         ("handler", "handler"),
         ("response_send", "resp send"),
+        ("response_post", "resp post"),
         ("response_receive", "resp recv"),
         ("wake", "wake"),
         ("round_trip", "round trip"),
@@ -450,8 +452,9 @@ pub fn breakdown_table(records: &[Record]) -> String {
             row.push(v.map_or_else(|| "-".into(), |v| format!("{v:.2}")));
         }
         let rt = mean("round_trip");
-        let requester = mean("send") + mean("response_receive") + mean("wake");
-        let responder = mean("request_queue") + mean("handler") + mean("response_send");
+        let requester = mean("send") + mean("post") + mean("response_receive") + mean("wake");
+        let responder =
+            mean("request_queue") + mean("handler") + mean("response_send") + mean("response_post");
         for part in [requester, responder, mean("transport")] {
             row.push(if rt > 0.0 {
                 format!("{:.0}", 100.0 * part / rt)
@@ -467,9 +470,10 @@ pub fn breakdown_table(records: &[Record]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\nLatency breakdown (means in µs over each repetition's requests; send + transport + \
-         responder stages + resp recv + wake = round trip, which lies within the bench's RTT; \
-         transport = both engines and the wire, both ways, known as a mean only)\n"
+        "\nLatency breakdown (means in µs over each repetition's requests; send + post + transport \
+         + responder stages + resp recv + wake = round trip, which lies within the bench's RTT; \
+         post = the write on the sending thread; transport = both engines and the wire, both \
+         ways, known as a mean only)\n"
     );
     out.push_str(&layout(&rows));
     out

@@ -22,8 +22,8 @@ use crate::primitives::histogram::Histograms;
 
 /// Histogram indices, in [`LatencyBreakdown::stages`] order.
 const SEND: usize = 0;
-const REQUEST_QUEUE: usize = 5;
-const STAGES: usize = 8;
+const REQUEST_QUEUE: usize = 6;
+const STAGES: usize = 10;
 
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 
@@ -50,6 +50,20 @@ thread_local! {
     /// When the request handler running on this thread returned (set as
     /// its response is sent).
     static HANDLER_DONE: Cell<u64> = const { Cell::new(0) };
+    /// When this thread last committed a request or response (before
+    /// writing it out itself or leaving that to the send thread).
+    static COMMITTED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Notes that this thread just committed a request or response.
+pub fn committed() {
+    COMMITTED.with(|c| c.set(now_ns()));
+}
+
+/// When this thread last committed a request or response since the last
+/// call (0: not since).
+pub fn take_committed() -> u64 {
+    COMMITTED.with(|c| c.replace(0))
 }
 
 /// Sets the arrival time of the buffer being dispatched on this thread
@@ -89,6 +103,7 @@ pub fn handler_returned() {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequesterTimes {
     pub start: u64,
+    pub committed: u64,
     pub sent: u64,
     pub arrived: u64,
     pub completed: u64,
@@ -112,13 +127,20 @@ impl Breakdown {
     /// the response).
     pub fn record_requester(&self, t: RequesterTimes, taken: u64) {
         let sent = t.sent.max(t.start);
+        // Not stamped (nothing committed on this thread): all of it `send`.
+        let committed = if t.committed == 0 {
+            sent
+        } else {
+            t.committed.clamp(t.start, sent)
+        };
         let arrived = t.arrived.clamp(sent, t.completed.max(sent));
         let completed = t.completed.max(arrived);
         let taken = taken.max(completed);
         self.hist.record(
             SEND,
             &[
-                sent - t.start,
+                committed - t.start,
+                sent - committed,
                 arrived - sent,
                 completed - arrived,
                 taken - completed,
@@ -133,13 +155,25 @@ impl Breakdown {
         let start = now_ns();
         let arrived = arrival_or(start);
         let outer = HANDLER_DONE.with(|h| h.replace(0));
+        take_committed();
         f();
         let done = HANDLER_DONE.with(|h| h.replace(outer));
         if done != 0 {
             let done = done.max(start);
             let end = now_ns().max(done);
-            self.hist
-                .record(REQUEST_QUEUE, &[start - arrived, done - start, end - done]);
+            let committed = match take_committed() {
+                0 => end,
+                c => c.clamp(done, end),
+            };
+            self.hist.record(
+                REQUEST_QUEUE,
+                &[
+                    start - arrived,
+                    done - start,
+                    committed - done,
+                    end - committed,
+                ],
+            );
         }
     }
 
@@ -148,13 +182,15 @@ impl Breakdown {
         let h = |i| Histogram::from_snapshot(&self.hist.snapshot(i));
         LatencyBreakdown {
             send: h(0),
-            awaiting: h(1),
-            response_receive: h(2),
-            wake: h(3),
-            round_trip: h(4),
-            request_queue: h(5),
-            handler: h(6),
-            response_send: h(7),
+            post: h(1),
+            awaiting: h(2),
+            response_receive: h(3),
+            wake: h(4),
+            round_trip: h(5),
+            request_queue: h(6),
+            handler: h(7),
+            response_send: h(8),
+            response_post: h(9),
         }
     }
 }

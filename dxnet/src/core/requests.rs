@@ -108,8 +108,9 @@ struct Slot {
     timed: bool,
     /// The call, in [`breakdown::ns`] (when `timed`).
     start: u64,
-    /// The request in the ring; its response's arrival and completion
-    /// (these two written before `done`).
+    /// The request committed and the call's end; its response's arrival
+    /// and completion (these two written before `done`).
+    committed: AtomicU64,
     sent: AtomicU64,
     arrived: AtomicU64,
     completed: AtomicU64,
@@ -254,6 +255,7 @@ impl RequestTable {
                 done: AtomicBool::new(false),
                 timed,
                 start,
+                committed: AtomicU64::new(0),
                 sent: AtomicU64::new(0),
                 arrived: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
@@ -442,11 +444,13 @@ impl PendingResponse {
         }
     }
 
-    /// Notes that the request is in the ring (or written): the end of its
-    /// `send` stage.
+    /// Notes that the call sending the request ends (see
+    /// [`breakdown::committed`] for the commit before).
     pub fn mark_sent(&self) {
         let s = self.slot();
         if s.timed {
+            s.committed
+                .store(breakdown::take_committed(), Ordering::Relaxed);
             s.sent.store(breakdown::now_ns(), Ordering::Relaxed);
         }
     }
@@ -459,6 +463,7 @@ impl PendingResponse {
         let s = self.slot();
         let times = RequesterTimes {
             start: s.start,
+            committed: s.committed.load(Ordering::Relaxed),
             sent: s.sent.load(Ordering::Relaxed),
             arrived: s.arrived.load(Ordering::Relaxed),
             completed: s.completed.load(Ordering::Relaxed),

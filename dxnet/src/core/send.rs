@@ -236,6 +236,9 @@ impl Core {
         let len = codec::encoded_len(req)?;
         let now = Instant::now();
         let (id, pending) = self.requests.insert_at(dest, now, timeout, true)?;
+        if self.breakdown.is_some() {
+            breakdown::take_committed();
+        }
         let deadline = pending.deadline();
         with_encoded(req, len, |payload| {
             self.send_frame(
@@ -564,6 +567,9 @@ impl Core {
                     window_back(total);
                     return Err(Error::Decode(format!("cannot serialize message: {e}")));
                 }
+                if self.breakdown.is_some() {
+                    breakdown::committed();
+                }
                 if t.send_standalone(self, conn, &small[..total]) {
                     self.count_sent(conn, total as u64);
                     return Ok(());
@@ -573,6 +579,9 @@ impl Core {
         }
         let notify = || {
             if urgent {
+                if self.breakdown.is_some() {
+                    breakdown::committed();
+                }
                 self.on_urgent_write_interest(dest)
             } else if self.on_write_interest(dest) {
                 // A plain message (no clock reading of its own), newly
