@@ -837,9 +837,17 @@ mod tests {
         assert_eq!(baseline_of("dxnet-tcp"), Some("raw-tcp"));
         assert_eq!(
             baselines_of("dxnet-tcp"),
-            ["raw-tcp", "raw-tcp-batched", "mpi-tcp", "mpi-shm"]
+            [
+                "raw-tcp",
+                "raw-tcp-batched",
+                "mpi-tcp",
+                "mpi-shm",
+                "mpich-tcp",
+                "mpich-shm"
+            ]
         );
         assert!(is_baseline("mpi-tcp") && BindingKind::MpiShm.is_external());
+        assert!(is_baseline("mpich-tcp") && BindingKind::MpichShm.is_mpi());
         assert!(BindingKind::MpiTcp.supports(Operation::AllToAll, Mode::Bi, 16, 4));
         assert!(!BindingKind::MpiTcp.supports(Operation::RdmaWrite, Mode::Uni, 1, 2));
         assert_eq!(baseline_of("raw-tcp"), None);
