@@ -692,33 +692,40 @@ fn latency_breakdown_in_the_results() {
     assert_eq!(split, 8, "{stdout}");
 }
 
-/// Whether Open MPI is installed; under CI its absence is a failure.
-fn have_open_mpi() -> bool {
-    let have = |c: &str| Command::new(c).arg("--version").output().is_ok();
-    if have("mpicc") && have("mpirun") {
+/// Whether every command in `cmds` runs (called with `flag`); under CI
+/// their absence is a failure, elsewhere the caller skips (`packages`
+/// installs them).
+fn have_commands(cmds: &[&str], flag: &str, packages: &str) -> bool {
+    if cmds
+        .iter()
+        .all(|c| Command::new(c).arg(flag).output().is_ok())
+    {
         return true;
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "CI: mpicc and mpirun are missing"
+        "CI: {cmds:?} missing (install {packages})"
     );
-    println!("skipped: no Open MPI (install libopenmpi-dev and openmpi-bin)");
+    println!("skipped: {cmds:?} missing (install {packages})");
     false
 }
 
-/// Whether MPICH is installed beside Open MPI; under CI its absence is a
-/// failure.
+/// Whether Open MPI is installed.
+fn have_open_mpi() -> bool {
+    have_commands(
+        &["mpicc", "mpirun"],
+        "--version",
+        "libopenmpi-dev openmpi-bin",
+    )
+}
+
+/// Whether MPICH is installed beside Open MPI.
 fn have_mpich() -> bool {
-    let have = |c: &str| Command::new(c).arg("-help").output().is_ok();
-    if have("mpicc.mpich") && have("mpiexec.mpich") {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI: mpicc.mpich and mpiexec.mpich are missing"
-    );
-    println!("skipped MPICH: not installed (install mpich and libmpich-dev)");
-    false
+    have_commands(
+        &["mpicc.mpich", "mpiexec.mpich"],
+        "-help",
+        "mpich libmpich-dev",
+    )
 }
 
 /// The MPI bindings (`mpirun` of `mpi/osu.c`) beside dxnet-tcp: every

@@ -71,10 +71,7 @@ impl Core {
             Incoming::Pooled(b) => b.arrived(),
             _ => 0,
         };
-        let _arrival = self
-            .breakdown
-            .is_some()
-            .then(|| breakdown::ArrivalScope::enter(arrived));
+        let _arrival = self.arrival_scope(arrived);
         let base: &[u8] = match &item {
             Incoming::Pooled(b) => b.bytes(),
             Incoming::Local(v) | Incoming::Decoded(v) => v,
@@ -232,10 +229,7 @@ impl Core {
             arrived,
         } = job;
         {
-            let _arrival = self
-                .breakdown
-                .is_some()
-                .then(|| breakdown::ArrivalScope::enter(arrived));
+            let _arrival = self.arrival_scope(arrived);
             self.dispatch(&conn, &header, &payload);
         }
         let bytes = (HEADER_LEN + payload.len()) as u64;

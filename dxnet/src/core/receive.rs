@@ -86,6 +86,15 @@ impl Core {
         Some(InlineWork { conn, buf })
     }
 
+    /// While held, the messages this thread dispatches count as arrived at
+    /// `arrived` (when the node keeps a latency breakdown).
+    #[inline]
+    pub(super) fn arrival_scope(&self, arrived: u64) -> Option<breakdown::ArrivalScope> {
+        self.breakdown
+            .is_some()
+            .then(|| breakdown::ArrivalScope::enter(arrived))
+    }
+
     /// Stamps `buf`'s arrival when the node keeps a latency breakdown.
     #[inline]
     fn stamp_arrival(&self, buf: &mut RecvBuffer) {
@@ -164,10 +173,7 @@ impl Core {
     pub(super) fn complete_standalone_responses(&self, conn: &Arc<Connection>, buf: RecvBuffer) {
         let mut processed = 0u64;
         let mut count = 0u64;
-        let _arrival = self
-            .breakdown
-            .is_some()
-            .then(|| breakdown::ArrivalScope::enter(buf.arrived()));
+        let _arrival = self.arrival_scope(buf.arrived());
         if let Some(seg) = buf.segments().next() {
             let mut pos = 0;
             while let Some((h, end)) = message_at(seg, pos, self.config.limits.max_message_size) {
