@@ -1,7 +1,7 @@
 //! Concurrency primitives that know nothing of messages, connections or
 //! transports: the layers above (`core`, `transport`) use them, they use
 //! nothing above them (plain configuration structs aside). Each is tested on its own; the lock-free ones (`orb`,
-//! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`, `hazard`) also by loom models of the same code (`sync` is the
+//! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`, `hazard`, `free_stack`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
@@ -19,7 +19,9 @@
 //!   consumer at a time).
 //! - [`write_interest`]: the queue of connections with data for the send
 //!   thread, each at most once, round-robin.
-//! - [`pool`]: pooled, reusable receive buffers.
+//! - [`pool`]: pooled, reusable receive buffers, the free ones in a
+//!   [`free_stack`] (lock-free, last in first out: the buffers still in
+//!   cache are used again first).
 //! - [`read_lease`]: one reader at a time for a source that a regular
 //!   reader polls and other threads may read in its place, no readiness
 //!   lost between them.
@@ -40,6 +42,7 @@ use std::sync::OnceLock;
 pub mod buffer_mem;
 pub mod credit;
 pub mod deadline;
+pub mod free_stack;
 pub mod hazard;
 pub mod histogram;
 pub mod in_order;

@@ -9,11 +9,11 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crossbeam::queue::ArrayQueue;
 use smallvec::SmallVec;
+
+use super::free_stack::FreeStack;
 
 /// The memory of all buffers of a pool. Each [`RecvBuffer`] keeps it alive.
 struct Arena {
@@ -176,14 +176,15 @@ impl SegmentSink<'_> {
 /// A fixed set of receive buffers, allocated once at start.
 #[derive(Debug)]
 pub struct BufferPool {
-    free: ArrayQueue<RecvBuffer>,
+    /// Last in, first out: receives go to the buffers still in cache (see
+    /// [`FreeStack`]).
+    free: FreeStack<RecvBuffer>,
     buffer_size: usize,
     /// The arena (for an RDMA engine's memory registration).
     #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     count: usize,
     #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     base: usize,
-    starved: AtomicBool,
 }
 
 impl BufferPool {
@@ -197,9 +198,12 @@ impl BufferPool {
         let mem = unsafe { Box::from_raw(Box::into_raw(bytes) as *mut [UnsafeCell<u8>]) };
         let arena = Arc::new(Arena { mem });
         let base = arena.mem.as_ptr() as *mut u8;
-        let free = ArrayQueue::new(count);
-        for i in 0..count {
-            let _ = free.push(RecvBuffer {
+        let free = FreeStack::new(count);
+        // Pushed last to first: the first buffers are taken first.
+        for i in (0..count).rev() {
+            free.push(
+                i,
+                RecvBuffer {
                 // SAFETY: i * size < count * size, inside the arena.
                 ptr: NonNull::new(unsafe { base.add(i * size) }).expect("arena pointer"),
                 len: size,
@@ -208,14 +212,14 @@ impl BufferPool {
                 segments: SmallVec::new(),
                 standalone: false,
                 arrived: 0,
-            });
+            },
+            );
         }
         Self {
             free,
             buffer_size: size,
             count,
             base: base as usize,
-            starved: AtomicBool::new(false),
         }
     }
 
@@ -229,26 +233,14 @@ impl BufferPool {
     /// A free buffer, or `None` when all are in use (the caller stops
     /// receiving until [`BufferPool::put`] reports a return).
     pub fn get(&self) -> Option<RecvBuffer> {
-        match self.free.pop() {
-            Some(b) => Some(b),
-            None => {
-                self.starved.store(true, Ordering::SeqCst);
-                // A buffer may have come back between the pop and the flag.
-                self.free.pop()
-            }
-        }
+        self.free.pop_or_note()
     }
 
     /// Returns a buffer; true if a receiver was starved and must be woken.
     pub fn put(&self, mut buf: RecvBuffer) -> bool {
         buf.clear();
         debug_assert_eq!(buf.capacity(), self.buffer_size);
-        let _ = self.free.push(buf);
-        // A read-modify-write, not a load first: it orders the push above
-        // before the read of the flag (a plain load may pass the push's
-        // store, and a receiver that starved meanwhile would never be
-        // woken: seen as stalled reception in tests/inline.rs).
-        self.starved.swap(false, Ordering::SeqCst)
+        self.free.push(buf.index as usize, buf)
     }
 
     /// Buffers currently free.
