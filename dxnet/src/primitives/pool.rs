@@ -204,15 +204,15 @@ impl BufferPool {
             free.push(
                 i,
                 RecvBuffer {
-                // SAFETY: i * size < count * size, inside the arena.
-                ptr: NonNull::new(unsafe { base.add(i * size) }).expect("arena pointer"),
-                len: size,
-                index: i as u32,
-                _arena: arena.clone(),
-                segments: SmallVec::new(),
-                standalone: false,
-                arrived: 0,
-            },
+                    // SAFETY: i * size < count * size, inside the arena.
+                    ptr: NonNull::new(unsafe { base.add(i * size) }).expect("arena pointer"),
+                    len: size,
+                    index: i as u32,
+                    _arena: arena.clone(),
+                    segments: SmallVec::new(),
+                    standalone: false,
+                    arrived: 0,
+                },
             );
         }
         Self {

@@ -105,6 +105,38 @@ fn two_producers_one_consumer() {
     });
 }
 
+/// A full ring drained while two producers wait: the first to look at
+/// `front` again refreshes the producers' copy of it, and the other may
+/// reserve on that copy alone. Its writes into the space the consumer just
+/// read must still be ordered after those reads (through the copy), or
+/// loom reports the race on those bytes.
+#[test]
+fn reservation_on_the_refreshed_front_copy() {
+    loom::model(|| {
+        let ring = Ring::new();
+        ring.put(&[1; 8]).unwrap();
+        ring.put(&[2; 8]).unwrap();
+        let consumer = {
+            let ring = ring.clone();
+            thread::spawn(move || ring.drain(24, false))
+        };
+        let producers: Vec<_> = [3u8, 4]
+            .into_iter()
+            .map(|id| {
+                let ring = ring.clone();
+                thread::spawn(move || ring.put(&[id; 4]).unwrap())
+            })
+            .collect();
+        for p in producers {
+            p.join().unwrap();
+        }
+        let got = consumer.join().unwrap();
+        assert_eq!(got[..16], [[1; 8], [2; 8]].concat());
+        let (c, d) = ([3; 4], [4; 4]);
+        assert!(got[16..] == [c, d].concat() || got[16..] == [d, c].concat());
+    });
+}
+
 /// A producer blocked on a full ring gets its space once the consumer
 /// completes (lazily): no lost wakeup.
 #[test]

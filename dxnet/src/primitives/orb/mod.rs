@@ -27,6 +27,10 @@
 //! cores, the producer of an earlier span may be preempted for a whole time
 //! slice, and everybody else goes on filling the ring behind it.
 //!
+//! Producers' space check reads a copy of `front` kept in `reserved`'s cache
+//! line (refreshed only when the copy says the ring is full), not `front`
+//! itself, which the consumer writes after every transfer.
+//!
 //! The consumer moves `committed` forward by walking the slots from
 //! `committed` on (Acquire loads; each slot it passes is cleared for the
 //! ring's next lap) and stops at the first span not yet published, so it
@@ -171,7 +175,8 @@ pub struct Orb {
     front_posted: CachePadded<AtomicU64>,
     /// Written by the consumer only (see [`Orb::collect_commits`]).
     committed: CachePadded<AtomicU64>,
-    reserved: CachePadded<AtomicU64>,
+    /// The reservation position and the producers' copy of `front`.
+    reserved: CachePadded<Reservation>,
     /// `commits[i]`: length of the published span starting in granule `i`
     /// of the current lap, 0 while unpublished or already collected.
     commits: Box<[AtomicU32]>,
@@ -187,6 +192,20 @@ pub struct Orb {
     blocked_hook: std::sync::OnceLock<BlockedHook>,
     /// The [`Consumer`] was handed out.
     consumer_taken: AtomicBool,
+}
+
+/// What producers read and write to reserve space, in one cache line.
+#[derive(Debug)]
+struct Reservation {
+    /// Bytes claimed by producers (the "back reserved"); its top bit is
+    /// the exclusive flag of a producer writing a message in chunks.
+    pos: AtomicU64,
+    /// A value `front` had (never ahead of it: `front` only grows). The
+    /// space check reads this instead of `front`, whose line the consumer
+    /// writes after every transfer, so a reservation misses no cache line
+    /// of the consumer's while the ring has room; `front` itself is read
+    /// only when this copy says the ring is full.
+    front_seen: AtomicU64,
 }
 
 /// The consumer role of one ring buffer (see [`Orb`]): taking committed
@@ -256,7 +275,10 @@ impl Orb {
             front: CachePadded::new(AtomicU64::new(0)),
             front_posted: CachePadded::new(AtomicU64::new(0)),
             committed: CachePadded::new(AtomicU64::new(0)),
-            reserved: CachePadded::new(AtomicU64::new(0)),
+            reserved: CachePadded::new(Reservation {
+                pos: AtomicU64::new(0),
+                front_seen: AtomicU64::new(0),
+            }),
             commits: (0..cap / GRANULE).map(|_| AtomicU32::new(0)).collect(),
             closed: AtomicBool::new(false),
             chunked_end: AtomicU64::new(0),
@@ -389,17 +411,33 @@ impl Orb {
     /// ring.
     fn try_reserve(&self, len: u64) -> Option<u64> {
         loop {
-            // `front` first: it only grows and never passes `reserved`, so
-            // `front <= r`. Acquire: our writes to the bytes we reserve come
-            // after the consumer's reads of them (Release in
-            // `mark_completed`).
-            let front = self.front.load(Ordering::Acquire);
-            let r = self.reserved.load(Ordering::Acquire);
-            if r & EXCLUSIVE != 0 || (r + len).saturating_sub(front) > self.capacity() as u64 {
+            // Acquire on `front` (and on its copy): our writes to the bytes
+            // we reserve come after the consumer's reads of them (Release
+            // in `mark_completed`). `front` may pass `r` if others reserved
+            // and were sent meanwhile: the check saturates and the swap
+            // then fails.
+            let r = self.reserved.pos.load(Ordering::Acquire);
+            if r & EXCLUSIVE != 0 {
                 return None;
+            }
+            let cap = self.capacity() as u64;
+            // The producers' copy of `front` first (same line as `r`):
+            // not ahead of `front`, so a span it lets through is free.
+            // Acquire: it was stored Release after an Acquire load of
+            // `front`, which passes on the order below.
+            let seen = self.reserved.front_seen.load(Ordering::Acquire);
+            if (r + len).saturating_sub(seen) > cap {
+                let front = self.front.load(Ordering::Acquire);
+                if front != seen {
+                    self.reserved.front_seen.store(front, Ordering::Release);
+                }
+                if (r + len).saturating_sub(front) > cap {
+                    return None;
+                }
             }
             if self
                 .reserved
+                .pos
                 .compare_exchange(r, r + len, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
@@ -452,12 +490,13 @@ impl Orb {
     /// exclusive writer's message starts.
     fn try_acquire_exclusive(&self) -> Option<u64> {
         loop {
-            let r = self.reserved.load(Ordering::Acquire);
+            let r = self.reserved.pos.load(Ordering::Acquire);
             if r & EXCLUSIVE != 0 {
                 return None;
             }
             if self
                 .reserved
+                .pos
                 .compare_exchange(r, r | EXCLUSIVE, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
@@ -669,7 +708,7 @@ impl Orb {
     /// false: a committed span may still sit behind an unpublished one.
     pub fn has_unsent(&self) -> bool {
         let fp = self.front_posted.load(Ordering::Acquire);
-        self.reserved.load(Ordering::Acquire) & !EXCLUSIVE != fp
+        self.reserved.pos.load(Ordering::Acquire) & !EXCLUSIVE != fp
     }
 
     /// The transport took the next `n` unposted bytes.
@@ -747,7 +786,7 @@ impl Orb {
         let front = self.front.load(Ordering::Acquire);
         let front_posted = self.front_posted.load(Ordering::Acquire);
         let committed = self.committed.load(Ordering::Acquire);
-        let reserved = self.reserved.load(Ordering::Acquire) & !EXCLUSIVE;
+        let reserved = self.reserved.pos.load(Ordering::Acquire) & !EXCLUSIVE;
         OrbPositions {
             front,
             front_posted,
@@ -759,7 +798,7 @@ impl Orb {
     /// Whether every reserved byte has been committed, posted and completed.
     pub fn is_empty(&self) -> bool {
         let front = self.front.load(Ordering::Acquire);
-        front == self.reserved.load(Ordering::Acquire) & !EXCLUSIVE
+        front == self.reserved.pos.load(Ordering::Acquire) & !EXCLUSIVE
     }
 
     /// Closes the ring: producers waiting for space or for a chunked writer

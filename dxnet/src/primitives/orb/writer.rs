@@ -89,11 +89,12 @@ impl<'a> OrbWriter<'a> {
         self.chunk_end = from + take;
         if self.chunk_end == self.msg_end {
             // Last chunk: let other producers reserve behind us already.
-            orb.reserved.store(self.chunk_end, Ordering::Release);
+            orb.reserved.pos.store(self.chunk_end, Ordering::Release);
             self.exclusive = false;
             orb.wake_waiters();
         } else {
             orb.reserved
+                .pos
                 .store(self.chunk_end | EXCLUSIVE, Ordering::Release);
         }
         Ok(())
@@ -194,7 +195,10 @@ impl Drop for OrbWriter<'_> {
             self.commit_pending();
         }
         if self.exclusive {
-            self.orb.reserved.fetch_and(!EXCLUSIVE, Ordering::AcqRel);
+            self.orb
+                .reserved
+                .pos
+                .fetch_and(!EXCLUSIVE, Ordering::AcqRel);
             self.orb.wake_waiters();
         }
     }
