@@ -4,12 +4,37 @@
 //! A message that lies within one buffer is handed out as a borrowed slice
 //! (zero copy); one split across buffers is reassembled in a per-connection
 //! scratch vector that grows only as bytes actually arrive, never to a size
-//! claimed by the peer, and is capped by `max_message_size`.
+//! claimed by the peer, and is capped by `max_message_size`. A large
+//! reassembled payload, whose vector the decoder would not keep for the
+//! next one, is handed over to be taken rather than copied
+//! ([`Decoder::feed_pieces`], [`Piece::Given`]).
 
 use crate::header::{HeaderError, MessageHeader, HEADER_LEN};
 
 /// Scratch capacity kept after a large reassembled message (bytes).
 const KEEP_SCRATCH: usize = 256 << 10;
+
+/// A completed message's payload, as [`Decoder::feed_pieces`] hands it out.
+#[derive(Debug)]
+pub enum Piece<'a> {
+    /// The payload, lent: within the fed bytes, or reassembled in the
+    /// scratch vector the decoder keeps for the next split message.
+    Lent(&'a [u8]),
+    /// A reassembled payload larger than the scratch the decoder keeps:
+    /// the callee may take the vector (`std::mem::take`) rather than copy
+    /// it (the decoder would free it).
+    Given(&'a mut Vec<u8>),
+}
+
+impl Piece<'_> {
+    /// The payload bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Lent(b) => b,
+            Piece::Given(v) => v,
+        }
+    }
+}
 
 /// Reassembly state of one connection's incoming stream.
 #[derive(Debug)]
@@ -44,9 +69,18 @@ impl Decoder {
     /// Feeds the next bytes of the stream; `on_message` gets every message
     /// completed by them, in order. After an error the stream is unusable and
     /// every later call fails too.
-    pub fn feed<F>(&mut self, mut data: &[u8], mut on_message: F) -> Result<(), HeaderError>
+    pub fn feed<F>(&mut self, data: &[u8], mut on_message: F) -> Result<(), HeaderError>
     where
         F: FnMut(&MessageHeader, &[u8]),
+    {
+        self.feed_pieces(data, |h, p| on_message(h, p.bytes()))
+    }
+
+    /// Like [`Decoder::feed`], handing out each payload as a [`Piece`], so
+    /// a reassembled one can be taken instead of copied.
+    pub fn feed_pieces<F>(&mut self, mut data: &[u8], mut on_message: F) -> Result<(), HeaderError>
+    where
+        F: FnMut(&MessageHeader, Piece<'_>),
     {
         if self.failed {
             return Err(HeaderError::BadMagic(0));
@@ -59,7 +93,11 @@ impl Decoder {
                 self.scratch.extend_from_slice(&data[..take]);
                 data = &data[take..];
                 if self.scratch.len() == h.payload_len as usize {
-                    on_message(&h, &self.scratch);
+                    if self.scratch.capacity() > KEEP_SCRATCH {
+                        on_message(&h, Piece::Given(&mut self.scratch));
+                    } else {
+                        on_message(&h, Piece::Lent(&self.scratch));
+                    }
                     self.current = None;
                     self.scratch.clear();
                     if self.scratch.capacity() > KEEP_SCRATCH {
@@ -88,7 +126,7 @@ impl Decoder {
             };
             let len = header.payload_len as usize;
             if data.len() >= len {
-                on_message(&header, &data[..len]);
+                on_message(&header, Piece::Lent(&data[..len]));
                 data = &data[len..];
             } else {
                 self.current = Some(header);
@@ -143,6 +181,45 @@ mod tests {
             }
             assert!(d.is_idle());
             assert_eq!(got, expect, "chunk size {chunk}");
+        }
+    }
+
+    /// Large reassembled payloads are given and taken by the callee (every
+    /// other one): the decoder goes on in a new scratch vector, and every
+    /// message, taken or lent, arrives intact.
+    #[test]
+    fn reassembled_payloads_can_be_taken() {
+        let mut stream = Vec::new();
+        let mut expect = Vec::new();
+        for i in 0..40u32 {
+            let len = if i % 3 == 0 {
+                KEEP_SCRATCH + 1 + i as usize
+            } else {
+                (i * 53 % 700) as usize
+            };
+            let p: Vec<u8> = (0..len).map(|x| ((x as u32 * 7) ^ i) as u8).collect();
+            stream.extend(encode(1, i, &p));
+            expect.push((i, p));
+        }
+        for chunk in [7usize, 64, 333, 70_000] {
+            let mut d = Decoder::new(1 << 20);
+            let (mut got, mut taken) = (Vec::new(), 0);
+            for c in stream.chunks(chunk) {
+                d.feed_pieces(c, |h, piece| {
+                    let bytes = match piece {
+                        Piece::Given(v) if h.request_id % 2 == 0 => {
+                            taken += 1;
+                            std::mem::take(v)
+                        }
+                        p => p.bytes().to_vec(),
+                    };
+                    got.push((h.request_id, bytes));
+                })
+                .unwrap();
+            }
+            assert!(d.is_idle());
+            assert_eq!(got, expect, "chunk size {chunk}");
+            assert!(taken > 0, "chunk size {chunk}: a large payload was given");
         }
     }
 

@@ -77,22 +77,28 @@ impl Core {
             Incoming::Local(v) | Incoming::Decoded(v) => v,
         };
         let res = {
-            let mut on_msg = |h: &MessageHeader, p: &[u8]| {
+            let mut on_msg = |h: &MessageHeader, piece: Piece<'_>| {
                 if h.kind().is_response() {
                     // Outside the flow-control window: counted in the
                     // stats only.
-                    responses += (HEADER_LEN + p.len()) as u64;
+                    responses += (HEADER_LEN + piece.bytes().len()) as u64;
                     count += 1;
-                    self.dispatch(conn, h, p);
+                    self.dispatch_piece(conn, h, piece);
                     return;
                 }
                 // Payloads inside the buffer are referenced, reassembled
-                // ones (split across buffers) copied out of the decoder.
-                let off = (p.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
-                let at = if !p.is_empty() && off <= base.len() && p.len() <= base.len() - off {
-                    PayloadAt::In(off..off + p.len())
-                } else {
-                    PayloadAt::Owned(p.to_vec())
+                // ones (split across buffers) copied or, if large, taken
+                // from the decoder.
+                let at = match piece {
+                    Piece::Given(v) => PayloadAt::Owned(std::mem::take(v)),
+                    Piece::Lent(p) => {
+                        let off = (p.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+                        if !p.is_empty() && off <= base.len() && p.len() <= base.len() - off {
+                            PayloadAt::In(off..off + p.len())
+                        } else {
+                            PayloadAt::Owned(p.to_vec())
+                        }
+                    }
                 };
                 pending.push(PendingMessage { header: *h, at });
             };
@@ -102,12 +108,13 @@ impl Core {
                 Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
                 Incoming::Pooled(b) => {
                     let mut dec = conn.decoder.lock();
-                    b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg))
+                    b.segments()
+                        .try_for_each(|seg| dec.feed_pieces(seg, &mut on_msg))
                 }
-                Incoming::Local(v) => conn.decoder.lock().feed(v, &mut on_msg),
+                Incoming::Local(v) => conn.decoder.lock().feed_pieces(v, &mut on_msg),
                 // Whole messages: no decoder state involved.
                 Incoming::Decoded(v) => {
-                    Decoder::new(self.config.limits.max_message_size).feed(v, &mut on_msg)
+                    Decoder::new(self.config.limits.max_message_size).feed_pieces(v, &mut on_msg)
                 }
             }
         };
@@ -246,6 +253,33 @@ impl Core {
     /// Runs the receiver of one message from `conn`; returns the bytes
     /// whose flow-control window its receiver holds on to (see
     /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
+    /// [`Core::dispatch`] of a decoded [`Piece`]: a large reassembled
+    /// response payload becomes the request's outcome as it is (no copy).
+    pub(super) fn dispatch_piece(
+        &self,
+        conn: &Arc<Connection>,
+        h: &MessageHeader,
+        piece: Piece<'_>,
+    ) -> u64 {
+        match piece {
+            Piece::Given(v) if h.kind() == MessageKind::Response => {
+                if !self
+                    .requests
+                    .complete_owned(h.request_id, conn.peer, std::mem::take(v))
+                {
+                    tracing::debug!(
+                        "{}: response {} from {} matches no pending request",
+                        self.own,
+                        h.request_id,
+                        conn.peer
+                    );
+                }
+                0
+            }
+            piece => self.dispatch(conn, h, piece.bytes()),
+        }
+    }
+
     pub(super) fn dispatch(
         &self,
         conn: &Arc<Connection>,

@@ -65,7 +65,7 @@ use crate::primitives::park::{self, Idle, Signal};
 use crate::primitives::pool::{BufferPool, RecvBuffer};
 use crate::primitives::stats::Stats;
 use crate::primitives::write_interest::WriteInterest;
-use crate::proto::decoder::Decoder;
+use crate::proto::decoder::{Decoder, Piece};
 use crate::proto::{codec, identity, wire};
 use connection::{ConnState, Connection, ConnectionTable, Incoming, Owned};
 use flow::{FlowControl, FlowWaitError};

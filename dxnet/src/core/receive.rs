@@ -306,22 +306,24 @@ impl Core {
         let mut out = Vec::new();
         let mut done = 0u64;
         let mut responses = 0u64;
-        let mut on_msg = |h: &MessageHeader, p: &[u8]| {
+        let mut on_msg = |h: &MessageHeader, piece: Piece<'_>| {
             if h.kind().is_response() {
-                done += (HEADER_LEN + p.len()) as u64;
+                done += (HEADER_LEN + piece.bytes().len()) as u64;
                 responses += 1;
-                self.dispatch(conn, h, p);
+                self.dispatch_piece(conn, h, piece);
             } else {
                 let mut hb = [0u8; HEADER_LEN];
                 h.encode(&mut hb);
                 out.extend_from_slice(&hb);
-                out.extend_from_slice(p);
+                out.extend_from_slice(piece.bytes());
             }
         };
         let res = match &item {
             Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
-            Incoming::Pooled(b) => b.segments().try_for_each(|seg| dec.feed(seg, &mut on_msg)),
-            Incoming::Local(v) | Incoming::Decoded(v) => dec.feed(v, &mut on_msg),
+            Incoming::Pooled(b) => b
+                .segments()
+                .try_for_each(|seg| dec.feed_pieces(seg, &mut on_msg)),
+            Incoming::Local(v) | Incoming::Decoded(v) => dec.feed_pieces(v, &mut on_msg),
         };
         if let Incoming::Pooled(b) = item {
             *freed |= self.pool.put(b);
@@ -337,11 +339,11 @@ impl Core {
     pub(super) fn feed_standalone(
         &self,
         b: &RecvBuffer,
-        on_msg: &mut impl FnMut(&MessageHeader, &[u8]),
+        on_msg: &mut impl FnMut(&MessageHeader, Piece<'_>),
     ) -> std::result::Result<(), crate::message::HeaderError> {
         let mut dec = Decoder::new(self.config.limits.max_message_size);
         b.segments()
-            .try_for_each(|seg| dec.feed(seg, &mut *on_msg))?;
+            .try_for_each(|seg| dec.feed_pieces(seg, &mut *on_msg))?;
         if dec.is_idle() {
             Ok(())
         } else {

@@ -299,6 +299,13 @@ impl RequestTable {
             .is_some_and(|s| s.complete_payload(payload))
     }
 
+    /// Completes request `id` from `from` with `payload` itself (a
+    /// reassembled response taken from the decoder: no copy).
+    pub fn complete_owned(&self, id: u32, from: NodeId, payload: Vec<u8>) -> bool {
+        self.take_pending(id, from)
+            .is_some_and(|s| s.complete_with(|_| Ok(payload)))
+    }
+
     /// Removes and returns request `id` if it is pending on `from`.
     fn take_pending(&self, id: u32, from: NodeId) -> Option<Arc<Slot>> {
         let mut shard = self.shard(id).lock();
