@@ -20,9 +20,9 @@ pub enum Piece<'a> {
     /// The payload, lent: within the fed bytes, or reassembled in the
     /// scratch vector the decoder keeps for the next split message.
     Lent(&'a [u8]),
-    /// A reassembled payload larger than the scratch the decoder keeps:
-    /// the callee may take the vector (`std::mem::take`) rather than copy
-    /// it (the decoder would free it).
+    /// A reassembled payload in a vector larger than the scratch the
+    /// decoder keeps: the callee may take the vector (`std::mem::take`)
+    /// rather than copy it (the decoder would free it).
     Given(&'a mut Vec<u8>),
 }
 
@@ -93,12 +93,14 @@ impl Decoder {
                 self.scratch.extend_from_slice(&data[..take]);
                 data = &data[take..];
                 if self.scratch.len() == h.payload_len as usize {
+                    // Done with it before the callee runs (it may take the
+                    // vector, or unwind).
+                    self.current = None;
                     if self.scratch.capacity() > KEEP_SCRATCH {
                         on_message(&h, Piece::Given(&mut self.scratch));
                     } else {
                         on_message(&h, Piece::Lent(&self.scratch));
                     }
-                    self.current = None;
                     self.scratch.clear();
                     if self.scratch.capacity() > KEEP_SCRATCH {
                         self.scratch = Vec::new();

@@ -250,9 +250,6 @@ impl Core {
         }
     }
 
-    /// Runs the receiver of one message from `conn`; returns the bytes
-    /// whose flow-control window its receiver holds on to (see
-    /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
     /// [`Core::dispatch`] of a decoded [`Piece`]: a large reassembled
     /// response payload becomes the request's outcome as it is (no copy).
     pub(super) fn dispatch_piece(
@@ -280,6 +277,9 @@ impl Core {
         }
     }
 
+    /// Runs the receiver of one message from `conn`; returns the bytes
+    /// whose flow-control window its receiver holds on to (see
+    /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
     pub(super) fn dispatch(
         &self,
         conn: &Arc<Connection>,

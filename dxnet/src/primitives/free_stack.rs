@@ -3,10 +3,8 @@
 //!
 //! Last in, first out on purpose: the buffer handed back last is still in
 //! the caches (the kernel's or the NIC's copy into it, the decoder's reads
-//! of it), so a receiver that takes it writes into warm lines. A FIFO queue
-//! cycles through every buffer of the pool in turn (32 MiB by default, more
-//! than the last-level cache), so every receive lands in cold memory and
-//! the first lap also takes a page fault per page.
+//! of it), so a receiver that takes it writes into warm lines, and the
+//! buffers a light load needs are the only ones ever touched.
 //!
 //! Neither side waits for the other: a push or pop retries its
 //! compare-and-swap only when another one succeeded meanwhile. The top is
@@ -94,6 +92,9 @@ impl<T> FreeStack<T> {
         // caller), so no other thread accesses this slot until the swap
         // below publishes it.
         self.slots[index].with_mut(|s| unsafe { *s = Some(item) });
+        // Counted before the item can be taken (the swap below), so the
+        // taker's decrement never comes first.
+        self.len.fetch_add(1, Ordering::Relaxed);
         let mut top = self.top.load(Ordering::SeqCst);
         loop {
             self.below[index].store((top & INDEX_MASK) as u32, Ordering::Relaxed);
@@ -106,7 +107,6 @@ impl<T> FreeStack<T> {
                 Err(now) => top = now,
             }
         }
-        self.len.fetch_add(1, Ordering::Relaxed);
         // Pairs with the fence in `pop_or_note`: either the taker's second
         // look finds this item, or this look finds its note.
         fence(Ordering::SeqCst);
@@ -123,9 +123,11 @@ impl<T> FreeStack<T> {
             }
             let slot = index - 1;
             // The pusher of `slot` wrote this before its swap, which this
-            // thread's load of `top` saw. If `slot` left the stack since,
-            // `top` changed (the pop counted in the tag), so the swap below
-            // fails and a stale value here is never used.
+            // thread's load of `top` saw (every write of `top` is a
+            // read-modify-write, so any later value carries that order on).
+            // If `slot` left the stack since, `top` changed (the pop counted
+            // in the tag), so the swap below fails and a stale value here
+            // is never used.
             let below = self.below[slot].load(Ordering::Relaxed);
             let new = (top & !INDEX_MASK).wrapping_add(TAG_ONE) | u64::from(below);
             match self
@@ -160,13 +162,6 @@ impl<T> FreeStack<T> {
     /// Items on the stack now (exact when nothing runs concurrently).
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
-    }
-}
-
-impl<T> Drop for FreeStack<T> {
-    fn drop(&mut self) {
-        // Items left on the stack are dropped with their slots.
-        while self.pop().is_some() {}
     }
 }
 

@@ -183,7 +183,7 @@ pub struct BufferPool {
     /// The arena (for an RDMA engine's memory registration).
     #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     count: usize,
-    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    /// The arena's address (also to check that a returned buffer is ours).
     base: usize,
 }
 
@@ -239,7 +239,12 @@ impl BufferPool {
     /// Returns a buffer; true if a receiver was starved and must be woken.
     pub fn put(&self, mut buf: RecvBuffer) -> bool {
         buf.clear();
-        debug_assert_eq!(buf.capacity(), self.buffer_size);
+        // A buffer of another pool would take the slot of one of ours.
+        assert_eq!(
+            buf.ptr.as_ptr() as usize,
+            self.base + buf.index as usize * self.buffer_size,
+            "receive buffer returned to a pool it does not belong to"
+        );
         self.free.push(buf.index as usize, buf)
     }
 
