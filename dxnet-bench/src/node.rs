@@ -20,6 +20,8 @@ struct Measured {
     wire0: Vec<Option<u64>>,
     /// Each logical node's latency breakdown before the phase.
     breakdown0: Vec<Option<dxnet::breakdown::LatencyBreakdown>>,
+    /// Each logical node's count of answered requests before the phase.
+    requests0: Vec<u64>,
 }
 
 struct Prepared {
@@ -146,6 +148,7 @@ impl Worker {
                     .iter()
                     .map(|ln| ln.binding.latency_breakdown())
                     .collect();
+                let requests0 = self.nodes.iter().map(|ln| ln.sink.requests()).collect();
                 let cpu0 = metrics::process_cpu_s();
                 let nodes = ops::run_phase(&self.nodes, &ctx, p.run.count)?;
                 ops::arm(&self.nodes, &ctx, p.run.count);
@@ -154,6 +157,7 @@ impl Worker {
                     cpu0,
                     wire0,
                     breakdown0,
+                    requests0,
                 });
             }
             Command::Collect => {
@@ -185,12 +189,27 @@ impl Worker {
                     if let Some(k) = self.nodes.iter().position(|ln| ln.id == n.id) {
                         let b = &self.nodes[k].binding;
                         n.connections = b.connection_stats();
-                        // Stamped when the requester holds its response:
-                        // every round trip of the phase is in by now.
-                        n.breakdown = b
-                            .latency_breakdown()
-                            .zip(m.breakdown0[k].as_ref())
-                            .map(|(after, before)| after.since(before));
+                        // The requester's stages are stamped when it holds
+                        // its response: every round trip of the phase is
+                        // in by now. A responder records its stages once
+                        // its response left, which may be just after the
+                        // requester got it: wait (briefly) for every
+                        // request it answered.
+                        let answered = self.nodes[k].sink.requests() - m.requests0[k];
+                        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                        n.breakdown = loop {
+                            let d = b
+                                .latency_breakdown()
+                                .zip(m.breakdown0[k].as_ref())
+                                .map(|(after, before)| after.since(before));
+                            let settled = d
+                                .as_ref()
+                                .map_or(true, |d| d.response_post.count() >= answered);
+                            if settled || std::time::Instant::now() >= until {
+                                break d;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        };
                     }
                 }
                 return Ok(Some(Reply::Measured {

@@ -495,6 +495,8 @@ pub struct Sink {
     mode: AtomicU8,
     received: AtomicU64,
     bytes: AtomicU64,
+    /// Requests answered (never reset; see [`Sink::requests`]).
+    requests: AtomicU64,
     expected: AtomicU64,
     done: Mutex<Option<Instant>>,
     done_cv: Condvar,
@@ -519,6 +521,7 @@ impl Sink {
         Sink {
             mode: AtomicU8::new(SinkMode::Count as u8),
             received: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             expected: AtomicU64::new(u64::MAX),
             done: Mutex::new(None),
@@ -592,7 +595,14 @@ impl Sink {
     /// Called by the binding for every request it answers itself, so that a
     /// responder knows when the initiator is done.
     pub fn note_request(&self, len: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.count(len);
+    }
+
+    /// Requests answered since the sink was made (each counted as its
+    /// handler runs, before the response leaves).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Acquire)
     }
 
     /// Makes every counted message cost `ns` nanoseconds of hashing.
