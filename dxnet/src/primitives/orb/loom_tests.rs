@@ -38,6 +38,14 @@ impl Ring {
         }
     }
 
+    /// A 16-byte ring holding `[1; 8]` and `[2; 8]`: full.
+    fn full() -> Self {
+        let ring = Ring::new();
+        ring.put(&[1; 8]).unwrap();
+        ring.put(&[2; 8]).unwrap();
+        ring
+    }
+
     fn put(&self, data: &[u8]) -> Result<(), OrbError> {
         self.orb
             .write_message(data.len(), &far(), &|| self.ready.notify(), |w| {
@@ -113,9 +121,7 @@ fn two_producers_one_consumer() {
 #[test]
 fn reservation_on_the_refreshed_front_copy() {
     loom::model(|| {
-        let ring = Ring::new();
-        ring.put(&[1; 8]).unwrap();
-        ring.put(&[2; 8]).unwrap();
+        let ring = Ring::full();
         let consumer = {
             let ring = ring.clone();
             thread::spawn(move || ring.drain(24, false))
@@ -142,9 +148,7 @@ fn reservation_on_the_refreshed_front_copy() {
 #[test]
 fn blocked_producer_is_woken() {
     loom::model(|| {
-        let ring = Ring::new();
-        ring.put(&[1; 8]).unwrap();
-        ring.put(&[2; 8]).unwrap();
+        let ring = Ring::full();
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || ring.put(&[3; 8]).unwrap())
@@ -208,9 +212,7 @@ fn chunked_message_with_concurrent_producer() {
 #[test]
 fn close_wakes_blocked_producer() {
     loom::model(|| {
-        let ring = Ring::new();
-        ring.put(&[1; 8]).unwrap();
-        ring.put(&[2; 8]).unwrap();
+        let ring = Ring::full();
         let producer = {
             let ring = ring.clone();
             thread::spawn(move || ring.put(&[3; 4]))
