@@ -62,7 +62,7 @@ pub use config::{
 pub use core::metrics::ConnectionStats;
 pub use error::{Cancelled, Error, RegionError, Result, Unreachable, Waited};
 pub use message::{Message, Request};
-pub use node::{HeldWindow, MultiSend, Node, NodeStats, ResponseHandle};
+pub use node::{HeldMessage, MultiSend, Node, NodeStats, ResponseHandle};
 pub use pull::{PullReceiver, RecvError};
 pub use region::{Access, Region, RemoteRegion};
 

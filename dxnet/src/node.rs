@@ -74,12 +74,99 @@ pub struct NodeStats {
     pub speculation_stops: u64,
 }
 
-/// One received message's share of its sender's flow-control window,
-/// given to a receiver registered with [`Node::register_raw_held`]: the
+/// A message given to a receiver registered with
+/// [`Node::register_raw_held`]: its payload (`Deref` to `[u8]`) and its
+/// share of the sender's flow-control window, both held until it drops.
+///
+/// The payload is lent from the receive buffer it arrived in (no copy)
+/// when it is at least a sixteenth of a receive buffer
+/// (`limits.recv_buffer_size`) and more than half of the node's receive
+/// buffers are free; otherwise it is a copy (or the reassembled bytes of a
+/// message that spanned buffers). A lent payload keeps its whole receive
+/// buffer out of the pool until every message lent from it dropped, so
+/// messages held for long take receive buffers only while half of them
+/// stay free. A message to the own node holds no window.
+#[must_use = "dropping it gives the window (and a lent buffer) back at once"]
+pub struct HeldMessage {
+    bytes: HeldBytes,
+    /// Declared after `bytes`: the window goes back once the bytes are
+    /// gone.
+    _window: HeldWindow,
+}
+
+/// Where a [`HeldMessage`]'s payload is.
+enum HeldBytes {
+    Lent {
+        buf: Arc<crate::core::SharedRecv>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Vec<u8>),
+}
+
+impl HeldMessage {
+    pub(crate) fn lent(
+        buf: Arc<crate::core::SharedRecv>,
+        start: usize,
+        len: usize,
+        window: HeldWindow,
+    ) -> Self {
+        debug_assert!(start + len <= buf.bytes().len());
+        Self {
+            bytes: HeldBytes::Lent { buf, start, len },
+            _window: window,
+        }
+    }
+
+    pub(crate) fn owned(bytes: Vec<u8>, window: HeldWindow) -> Self {
+        Self {
+            bytes: HeldBytes::Owned(bytes),
+            _window: window,
+        }
+    }
+
+    /// The payload.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            HeldBytes::Lent { buf, start, len } => &buf.bytes()[*start..*start + *len],
+            HeldBytes::Owned(v) => v,
+        }
+    }
+
+    /// Whether the payload is lent from a receive buffer (not a copy).
+    pub fn is_lent(&self) -> bool {
+        matches!(self.bytes, HeldBytes::Lent { .. })
+    }
+
+    /// Bytes of the sender's window held (the message with its header; 0
+    /// for a message to the own node).
+    pub fn window_bytes(&self) -> u64 {
+        self._window.bytes()
+    }
+}
+
+impl std::ops::Deref for HeldMessage {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+impl std::fmt::Debug for HeldMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldMessage")
+            .field("len", &self.bytes().len())
+            .field("lent", &self.is_lent())
+            .field("window", &self._window)
+            .finish()
+    }
+}
+
+/// One received message's share of its sender's flow-control window: the
 /// bytes go back to the sender's window when this drops. A message to the
 /// own node holds nothing.
-#[must_use = "dropping it gives the window back at once"]
-pub struct HeldWindow {
+pub(crate) struct HeldWindow {
     core: std::sync::Weak<Core>,
     conn: Arc<crate::core::connection::Connection>,
     bytes: u64,
@@ -99,7 +186,7 @@ impl HeldWindow {
     }
 
     /// Bytes of the window held (the message with its header).
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 }
@@ -194,19 +281,19 @@ impl Node {
         self.core.register_raw(msg_type, subtype, f, Mode::Ordered)
     }
 
-    /// [`Node::register_raw`] whose receiver keeps each message's share of
-    /// the sender's flow-control window until it drops the message's
-    /// [`HeldWindow`] (not when it returns). A receiver that puts messages
-    /// into its own queue and keeps the window with each thereby bounds
-    /// that queue by the senders' windows (`flow_control.window` per
-    /// connection) without ever blocking a handler thread: a sender whose
-    /// window is held blocks (or times out) until the consumer takes its
-    /// messages. Dropping the window at once behaves as `register_raw`.
-    /// Messages come in connection order on the connection's handler
-    /// thread, as with `register_raw`.
+    /// [`Node::register_raw`] whose receiver keeps each message, its
+    /// payload and its share of the sender's flow-control window, until it
+    /// drops the [`HeldMessage`] (not when it returns). A receiver that
+    /// puts messages into its own queue thereby bounds that queue by the
+    /// senders' windows (`limits.flow_control_window` per connection)
+    /// without ever blocking a handler thread: a sender whose window is
+    /// held blocks (or times out) until the consumer takes its messages.
+    /// Large payloads are lent from the receive buffer, not copied (see
+    /// [`HeldMessage`]). Messages come in connection order on the
+    /// connection's handler thread, as with `register_raw`.
     pub fn register_raw_held<F>(&self, msg_type: u8, subtype: u8, f: F) -> Result<()>
     where
-        F: Fn(NodeId, &[u8], HeldWindow) + Send + Sync + 'static,
+        F: Fn(NodeId, HeldMessage) + Send + Sync + 'static,
     {
         self.core.register_raw_held(msg_type, subtype, f)
     }

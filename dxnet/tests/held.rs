@@ -1,7 +1,9 @@
-//! Receivers that keep their messages' flow-control window
+//! Receivers that keep their messages and their flow-control window
 //! (`Node::register_raw_held`): an application queue fed by one is bounded
 //! by the senders' windows, the handler threads never block on it, and
 //! every message arrives once and in order after the consumer lets go.
+//! Large payloads are lent from receive buffers: they stay intact while
+//! held, and lending stops before it could starve the receive pool.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use dxnet::{Error, HeldWindow, NodeId, Waited};
+use dxnet::{Error, HeldMessage, NodeId, Waited};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]
@@ -28,16 +30,20 @@ fn payload(i: u64) -> Vec<u8> {
     p
 }
 
-type Queue = Arc<Mutex<Vec<(NodeId, Vec<u8>, HeldWindow)>>>;
+type Queue = Arc<Mutex<Vec<(NodeId, HeldMessage)>>>;
 
 /// Takes everything queued, checks it continues the sequence at `next`,
 /// and drops the windows.
 fn take_checked(q: &Queue, next: &mut u64) -> usize {
     let taken = std::mem::take(&mut *q.lock().unwrap());
-    for (src, p, w) in &taken {
+    for (src, m) in &taken {
         assert_eq!(*src, NodeId(1));
-        assert_eq!(p, &payload(*next), "message {next} intact and in order");
-        assert!(w.bytes() >= SIZE as u64);
+        assert_eq!(
+            &m[..],
+            &payload(*next)[..],
+            "message {next} intact and in order"
+        );
+        assert!(m.window_bytes() >= SIZE as u64);
         *next += 1;
     }
     taken.len()
@@ -52,9 +58,7 @@ fn held_windows(kind: Kind) {
     let q: Queue = Arc::default();
     let q2 = q.clone();
     cluster[0]
-        .register_raw_held(50, 0, move |src, p, w| {
-            q2.lock().unwrap().push((src, p.to_vec(), w))
-        })
+        .register_raw_held(50, 0, move |src, m| q2.lock().unwrap().push((src, m)))
         .unwrap();
     cluster[0].register_request(|_, Ask(n)| Answer(n)).unwrap();
 
@@ -120,4 +124,77 @@ fn held_windows_bound_the_queue_tcp() {
 #[test]
 fn held_windows_bound_the_queue_loopback() {
     held_windows(Kind::Loopback);
+}
+
+/// Payload `i` of the lending test: 4–40 KiB, its bytes derived from `i`.
+fn large_payload(i: u64) -> Vec<u8> {
+    let len = 4096 + (i.wrapping_mul(0x9E37_79B9) % (36 << 10)) as usize;
+    let mut p: Vec<u8> = (0..len).map(|k| (i as usize * 31 + k) as u8).collect();
+    p[..8].copy_from_slice(&i.to_le_bytes());
+    p
+}
+
+/// A consumer that holds every message while later ones keep arriving:
+/// lent payloads stay intact (their buffers are not reused), lending stops
+/// once half of the receive pool would be out, copies take over, and the
+/// node keeps receiving meanwhile (another node's request is answered).
+fn lent_payloads(kind: Kind) {
+    const POOL: usize = 16;
+    const COUNT: u64 = 300;
+    let cluster = start_all(cluster_configs(kind, 3, |c| {
+        c.limits.recv_pool_size = POOL;
+        c.limits.flow_control_window = 32 << 20;
+        c.handler_threads = 1;
+    }));
+    let q: Queue = Arc::default();
+    let q2 = q.clone();
+    cluster[0]
+        .register_raw_held(51, 0, move |src, m| q2.lock().unwrap().push((src, m)))
+        .unwrap();
+    cluster[0].register_request(|_, Ask(n)| Answer(n)).unwrap();
+    let sender = {
+        let node = cluster[1].clone();
+        std::thread::spawn(move || {
+            for i in 0..COUNT {
+                node.send_raw(NodeId(0), 51, 0, &large_payload(i)).unwrap();
+            }
+        })
+    };
+    wait_for(30, "every message held", || {
+        q.lock().unwrap().len() as u64 == COUNT
+    });
+    sender.join().unwrap();
+    // Everything is still held: the pool was not drained by the holds.
+    let r = cluster[2].request(NodeId(0), &Ask(9), Duration::from_secs(10));
+    assert_eq!(r.unwrap(), Answer(9));
+    let held = std::mem::take(&mut *q.lock().unwrap());
+    let lent = held.iter().filter(|(_, m)| m.is_lent()).count();
+    for (i, (src, m)) in held.iter().enumerate() {
+        assert_eq!(*src, NodeId(1));
+        assert_eq!(
+            &m[..],
+            &large_payload(i as u64)[..],
+            "message {i} intact and in order"
+        );
+    }
+    assert!(lent > 0, "no payload was lent");
+    assert!(lent < held.len(), "lending never stopped");
+    drop(held);
+    // The buffers came back: lending again, and still intact.
+    let more = cluster[1].clone();
+    more.send_raw(NodeId(0), 51, 0, &large_payload(COUNT))
+        .unwrap();
+    wait_for(10, "the last message", || q.lock().unwrap().len() == 1);
+    let (_, m) = q.lock().unwrap().pop().unwrap();
+    assert_eq!(&m[..], &large_payload(COUNT)[..]);
+}
+
+#[test]
+fn lent_payloads_stay_intact_tcp() {
+    lent_payloads(Kind::Tcp);
+}
+
+#[test]
+fn lent_payloads_stay_intact_loopback() {
+    lent_payloads(Kind::Loopback);
 }

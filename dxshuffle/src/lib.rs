@@ -54,9 +54,13 @@
 //! ([`dxnet::Node::register_raw_held`]) until its puller has read it, so a
 //! push to a process whose pullers lag waits (up to dxnet's send timeout)
 //! once that process holds a window's worth of unread batches from this
-//! one. Pullers of one process share the window of each sending process:
-//! run them concurrently (a thread each), as the paper's receiving
-//! threads do.
+//! one. Pullers read large batches in place, in dxnet's receive buffers
+//! (see [`dxnet::HeldMessage`]). Batches to a puller of the own process
+//! skip dxnet (no message, no copy): at most 64 of them wait unread per
+//! puller, and a pusher with another one for it waits, up to `timeout`.
+//! Pullers of one process share the window of each sending process and
+//! hold back its own pushers when full: run them concurrently (a thread
+//! each), as the paper's receiving threads do.
 //!
 //! **Guarantees.** Every record pushed reaches its destination worker
 //! exactly once, and records of one pusher to one destination in order. A
@@ -69,9 +73,8 @@
 //! and up to `threads` outgoing buffers of `workers × segment_bytes` each
 //! (one-sided). In messages mode each pusher holds one batch per
 //! destination, and the inboxes of a process hold at most dxnet's
-//! `flow_control_window` of unread batches per other sending process
-//! (batches a process sends to its own pullers are not held back: they
-//! take no connection).
+//! `flow_control_window` of unread batches per other sending process, and
+//! 64 batches from its own pushers per puller.
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.

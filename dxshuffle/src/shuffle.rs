@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use dxnet::region::{Access, RegionWrite, WriteHandle};
-use dxnet::{HeldWindow, Node, NodeId, Region, RemoteRegion};
+use dxnet::{HeldMessage, Node, NodeId, Region, RemoteRegion};
 
 use crate::frame::{self, Frame};
 use crate::{Mode, ShuffleConfig, ShuffleError};
@@ -51,14 +51,67 @@ const SUB_BATCH: u8 = 4;
 enum Note {
     /// Bytes `[off, off + len)` of the segment of sender `seg` are written.
     Written { seg: usize, off: usize, len: usize },
-    /// A batch of frames from worker `from` (messages mode), with its
-    /// share of the sending process's flow-control window: given back once
-    /// the puller has read the batch.
-    Batch {
-        from: usize,
-        bytes: Vec<u8>,
-        window: HeldWindow,
-    },
+    /// A batch from worker `from` (messages mode).
+    Batch { from: usize, data: BatchData },
+}
+
+/// A batch's bytes, `[to u32][from u32][frames]`, and what it holds back
+/// from its sender until the puller has read it.
+enum BatchData {
+    /// From another process: the message (lent from dxnet's receive
+    /// buffer, or a copy), holding its share of that process's
+    /// flow-control window.
+    Remote(HeldMessage),
+    /// From a pusher of this process, with one of the puller's credits.
+    Local(Vec<u8>, #[allow(dead_code)] LocalHold),
+}
+
+impl BatchData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            BatchData::Remote(m) => m,
+            BatchData::Local(v, _) => v,
+        }
+    }
+}
+
+/// Batches this process's pushers may hand one of its own pullers before
+/// it has read them (they bypass dxnet: no connection, no copy). Bounds
+/// that memory at `LOCAL_BATCHES × batch_bytes` per puller.
+const LOCAL_BATCHES: usize = 64;
+
+/// A puller's credits for batches from pushers of its own process.
+#[derive(Default)]
+struct LocalCredit {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl LocalCredit {
+    /// Takes a credit, waiting until `deadline` for one.
+    fn acquire(self: &Arc<Self>, deadline: Instant) -> Option<LocalHold> {
+        let mut used = self.used.lock();
+        while *used >= LOCAL_BATCHES {
+            if self.freed.wait_until(&mut used, deadline).timed_out() && *used >= LOCAL_BATCHES {
+                return None;
+            }
+        }
+        *used += 1;
+        Some(LocalHold(self.clone()))
+    }
+}
+
+/// A credit taken; given back on drop (when the puller has read the batch).
+struct LocalHold(Arc<LocalCredit>);
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        let mut used = self.0.used.lock();
+        *used -= 1;
+        if *used == LOCAL_BATCHES - 1 {
+            self.0.freed.notify_all();
+        }
+    }
 }
 
 /// What the node's receivers reach: inboxes, writers' tails.
@@ -70,10 +123,13 @@ struct Routes {
     inboxes: Vec<Sender<Note>>,
     /// Per local thread: the waker of its puller polled as a `Stream`.
     stream_wakers: Vec<Mutex<Option<Waker>>>,
-    /// Messages mode, per local thread: storage of batches its puller has
-    /// read, for the next batches (a fresh buffer per batch, freed on
-    /// another thread, costs page faults).
+    /// Messages mode, per local thread: storage of batches from this
+    /// process its puller has read, for the next ones (a fresh buffer per
+    /// batch, freed on another thread, costs page faults).
     spare_batches: Vec<Mutex<Vec<Vec<u8>>>>,
+    /// Messages mode, per local thread: its puller's credits for batches
+    /// from this process's pushers.
+    local_credits: Vec<Arc<LocalCredit>>,
     /// Region id → local thread.
     region_thread: HashMap<u32, usize>,
     /// Tail reported by each destination, per local pusher:
@@ -124,24 +180,21 @@ impl Routes {
         c.notify_all();
     }
 
-    fn on_batch(&self, payload: &[u8], window: HeldWindow) {
-        if payload.len() < 8 {
+    fn on_batch(&self, msg: HeldMessage) {
+        if msg.len() < 8 {
             return;
         }
-        let to = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
-        let from = u32::from_le_bytes(payload[4..8].try_into().expect("4 bytes")) as usize;
+        let to = u32::from_le_bytes(msg[..4].try_into().expect("4 bytes")) as usize;
+        let from = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes")) as usize;
         if to / self.threads != self.me || from >= self.workers {
             return;
         }
         let t = to % self.threads;
-        let mut bytes = self.spare_batches[t].lock().pop().unwrap_or_default();
-        bytes.extend_from_slice(&payload[8..]);
         let _ = self.inboxes[t].send(Note::Batch {
             from,
-            bytes,
-            window,
+            data: BatchData::Remote(msg),
         });
-        self.wake_stream(to % self.threads);
+        self.wake_stream(t);
     }
 }
 
@@ -225,6 +278,7 @@ impl Shuffle {
             inboxes: senders,
             stream_wakers: (0..cfg.threads).map(|_| Mutex::new(None)).collect(),
             spare_batches: (0..cfg.threads).map(|_| Mutex::new(Vec::new())).collect(),
+            local_credits: (0..cfg.threads).map(|_| Arc::default()).collect(),
             region_thread: incoming
                 .iter()
                 .enumerate()
@@ -254,7 +308,7 @@ impl Shuffle {
         let r = routes.clone();
         node.on_region_write(move |w| r.on_written(w))?;
         let r = routes.clone();
-        node.register_raw_held(MSG_TYPE, SUB_BATCH, move |_src, p, w| r.on_batch(p, w))?;
+        node.register_raw_held(MSG_TYPE, SUB_BATCH, move |_src, m| r.on_batch(m))?;
         let own: Vec<RemoteRegion> = incoming.iter().map(Region::descriptor).collect();
         let _ = routes.descriptors.set(own.clone());
 
@@ -593,7 +647,11 @@ impl Pusher {
         if d.batch.len() <= 8 {
             return Ok(());
         }
-        let node = self.inner.cfg.nodes[dest / self.inner.cfg.threads];
+        let threads = self.inner.cfg.threads;
+        if dest / threads == self.inner.routes.me {
+            return self.hand_batch(dest);
+        }
+        let node = self.inner.cfg.nodes[dest / threads];
         let t = Instant::now();
         let sent = self
             .inner
@@ -602,6 +660,27 @@ impl Pusher {
         self.blocked += t.elapsed();
         sent?;
         d.batch.truncate(8);
+        Ok(())
+    }
+
+    /// Messages mode: hands `dest`'s batch (a puller of this process) to
+    /// its inbox as it is, taking a fresh one from the puller's spares.
+    fn hand_batch(&mut self, dest: usize) -> Result<()> {
+        let routes = &self.inner.routes;
+        let t = dest % self.inner.cfg.threads;
+        let started = Instant::now();
+        let hold = routes.local_credits[t].acquire(started + self.inner.cfg.timeout);
+        self.blocked += started.elapsed();
+        let hold = hold.ok_or(ShuffleError::Timeout("a puller of this process to read"))?;
+        let mut next = routes.spare_batches[t].lock().pop().unwrap_or_default();
+        let d = &mut self.dests[dest];
+        next.extend_from_slice(&d.batch[..8]);
+        let bytes = std::mem::replace(&mut d.batch, next);
+        let _ = routes.inboxes[t].send(Note::Batch {
+            from: self.me,
+            data: BatchData::Local(bytes, hold),
+        });
+        routes.wake_stream(t);
         Ok(())
     }
 
@@ -801,8 +880,8 @@ pub struct Puller {
     /// Senders whose stream has not ended.
     open: usize,
     /// Messages mode: batches not read to the end, with the read offset
-    /// (and the window each holds until it is dropped here).
-    batches: VecDeque<(usize, Vec<u8>, usize, HeldWindow)>,
+    /// (each holds its sender back until it is dropped here).
+    batches: VecDeque<(usize, BatchData, usize)>,
 }
 
 /// Where a parsed record's bytes are, until the puller parses again.
@@ -881,7 +960,7 @@ impl Puller {
     /// The bytes of the record at `at` (valid until the next parse).
     fn bytes_at(&self, at: &At) -> &[u8] {
         let buf = match at.place {
-            Place::Batch => &self.batches.front().expect("the record's batch").1,
+            Place::Batch => self.batches.front().expect("the record's batch").1.bytes(),
             Place::Segment => &self.segs[at.from].buf,
         };
         &buf[at.start..at.start + at.len]
@@ -909,12 +988,9 @@ impl Puller {
 
     fn apply(&mut self, note: Note) -> Result<()> {
         match note {
-            Note::Batch {
-                from,
-                bytes,
-                window,
-            } => {
-                self.batches.push_back((from, bytes, 0, window));
+            Note::Batch { from, data } => {
+                // Frames start after the batch's 8-byte head.
+                self.batches.push_back((from, data, 8));
                 Ok(())
             }
             Note::Written { seg, off, len } => {
@@ -941,23 +1017,26 @@ impl Puller {
         }
     }
 
-    /// Keeps a read batch's storage for the next batches to this puller.
-    fn keep_batch(&self, bytes: &mut Vec<u8>) {
-        const KEEP: usize = 64;
-        let mut spare = self.inner.routes.spare_batches[self.thread].lock();
-        if spare.len() < KEEP {
-            bytes.clear();
-            spare.push(std::mem::take(bytes));
+    /// Keeps a read batch's storage for the next batches from this
+    /// process to this puller.
+    fn keep_batch(&self, data: BatchData) {
+        if let BatchData::Local(mut bytes, _) = data {
+            let mut spare = self.inner.routes.spare_batches[self.thread].lock();
+            if spare.len() < LOCAL_BATCHES {
+                bytes.clear();
+                spare.push(bytes);
+            }
         }
     }
 
     /// The next record of any ready segment or batch.
     fn parse(&mut self) -> Result<Option<At>> {
-        while let Some((from, bytes, at, _)) = self.batches.front_mut() {
+        while let Some((from, data, at)) = self.batches.front_mut() {
             let from = *from;
-            if *at == bytes.len() {
-                if let Some((_, mut bytes, _, _window)) = self.batches.pop_front() {
-                    self.keep_batch(&mut bytes);
+            let bytes = data.bytes();
+            if *at >= bytes.len() {
+                if let Some((_, data, _)) = self.batches.pop_front() {
+                    self.keep_batch(data);
                 }
                 continue;
             }

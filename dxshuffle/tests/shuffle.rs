@@ -321,3 +321,77 @@ fn puller_as_a_stream() {
         assert_eq!(total, 4 * 400, "{mode:?}");
     }
 }
+
+/// Messages mode: batches to a puller of the own process bypass dxnet and
+/// are bounded by that puller's credits. A pusher cannot run ahead of a
+/// local puller that does not read (with a short timeout it fails with a
+/// typed error), and once it reads, every record arrives once and in order.
+#[test]
+fn messages_mode_bounds_batches_to_own_pullers() {
+    const RECORD: usize = 100;
+    const RECORDS: u64 = 6400; // ten times the local credits' worth
+    let first = nodes(Kind::Loopback, 1);
+    let mut cfg = ShuffleConfig::new(vec![NodeId(0)], 2);
+    cfg.mode = Mode::Messages;
+    cfg.batch_bytes = 1024;
+    cfg.timeout = Duration::from_millis(300);
+    let record = |i: u64| {
+        let mut r = vec![(i % 251) as u8; RECORD];
+        r[..8].copy_from_slice(&i.to_le_bytes());
+        r
+    };
+    {
+        let s = Shuffle::new(first[0].clone(), cfg.clone()).unwrap();
+        let mut p = s.pusher(0).unwrap();
+        let failed = (0..RECORDS).find_map(|i| p.push_bytes(1, &record(i)).err());
+        assert!(
+            matches!(failed, Some(ShuffleError::Timeout(_))),
+            "pushing to an unread local puller: {failed:?}"
+        );
+    }
+    // A shuffle takes its node's message types: a fresh node.
+    let again = nodes(Kind::Loopback, 1);
+    cfg.timeout = Duration::from_secs(60);
+    let s = Shuffle::new(again[0].clone(), cfg).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushing = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut p = s.pusher(0).unwrap();
+            for i in 0..RECORDS {
+                p.push_bytes(1, &record(i)).unwrap();
+            }
+            p.finish().unwrap();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "ten times the credits pushed while nobody pulled"
+    );
+    // Pullers run alongside the pushers (a full local puller holds back
+    // every pusher of its process, as a full window does remote ones).
+    let pulls = |t: usize| {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            s.puller(t)
+                .unwrap()
+                .map(|r| {
+                    let r = r.unwrap();
+                    (r.from, r.bytes().to_vec())
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (zero, one) = (pulls(0), pulls(1));
+    s.pusher(1).unwrap().finish().unwrap();
+    pushing.join().unwrap();
+    let got = one.join().unwrap();
+    assert_eq!(got.len() as u64, RECORDS);
+    for (i, (from, bytes)) in got.iter().enumerate() {
+        assert_eq!(*from, 0);
+        assert_eq!(bytes, &record(i as u64), "record {i} once and in order");
+    }
+    assert!(zero.join().unwrap().is_empty());
+}

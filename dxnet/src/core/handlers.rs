@@ -2,6 +2,26 @@
 //! to the registered receivers, decode ahead while a handler blocks.
 
 use super::*;
+use crate::node::HeldWindow;
+
+/// What [`Core::process_item`] decodes: an [`Incoming`] item, its pooled
+/// buffer possibly shared with held messages.
+enum Source {
+    Pooled(RecvBuffer),
+    Shared(Arc<SharedRecv>),
+    Local(Vec<u8>),
+    Decoded(Vec<u8>),
+}
+
+impl Source {
+    fn pooled(&self) -> Option<&RecvBuffer> {
+        match self {
+            Source::Pooled(b) => Some(b),
+            Source::Shared(s) => Some(s.buffer()),
+            Source::Local(_) | Source::Decoded(_) => None,
+        }
+    }
+}
 
 thread_local! {
     /// Set on the node's handler threads (they take parallel jobs).
@@ -67,14 +87,22 @@ impl Core {
         let mut responses = 0u64;
         let mut count = 0u64;
         let mut pending = take_scratch();
-        let arrived = match &item {
-            Incoming::Pooled(b) => b.arrived(),
-            _ => 0,
+        let src = match item {
+            // With a held receiver registered, a pooled buffer is shared
+            // so that its large payloads can be lent.
+            Incoming::Pooled(b) if self.any_held.load(Ordering::Relaxed) => {
+                Source::Shared(Arc::new(SharedRecv::new(b, self.me.clone())))
+            }
+            Incoming::Pooled(b) => Source::Pooled(b),
+            Incoming::Local(v) => Source::Local(v),
+            Incoming::Decoded(v) => Source::Decoded(v),
         };
+        let arrived = src.pooled().map_or(0, RecvBuffer::arrived);
         let _arrival = self.arrival_scope(arrived);
-        let base: &[u8] = match &item {
-            Incoming::Pooled(b) => b.bytes(),
-            Incoming::Local(v) | Incoming::Decoded(v) => v,
+        let base: &[u8] = match (&src, src.pooled()) {
+            (_, Some(b)) => b.bytes(),
+            (Source::Local(v) | Source::Decoded(v), None) => v,
+            (Source::Pooled(_) | Source::Shared(_), None) => unreachable!("pooled"),
         };
         let res = {
             let mut on_msg = |h: &MessageHeader, piece: Piece<'_>| {
@@ -102,20 +130,21 @@ impl Core {
                 };
                 pending.push(PendingMessage { header: *h, at });
             };
-            match &item {
+            match (&src, src.pooled()) {
                 // Whole messages outside the stream: its decoder is
                 // neither needed nor touched.
-                Incoming::Pooled(b) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
-                Incoming::Pooled(b) => {
+                (_, Some(b)) if b.is_standalone() => self.feed_standalone(b, &mut on_msg),
+                (_, Some(b)) => {
                     let mut dec = conn.decoder.lock();
                     b.segments()
                         .try_for_each(|seg| dec.feed_pieces(seg, &mut on_msg))
                 }
-                Incoming::Local(v) => conn.decoder.lock().feed_pieces(v, &mut on_msg),
+                (Source::Local(v), None) => conn.decoder.lock().feed_pieces(v, &mut on_msg),
                 // Whole messages: no decoder state involved.
-                Incoming::Decoded(v) => {
+                (Source::Decoded(v), None) => {
                     Decoder::new(self.config.limits.max_message_size).feed_pieces(v, &mut on_msg)
                 }
+                (Source::Pooled(_) | Source::Shared(_), None) => unreachable!("pooled"),
             }
         };
         if !pending.is_empty() {
@@ -128,6 +157,18 @@ impl Core {
                             PayloadAt::Owned(v) => v,
                         };
                         self.queue_parallel(conn, m.header, payload, arrived);
+                        continue;
+                    }
+                    if let Some(f) = self.held_receiver(&m.header) {
+                        let msg = self.held_message(conn, &src, base, m.at);
+                        let bytes = msg.window_bytes();
+                        processed += bytes;
+                        held += bytes;
+                        count += 1;
+                        f(conn.peer, msg);
+                        if inline::take_blocked() {
+                            conn.inbox.lock().set_owner_blocked(false);
+                        }
                         continue;
                     }
                     let payload = match &m.at {
@@ -153,7 +194,8 @@ impl Core {
         }
         put_scratch(pending);
         self.count_received(conn, count, processed + responses);
-        if let Incoming::Pooled(b) = item {
+        // A shared buffer goes back once its lent payloads are dropped too.
+        if let Source::Pooled(b) = src {
             if self.pool.put(b) {
                 self.resources_freed();
             }
@@ -172,6 +214,45 @@ impl Core {
                 );
                 self.close_connection(conn, &format!("protocol error: {e}"), true);
             }
+        }
+    }
+
+    /// The receiver of `h` if it is a held one (and `h` a plain message).
+    fn held_receiver(&self, h: &MessageHeader) -> Option<&HeldFn> {
+        if h.kind() != MessageKind::Plain {
+            return None;
+        }
+        match &self.handlers[h.type_key() as usize].get()?.kind {
+            HandlerKind::Held(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// A held receiver's message: its payload lent from a shared buffer
+    /// when that pays and leaves half of the pool free (see
+    /// [`crate::HeldMessage`]), else copied (or the reassembled bytes).
+    fn held_message(
+        &self,
+        conn: &Arc<Connection>,
+        src: &Source,
+        base: &[u8],
+        at: PayloadAt,
+    ) -> crate::HeldMessage {
+        let limits = &self.config.limits;
+        let payload_len = match &at {
+            PayloadAt::In(r) => r.len(),
+            PayloadAt::Owned(v) => v.len(),
+        };
+        let window = HeldWindow::new(self.me.clone(), conn, (HEADER_LEN + payload_len) as u64);
+        match (at, src) {
+            (PayloadAt::In(r), Source::Shared(s))
+                if r.len() >= limits.recv_buffer_size / 16
+                    && self.pool.available() * 2 > limits.recv_pool_size =>
+            {
+                crate::HeldMessage::lent(s.clone(), r.start, r.len(), window)
+            }
+            (PayloadAt::In(r), _) => crate::HeldMessage::owned(base[r].to_vec(), window),
+            (PayloadAt::Owned(v), _) => crate::HeldMessage::owned(v, window),
         }
     }
 
@@ -311,11 +392,8 @@ impl Core {
         match &entry.kind {
             HandlerKind::Held(f) if kind == MessageKind::Plain => {
                 let bytes = (HEADER_LEN + payload.len()) as u64;
-                f(
-                    src,
-                    payload,
-                    crate::HeldWindow::new(self.me.clone(), conn, bytes),
-                );
+                let window = HeldWindow::new(self.me.clone(), conn, bytes);
+                f(src, crate::HeldMessage::owned(payload.to_vec(), window));
                 return bytes;
             }
             HandlerKind::Held(_) => self.drop_unknown(src, h),

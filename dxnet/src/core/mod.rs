@@ -89,7 +89,43 @@ const LOCAL_DEPTHS: usize = 4;
 
 type MessageFn = Box<dyn Fn(NodeId, &[u8]) -> Result<()> + Send + Sync>;
 type RequestFn = Box<dyn Fn(&Core, NodeId, u32, &[u8]) + Send + Sync>;
-type HeldFn = Box<dyn Fn(NodeId, &[u8], crate::HeldWindow) + Send + Sync>;
+type HeldFn = Box<dyn Fn(NodeId, crate::HeldMessage) + Send + Sync>;
+
+/// A pooled receive buffer whose messages' payloads are lent to held
+/// receivers (see [`crate::HeldMessage`]): back to the pool once the
+/// handler and every message lent from it let go.
+pub(crate) struct SharedRecv {
+    buf: Option<RecvBuffer>,
+    core: std::sync::Weak<Core>,
+}
+
+impl SharedRecv {
+    fn new(buf: RecvBuffer, core: std::sync::Weak<Core>) -> Self {
+        Self {
+            buf: Some(buf),
+            core,
+        }
+    }
+
+    fn buffer(&self) -> &RecvBuffer {
+        self.buf.as_ref().expect("taken only on drop")
+    }
+
+    /// The whole buffer (offsets as in [`RecvBuffer::bytes`]).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.buffer().bytes()
+    }
+}
+
+impl Drop for SharedRecv {
+    fn drop(&mut self) {
+        if let (Some(b), Some(core)) = (self.buf.take(), self.core.upgrade()) {
+            if core.pool.put(b) {
+                core.resources_freed();
+            }
+        }
+    }
+}
 
 enum HandlerKind {
     /// Typed or raw message: decodes and calls the receiver.
@@ -100,8 +136,9 @@ enum HandlerKind {
     Own(fn(&Core, NodeId, &[u8])),
     /// A type taken through a pull receiver (`crate::pull`).
     Pull(Arc<pull::PullSlot>),
-    /// Raw message whose receiver keeps the flow-control window of the
-    /// message until it drops the [`crate::HeldWindow`] it gets.
+    /// Raw message whose receiver keeps the message (payload and
+    /// flow-control window) until it drops the [`crate::HeldMessage`] it
+    /// gets.
     Held(HeldFn),
 }
 
@@ -220,6 +257,9 @@ pub struct Core {
     parallel: crossbeam::queue::SegQueue<ParallelJob>,
     /// Set once a parallel type is registered.
     any_parallel: AtomicBool,
+    /// A held receiver is registered: pooled buffers are shared so their
+    /// payloads can be lent (see [`SharedRecv`]).
+    any_held: AtomicBool,
     /// Emptied payload buffers of parallel jobs, for the next ones.
     parallel_spare: crossbeam::queue::ArrayQueue<Vec<u8>>,
     /// Pending requests.
@@ -332,6 +372,7 @@ impl Core {
             ),
             parallel: crossbeam::queue::SegQueue::new(),
             any_parallel: AtomicBool::new(false),
+            any_held: AtomicBool::new(false),
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(breakdown),
             regions: regions::RegionTable::default(),
@@ -437,11 +478,15 @@ impl Core {
             return Err(Error::Config("message type 0 is reserved for dxnet".into()));
         }
         let parallel = entry.mode == Mode::Parallel;
+        let held = matches!(entry.kind, HandlerKind::Held(_));
         self.handlers[type_key(t, s) as usize]
             .set(entry)
             .map_err(|_| Error::AlreadyRegistered(t, s))?;
         if parallel {
             self.any_parallel.store(true, Ordering::Relaxed);
+        }
+        if held {
+            self.any_held.store(true, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -472,11 +517,11 @@ impl Core {
         self.register(t, s, HandlerEntry { kind, mode })
     }
 
-    /// Registers a raw receiver that keeps each message's flow-control
-    /// window until it drops the message's [`crate::HeldWindow`].
+    /// Registers a raw receiver that keeps each message (payload and
+    /// flow-control window) until it drops the [`crate::HeldMessage`].
     pub fn register_raw_held<F>(&self, t: u8, s: u8, f: F) -> Result<()>
     where
-        F: Fn(NodeId, &[u8], crate::HeldWindow) + Send + Sync + 'static,
+        F: Fn(NodeId, crate::HeldMessage) + Send + Sync + 'static,
     {
         let kind = HandlerKind::Held(Box::new(f));
         self.register(
