@@ -80,12 +80,13 @@ pub struct NodeStats {
 ///
 /// The payload is lent from the receive buffer it arrived in (no copy)
 /// when it is at least a sixteenth of a receive buffer
-/// (`limits.recv_buffer_size`) and more than half of the node's receive
-/// buffers are free; otherwise it is a copy (or the reassembled bytes of a
-/// message that spanned buffers). A lent payload keeps its whole receive
-/// buffer out of the pool until every message lent from it dropped, so
-/// messages held for long take receive buffers only while half of them
-/// stay free. A message to the own node holds no window.
+/// (`limits.recv_buffer_size`) and that buffer is lent already or fewer
+/// than half of the node's receive buffers (`limits.recv_pool_size`) are;
+/// otherwise it is a copy (or the reassembled bytes of a message that
+/// spanned buffers). A lent payload keeps its whole receive buffer out of
+/// the pool until every message lent from it dropped, so messages held
+/// for long take at most half of the receive buffers, and receiving goes
+/// on. A message to the own node holds no window.
 #[must_use = "dropping it gives the window (and a lent buffer) back at once"]
 pub struct HeldMessage {
     bytes: HeldBytes,
@@ -141,7 +142,11 @@ impl HeldMessage {
     /// Bytes of the sender's window held (the message with its header; 0
     /// for a message to the own node).
     pub fn window_bytes(&self) -> u64 {
-        self._window.bytes()
+        if self._window.conn.id == 0 {
+            0
+        } else {
+            self._window.bytes()
+        }
     }
 }
 

@@ -187,6 +187,17 @@ fn lent_payloads(kind: Kind) {
     wait_for(10, "the last message", || q.lock().unwrap().len() == 1);
     let (_, m) = q.lock().unwrap().pop().unwrap();
     assert_eq!(&m[..], &large_payload(COUNT)[..]);
+    assert!(m.window_bytes() >= m.len() as u64);
+    // A message to the own node holds no window.
+    cluster[0]
+        .send_raw(NodeId(0), 51, 0, &large_payload(7))
+        .unwrap();
+    wait_for(10, "the own node's message", || {
+        q.lock().unwrap().len() == 1
+    });
+    let (src, m) = q.lock().unwrap().pop().unwrap();
+    assert_eq!((src, &m[..]), (NodeId(0), &large_payload(7)[..]));
+    assert_eq!(m.window_bytes(), 0);
 }
 
 #[test]

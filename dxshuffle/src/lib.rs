@@ -18,12 +18,19 @@
 //! let shuffle = Shuffle::new(node, ShuffleConfig::new(nodes, 4))?;
 //! // On each of the 4 threads t of this process:
 //! let t = 0;
+//! // Pull while pushing (pushers wait once their destinations' buffers
+//! // are full of records nobody reads).
+//! let puller = shuffle.puller(t)?;
+//! let pulling = std::thread::spawn(move || -> Result<(), dxshuffle::ShuffleError> {
+//!     for record in puller {                // until every worker finished
+//!         let (key, value): (String, u64) = record?.decode()?;
+//!     }
+//!     Ok(())
+//! });
 //! let mut pusher = shuffle.pusher(t)?;
 //! pusher.push(5, &("key", 42u64))?;        // to worker 5
 //! pusher.finish()?;                        // this worker's stream ends
-//! for record in shuffle.puller(t)? {       // until every worker finished
-//!     let (key, value): (String, u64) = record?.decode()?;
-//! }
+//! pulling.join().expect("puller thread")?;
 //! # Ok(()) }
 //! ```
 //!
@@ -74,7 +81,8 @@
 //! (one-sided). In messages mode each pusher holds one batch per
 //! destination, and the inboxes of a process hold at most dxnet's
 //! `flow_control_window` of unread batches per other sending process, and
-//! 64 batches from its own pushers per puller.
+//! 64 batches from its own pushers per puller (each `batch_bytes` and at
+//! most one record more; a puller keeps as many read ones for reuse).
 //!
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.

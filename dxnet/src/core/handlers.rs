@@ -160,8 +160,7 @@ impl Core {
                         continue;
                     }
                     if let Some(f) = self.held_receiver(&m.header) {
-                        let msg = self.held_message(conn, &src, base, m.at);
-                        let bytes = msg.window_bytes();
+                        let (msg, bytes) = self.held_message(conn, &src, base, m.at);
                         processed += bytes;
                         held += bytes;
                         count += 1;
@@ -228,32 +227,35 @@ impl Core {
         }
     }
 
-    /// A held receiver's message: its payload lent from a shared buffer
-    /// when that pays and leaves half of the pool free (see
-    /// [`crate::HeldMessage`]), else copied (or the reassembled bytes).
+    /// A held receiver's message and its bytes (with the header): its
+    /// payload lent from a shared buffer when that pays and at most half
+    /// of the pool is lent (see [`crate::HeldMessage`]), else copied (or
+    /// the reassembled bytes).
     fn held_message(
         &self,
         conn: &Arc<Connection>,
         src: &Source,
         base: &[u8],
         at: PayloadAt,
-    ) -> crate::HeldMessage {
+    ) -> (crate::HeldMessage, u64) {
         let limits = &self.config.limits;
         let payload_len = match &at {
             PayloadAt::In(r) => r.len(),
             PayloadAt::Owned(v) => v.len(),
         };
-        let window = HeldWindow::new(self.me.clone(), conn, (HEADER_LEN + payload_len) as u64);
-        match (at, src) {
+        let bytes = (HEADER_LEN + payload_len) as u64;
+        let window = HeldWindow::new(self.me.clone(), conn, bytes);
+        let msg = match (at, src) {
             (PayloadAt::In(r), Source::Shared(s))
                 if r.len() >= limits.recv_buffer_size / 16
-                    && self.pool.available() * 2 > limits.recv_pool_size =>
+                    && s.may_lend(&self.lent_buffers, limits.recv_pool_size / 2) =>
             {
                 crate::HeldMessage::lent(s.clone(), r.start, r.len(), window)
             }
             (PayloadAt::In(r), _) => crate::HeldMessage::owned(base[r].to_vec(), window),
             (PayloadAt::Owned(v), _) => crate::HeldMessage::owned(v, window),
-        }
+        };
+        (msg, bytes)
     }
 
     fn is_parallel(&self, h: &MessageHeader) -> bool {

@@ -44,7 +44,7 @@ pub mod zero_copy;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -97,6 +97,8 @@ type HeldFn = Box<dyn Fn(NodeId, crate::HeldMessage) + Send + Sync>;
 pub(crate) struct SharedRecv {
     buf: Option<RecvBuffer>,
     core: std::sync::Weak<Core>,
+    /// A payload was lent from it: it counts in `Core::lent_buffers`.
+    lent: AtomicBool,
 }
 
 impl SharedRecv {
@@ -104,7 +106,26 @@ impl SharedRecv {
         Self {
             buf: Some(buf),
             core,
+            lent: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a payload may be lent from this buffer: yes if one already
+    /// was, else if fewer than `max` buffers are lent (this one then
+    /// counts in `lent_buffers` until it goes back to the pool).
+    fn may_lend(&self, lent_buffers: &AtomicUsize, max: usize) -> bool {
+        if self.lent.load(Ordering::Relaxed) {
+            return true;
+        }
+        let counted = lent_buffers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if counted {
+            self.lent.store(true, Ordering::Relaxed);
+        }
+        counted
     }
 
     fn buffer(&self) -> &RecvBuffer {
@@ -120,6 +141,9 @@ impl SharedRecv {
 impl Drop for SharedRecv {
     fn drop(&mut self) {
         if let (Some(b), Some(core)) = (self.buf.take(), self.core.upgrade()) {
+            if *self.lent.get_mut() {
+                core.lent_buffers.fetch_sub(1, Ordering::AcqRel);
+            }
             if core.pool.put(b) {
                 core.resources_freed();
             }
@@ -260,6 +284,9 @@ pub struct Core {
     /// A held receiver is registered: pooled buffers are shared so their
     /// payloads can be lent (see [`SharedRecv`]).
     any_held: AtomicBool,
+    /// Receive buffers out of the pool for payloads lent to held
+    /// receivers: at most half of the pool.
+    lent_buffers: AtomicUsize,
     /// Emptied payload buffers of parallel jobs, for the next ones.
     parallel_spare: crossbeam::queue::ArrayQueue<Vec<u8>>,
     /// Pending requests.
@@ -373,6 +400,7 @@ impl Core {
             parallel: crossbeam::queue::SegQueue::new(),
             any_parallel: AtomicBool::new(false),
             any_held: AtomicBool::new(false),
+            lent_buffers: AtomicUsize::new(0),
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(breakdown),
             regions: regions::RegionTable::default(),
