@@ -302,7 +302,7 @@ impl Core {
     }
 
     /// Gives back the window of bytes a receiver held (see
-    /// [`crate::HeldWindow`]).
+    /// [`crate::HeldMessage`]).
     pub(crate) fn release_held(&self, conn: &Connection, bytes: u64) {
         if conn.id != 0 && conn.flow.on_processed(bytes) && conn.is_alive() {
             self.on_write_interest(conn.peer);
@@ -333,14 +333,15 @@ impl Core {
         }
     }
 
-    /// [`Core::dispatch`] of a decoded [`Piece`]: a large reassembled
-    /// response payload becomes the request's outcome as it is (no copy).
+    /// [`Core::dispatch`] of a decoded response [`Piece`]: a large
+    /// reassembled payload becomes the request's outcome as it is (no
+    /// copy).
     pub(super) fn dispatch_piece(
         &self,
         conn: &Arc<Connection>,
         h: &MessageHeader,
         piece: Piece<'_>,
-    ) -> u64 {
+    ) {
         match piece {
             Piece::Given(v) if h.kind() == MessageKind::Response => {
                 if !self
@@ -354,15 +355,16 @@ impl Core {
                         conn.peer
                     );
                 }
-                0
             }
-            piece => self.dispatch(conn, h, piece.bytes()),
+            piece => {
+                self.dispatch(conn, h, piece.bytes());
+            }
         }
     }
 
     /// Runs the receiver of one message from `conn`; returns the bytes
     /// whose flow-control window its receiver holds on to (see
-    /// [`crate::HeldWindow`]), 0 for every other kind of receiver.
+    /// [`crate::HeldMessage`]), 0 for every other kind of receiver.
     pub(super) fn dispatch(
         &self,
         conn: &Arc<Connection>,
