@@ -218,7 +218,9 @@ impl Core {
 
     /// The receiver of `h` if it is a held one (and `h` a plain message).
     fn held_receiver(&self, h: &MessageHeader) -> Option<&HeldFn> {
-        if h.kind() != MessageKind::Plain {
+        // Without held receivers (the common case) no second table lookup
+        // per message.
+        if !self.any_held.load(Ordering::Relaxed) || h.kind() != MessageKind::Plain {
             return None;
         }
         match &self.handlers[h.type_key() as usize].get()?.kind {
