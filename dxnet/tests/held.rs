@@ -32,6 +32,16 @@ fn payload(i: u64) -> Vec<u8> {
 
 type Queue = Arc<Mutex<Vec<(NodeId, HeldMessage)>>>;
 
+/// Registers a held receiver of type (`msg_type`, 0) on `node` that
+/// queues every message it gets.
+fn hold_into_queue(node: &dxnet::Node, msg_type: u8) -> Queue {
+    let q: Queue = Arc::default();
+    let q2 = q.clone();
+    node.register_raw_held(msg_type, 0, move |src, m| q2.lock().unwrap().push((src, m)))
+        .unwrap();
+    q
+}
+
 /// Takes everything queued, checks it continues the sequence at `next`,
 /// and drops the windows.
 fn take_checked(q: &Queue, next: &mut u64) -> usize {
@@ -55,11 +65,7 @@ fn held_windows(kind: Kind) {
         c.limits.send_timeout_ms = 300;
         c.handler_threads = 1;
     }));
-    let q: Queue = Arc::default();
-    let q2 = q.clone();
-    cluster[0]
-        .register_raw_held(50, 0, move |src, m| q2.lock().unwrap().push((src, m)))
-        .unwrap();
+    let q = hold_into_queue(&cluster[0], 50);
     cluster[0].register_request(|_, Ask(n)| Answer(n)).unwrap();
 
     // Nobody consumes: node 1's sends stop at its window.
@@ -146,11 +152,7 @@ fn lent_payloads(kind: Kind) {
         c.limits.flow_control_window = 32 << 20;
         c.handler_threads = 1;
     }));
-    let q: Queue = Arc::default();
-    let q2 = q.clone();
-    cluster[0]
-        .register_raw_held(51, 0, move |src, m| q2.lock().unwrap().push((src, m)))
-        .unwrap();
+    let q = hold_into_queue(&cluster[0], 51);
     cluster[0].register_request(|_, Ask(n)| Answer(n)).unwrap();
     let sender = {
         let node = cluster[1].clone();

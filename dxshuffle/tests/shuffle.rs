@@ -93,23 +93,8 @@ fn messages_mode_holds_unread_batches_within_the_window() {
     };
     let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    let record = |i: u64| {
-        let mut r = vec![(i % 253) as u8; RECORD];
-        r[..8].copy_from_slice(&i.to_le_bytes());
-        r
-    };
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pushing = {
-        let (a, done) = (a.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut p = a.pusher(0).unwrap();
-            for i in 0..RECORDS {
-                p.push_bytes(1, &record(i)).unwrap();
-            }
-            p.finish().unwrap();
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-    };
+    let record = |i: u64| numbered(i, RECORD);
+    let (pushing, done) = push_in_background(a.clone(), RECORDS, RECORD);
     // Ten windows of records and nobody pulls at process 1: the pusher
     // cannot be done, however long it has.
     std::thread::sleep(Duration::from_millis(500));
@@ -335,11 +320,7 @@ fn messages_mode_bounds_batches_to_own_pullers() {
     cfg.mode = Mode::Messages;
     cfg.batch_bytes = 1024;
     cfg.timeout = Duration::from_millis(300);
-    let record = |i: u64| {
-        let mut r = vec![(i % 251) as u8; RECORD];
-        r[..8].copy_from_slice(&i.to_le_bytes());
-        r
-    };
+    let record = |i: u64| numbered(i, RECORD);
     {
         let s = Shuffle::new(first[0].clone(), cfg.clone()).unwrap();
         let mut p = s.pusher(0).unwrap();
@@ -353,18 +334,7 @@ fn messages_mode_bounds_batches_to_own_pullers() {
     let again = nodes(Kind::Loopback, 1);
     cfg.timeout = Duration::from_secs(60);
     let s = Shuffle::new(again[0].clone(), cfg).unwrap();
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pushing = {
-        let (s, done) = (s.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut p = s.pusher(0).unwrap();
-            for i in 0..RECORDS {
-                p.push_bytes(1, &record(i)).unwrap();
-            }
-            p.finish().unwrap();
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-    };
+    let (pushing, done) = push_in_background(s.clone(), RECORDS, RECORD);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         !done.load(std::sync::atomic::Ordering::SeqCst),
@@ -394,4 +364,35 @@ fn messages_mode_bounds_batches_to_own_pullers() {
         assert_eq!(bytes, &record(i as u64), "record {i} once and in order");
     }
     assert!(zero.join().unwrap().is_empty());
+}
+
+/// Record `i` of the back-pressure tests: `len` bytes (at least 8) that
+/// carry `i`.
+fn numbered(i: u64, len: usize) -> Vec<u8> {
+    let mut r = vec![(i % 251) as u8; len];
+    r[..8].copy_from_slice(&i.to_le_bytes());
+    r
+}
+
+/// Thread 0 of `s` pushes records `0..n` ([`numbered`]) to worker 1 on a
+/// thread of its own, then finishes; the flag turns true once it did.
+fn push_in_background(
+    s: Shuffle,
+    n: u64,
+    len: usize,
+) -> (
+    std::thread::JoinHandle<()>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let pushing = std::thread::spawn(move || {
+        let mut p = s.pusher(0).unwrap();
+        for i in 0..n {
+            p.push_bytes(1, &numbered(i, len)).unwrap();
+        }
+        p.finish().unwrap();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    (pushing, done)
 }
