@@ -156,7 +156,7 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
                 BenchMode::Mpi => mpi_run(a)?,
             };
             println!(
-                "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.2} {:>14.1} {:>10.2}",
+                "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.3} {:>14.1} {:>10.2}",
                 round,
                 mode_name(m),
                 r.records_per_s,
@@ -182,7 +182,7 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
         };
         let rate = pick(|r| r.records_per_s);
         println!(
-            "{:>10} {:>12.0} records/s {:>10.1} MB/s {:>8.2} cpu_us/rec {:>8.1} blocked_ms/pusher",
+            "{:>10} {:>12.0} records/s {:>10.1} MB/s {:>8.3} cpu_us/rec {:>8.1} blocked_ms/pusher",
             mode_name(m),
             rate,
             pick(|r| r.bytes_per_s) / 1e6,
