@@ -607,6 +607,13 @@ impl Pusher {
             d.batch.extend_from_slice(payload);
             if d.batch.len() >= batch_bytes {
                 self.send_batch(dest)?;
+            } else {
+                // The next record to `dest` comes after records to the
+                // others: have the line it will end in at hand.
+                let next = frame::HEADER + payload.len();
+                if let Some(b) = d.batch.spare_capacity_mut().get(next) {
+                    prefetch_ptr(b.as_ptr());
+                }
             }
             return Ok(());
         }
@@ -1217,18 +1224,21 @@ const PREFETCH_AHEAD: usize = 1024;
 /// A hint to load the cache line of `bytes[at]` (nothing past the end).
 #[inline(always)]
 fn prefetch(bytes: &[u8], at: usize) {
-    #[cfg(target_arch = "x86_64")]
     if let Some(b) = bytes.get(at) {
-        // SAFETY: a prefetch has no effect but on the caches; the address
-        // is inside `bytes`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                b as *const u8 as *const i8,
-            )
-        };
+        prefetch_ptr(b);
     }
+}
+
+/// A hint to load the cache line of `p` into this core's caches.
+#[inline(always)]
+fn prefetch_ptr(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes nothing but the caches.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (bytes, at);
+    let _ = p;
 }
 
 fn corrupt(from: usize, why: &str) -> ShuffleError {
