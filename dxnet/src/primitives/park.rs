@@ -311,6 +311,11 @@ fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Threads of the process blocked in a request right now.
+pub fn request_waiters() -> usize {
+    REQUEST_WAITERS.load(Ordering::Relaxed)
+}
+
 /// Up to how many blocked requesters may wait without parking
 /// (`park.max_request_spinners`; by default all of them).
 ///

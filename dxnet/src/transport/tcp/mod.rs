@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
@@ -64,6 +64,12 @@ const LISTENER: Token = Token(usize::MAX - 1);
 const MAX_CHUNK: usize = 1 << 20;
 /// Chunks the send thread writes for one connection before serving the next.
 const SEND_ROUNDS: usize = 4;
+/// Longest poll for the end of another thread's write to a socket
+/// (`TcpEngine::wait_for_writer`): a small write on loopback takes 5–7 µs.
+const FLUSH_WAIT: Duration = Duration::from_micros(15);
+/// With this many requesters of the process blocked or more, a thread
+/// leaves its urgent data to the send thread, which aggregates.
+const FLUSH_WAIT_MAX_REQUESTERS: usize = 4;
 
 /// Incoming handshakes in progress, oldest first: a clone of each socket so
 /// that the listener can cut off the oldest.
@@ -184,6 +190,8 @@ pub struct TcpEngine {
     send_registry: mio::Registry,
     send_waker: Waker,
     send_sleeping: AtomicBool,
+    /// A thread polls for the end of another's write (`wait_for_writer`).
+    flush_waiter: AtomicBool,
     listen_waker: Waker,
     handshakes: Mutex<HandshakeSlots>,
     stop: AtomicBool,
@@ -236,6 +244,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         send_registry: send_poll.registry().try_clone().map_err(io_err)?,
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
         send_sleeping: AtomicBool::new(false),
+        flush_waiter: AtomicBool::new(false),
         listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
         handshakes: Mutex::new(HandshakeSlots::default()),
         stop: AtomicBool::new(false),
@@ -296,6 +305,33 @@ fn bind_listener(
 }
 
 impl TcpEngine {
+    /// Another thread is writing to `tc`'s socket (a system call of a few
+    /// microseconds): one caller at a time polls for its end, up to
+    /// [`FLUSH_WAIT`], rather than wake the send thread to write after it.
+    /// `None` if another caller waits already or the writer takes longer
+    /// (preempted, or a full socket).
+    fn wait_for_writer<'a>(&self, tc: &'a TcpConn) -> Option<MutexGuard<'a, SendState>> {
+        if self.flush_waiter.swap(true, Ordering::Acquire) {
+            return None;
+        }
+        let until = Instant::now() + FLUSH_WAIT;
+        let mut got = None;
+        'wait: loop {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+                if let Some(st) = tc.send.try_lock() {
+                    got = Some(st);
+                    break 'wait;
+                }
+            }
+            if Instant::now() >= until {
+                break;
+            }
+        }
+        self.flush_waiter.store(false, Ordering::Release);
+        got
+    }
+
     fn secret(&self) -> Option<&[u8]> {
         self.secret.as_deref()
     }
@@ -398,7 +434,16 @@ impl Transport for TcpEngine {
         let Some(tc) = core.engine_half::<TcpConn>(peer) else {
             return false;
         };
-        let Some(mut st) = tc.send.try_lock() else {
+        let st = match tc.send.try_lock() {
+            Some(st) => Some(st),
+            // Few requests in flight: nothing to aggregate by waiting for
+            // the send thread.
+            None if crate::primitives::park::request_waiters() < FLUSH_WAIT_MAX_REQUESTERS => {
+                self.wait_for_writer(&tc)
+            }
+            None => None,
+        };
+        let Some(mut st) = st else {
             return false;
         };
         if self.write_locked(&core, &tc, &mut st) {
