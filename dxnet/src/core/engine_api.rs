@@ -43,7 +43,7 @@ impl Core {
     /// Gives back a receive buffer the engine took and will not deliver.
     #[inline]
     pub fn return_recv_buffer(&self, buf: RecvBuffer) {
-        self.pool.put(buf);
+        self.give_back(buf);
     }
 
     /// Free receive buffers now.

@@ -195,9 +195,7 @@ impl Core {
         self.count_received(conn, count, processed + responses);
         // A shared buffer goes back once its lent payloads are dropped too.
         if let Source::Pooled(b) = src {
-            if self.pool.put(b) {
-                self.resources_freed();
-            }
+            self.give_back(b);
         }
         if conn.id != 0 && conn.flow.on_processed(processed - held) && conn.is_alive() {
             self.on_write_interest(conn.peer);
@@ -396,6 +394,9 @@ impl Core {
             return 0;
         };
         match &entry.kind {
+            // Held receivers normally get their messages from
+            // `held_message` (lent where it pays); this copy serves one
+            // registered while its message's buffer was being processed.
             HandlerKind::Held(f) if kind == MessageKind::Plain => {
                 let bytes = (HEADER_LEN + payload.len()) as u64;
                 let window = HeldWindow::new(self.me.clone(), conn, bytes);

@@ -144,9 +144,7 @@ impl Drop for SharedRecv {
             if *self.lent.get_mut() {
                 core.lent_buffers.fetch_sub(1, Ordering::AcqRel);
             }
-            if core.pool.put(b) {
-                core.resources_freed();
-            }
+            core.give_back(b);
         }
     }
 }

@@ -44,7 +44,7 @@ impl Core {
     /// A transport received `buf` (segments set) on `conn`.
     pub fn deliver(self: &Arc<Self>, conn: &Arc<Connection>, mut buf: RecvBuffer) {
         if buf.data_len() == 0 {
-            self.pool.put(buf);
+            self.give_back(buf);
             return;
         }
         self.stamp_arrival(&mut buf);
@@ -184,11 +184,17 @@ impl Core {
             }
         }
         self.count_received(conn, count, processed);
+        self.give_back(buf);
+        // Responses only: outside the flow-control window, nothing to
+        // confirm.
+    }
+
+    /// Returns a receive buffer to the pool, waking a receiver the empty
+    /// pool stopped.
+    pub(crate) fn give_back(&self, buf: RecvBuffer) {
         if self.pool.put(buf) {
             self.resources_freed();
         }
-        // Responses only: outside the flow-control window, nothing to
-        // confirm.
     }
 
     /// Transports call this when a receive resource frees up (for local
