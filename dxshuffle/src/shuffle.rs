@@ -543,6 +543,7 @@ impl Pusher {
     /// Pushes `bytes` as one record to worker `dest`. Waits only for room
     /// in this pusher's outgoing buffer for `dest` (never for the
     /// destination), up to the shuffle's timeout.
+    #[inline]
     pub fn push_bytes(&mut self, dest: usize, bytes: &[u8]) -> Result<()> {
         if self.finished {
             return Err(ShuffleError::State("the pusher finished"));
@@ -594,29 +595,35 @@ impl Pusher {
     }
 
     /// Lays one frame (a record, or the end with `None`) for `dest`.
+    #[inline]
     fn append(&mut self, dest: usize, record: Option<&[u8]>) -> Result<()> {
-        let batch_bytes = self.inner.cfg.batch_bytes.max(1);
         let header = match record {
             Some(b) => b.len() as u32,
             None => frame::END,
         };
         let payload = record.unwrap_or(&[]);
-        if self.out.is_none() {
-            let d = &mut self.dests[dest];
-            d.batch.extend_from_slice(&header.to_le_bytes());
-            d.batch.extend_from_slice(payload);
-            if d.batch.len() >= batch_bytes {
-                self.send_batch(dest)?;
-            } else {
-                // The next record to `dest` comes after records to the
-                // others: have the line it will end in at hand.
-                let next = frame::HEADER + payload.len();
-                if let Some(b) = d.batch.spare_capacity_mut().get(next) {
-                    prefetch_ptr(b.as_ptr());
-                }
-            }
-            return Ok(());
+        if self.out.is_some() {
+            return self.append_to_segment(dest, header, payload);
         }
+        let d = &mut self.dests[dest];
+        d.batch.extend_from_slice(&header.to_le_bytes());
+        d.batch.extend_from_slice(payload);
+        if d.batch.len() >= self.inner.cfg.batch_bytes {
+            return self.send_batch(dest);
+        }
+        // The next record to `dest` comes after records to the others:
+        // have the line it will end in at hand.
+        let next = frame::HEADER + payload.len();
+        if let Some(b) = d.batch.spare_capacity_mut().get(next) {
+            prefetch_ptr(b.as_ptr());
+        }
+        Ok(())
+    }
+
+    /// One-sided: [`Pusher::append`] into `dest`'s segment mirror.
+    #[inline(never)]
+    fn append_to_segment(&mut self, dest: usize, header: u32, payload: &[u8]) -> Result<()> {
+        let batch_bytes = self.inner.cfg.batch_bytes.max(1);
         let seg = self.inner.cfg.segment_bytes;
         let len = frame::frame_len(payload.len());
         let (wrap, start) = frame::place(self.dests[dest].head, seg, len);
