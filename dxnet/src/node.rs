@@ -429,7 +429,9 @@ impl Node {
         req: &R,
         timeout: Duration,
     ) -> Result<R::Response> {
-        let pending = self.core.send_request(dest, req, timeout)?;
+        let pending = crate::primitives::park::sending_blocking_request(|| {
+            self.core.send_request(dest, req, timeout)
+        })?;
         decode_response(self.core.wait_response(pending)?)
     }
 

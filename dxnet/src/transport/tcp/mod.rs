@@ -37,7 +37,7 @@ use crate::core::connection::{ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::{Core, InlineWork};
 use crate::primitives::orb::Consumer;
-use crate::primitives::park::Idle;
+use crate::primitives::park::{self, Idle};
 use crate::primitives::pool::RecvBuffer;
 use crate::primitives::read_lease::ReadLease;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
@@ -436,9 +436,12 @@ impl Transport for TcpEngine {
         };
         let st = match tc.send.try_lock() {
             Some(st) => Some(st),
-            // Few requests in flight: nothing to aggregate by waiting for
+            // A requester that will block on its response anyway, with
+            // few requests in flight: nothing to aggregate by waiting for
             // the send thread.
-            None if crate::primitives::park::request_waiters() < FLUSH_WAIT_MAX_REQUESTERS => {
+            None if park::is_sending_blocking_request()
+                && park::request_waiters() < FLUSH_WAIT_MAX_REQUESTERS =>
+            {
                 self.wait_for_writer(&tc)
             }
             None => None,
