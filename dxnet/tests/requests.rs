@@ -345,7 +345,10 @@ fn a_handler_thread_completing_the_response_wakes_a_requester_asleep_on_its_conn
 /// while the thread's earlier messages still wait in it: plain messages of
 /// random sizes (some larger than a receive buffer) interleaved with
 /// requests not waited for, from several threads (see [`send_steps`]).
-fn requests_and_messages_keep_order(kind: Kind) {
+///
+/// With `blocking`, the requests are blocking ones: on TCP a requester that
+/// finds another thread writing the socket writes after it itself.
+fn requests_and_messages_keep_order(kind: Kind, blocking: bool) {
     const THREADS: u16 = 3;
     const STEPS: u64 = 3000;
     let cluster = start_all(cluster_configs(kind, 2, |c| {
@@ -355,7 +358,7 @@ fn requests_and_messages_keep_order(kind: Kind) {
     std::thread::scope(|s| {
         for t in 0..THREADS {
             let a = cluster[0].clone();
-            s.spawn(move || send_steps(&a, NodeId(1), t, STEPS, 9000));
+            s.spawn(move || send_steps_with(&a, NodeId(1), t, STEPS, 9000, blocking));
         }
     });
     wait_for(30, "every step logged", || log.complete(0, THREADS, STEPS));
@@ -364,12 +367,54 @@ fn requests_and_messages_keep_order(kind: Kind) {
 
 #[test]
 fn requests_and_messages_keep_order_loopback() {
-    requests_and_messages_keep_order(Kind::Loopback);
+    requests_and_messages_keep_order(Kind::Loopback, false);
 }
 
 #[test]
 fn requests_and_messages_keep_order_tcp() {
-    requests_and_messages_keep_order(Kind::Tcp);
+    requests_and_messages_keep_order(Kind::Tcp, false);
+}
+
+#[test]
+fn blocking_requests_and_messages_keep_order_tcp() {
+    requests_and_messages_keep_order(Kind::Tcp, true);
+}
+
+/// A few threads of blocking requests on one TCP connection, of random
+/// sizes (some split across receive buffers): each one finding another
+/// thread writing the socket writes after it itself (see
+/// `TcpEngine::wait_for_writer`); every response comes back to its
+/// requester, intact.
+#[test]
+fn few_blocking_requesters_share_one_socket_tcp() {
+    let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| {
+        c.limits.recv_buffer_size = 4096;
+    }));
+    serve(&cluster[1]);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let node = cluster[0].clone();
+            s.spawn(move || {
+                let mut x = (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for i in 0..3000u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let len = if x % 8 == 0 { x % 9000 } else { x % 200 } as usize;
+                    let id = t << 32 | i;
+                    let r = node
+                        .request(NodeId(1), &req(id, len), Duration::from_secs(60))
+                        .unwrap();
+                    assert_eq!(r.id, id);
+                    assert_eq!(r.body_len, len);
+                    assert_eq!(
+                        r.sum,
+                        req(id, len).body.iter().map(|&b| b as u64).sum::<u64>()
+                    );
+                }
+            });
+        }
+    });
 }
 
 #[derive(Serialize, Deserialize, Debug, PartialEq)]

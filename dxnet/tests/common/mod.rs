@@ -109,10 +109,28 @@ pub fn register_step_log(node: &Node) -> Arc<StepLog> {
 /// messages still wait in it: the receiver's [`StepLog`] shows whether
 /// send order held.
 pub fn send_steps(node: &Node, dest: NodeId, thread: u16, steps: u64, max_pad: usize) {
+    send_steps_with(node, dest, thread, steps, max_pad, false);
+}
+
+/// [`send_steps`], with each request a blocking [`Node::request`] when
+/// `blocking` (the thread waits for its response before the next step).
+pub fn send_steps_with(
+    node: &Node,
+    dest: NodeId,
+    thread: u16,
+    steps: u64,
+    max_pad: usize,
+    blocking: bool,
+) {
     let mut pending = std::collections::VecDeque::new();
     for seq in 0..steps {
         let r = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
-        if r % 3 == 0 {
+        if r % 3 == 0 && blocking {
+            let ack = node
+                .request(dest, &StepReq(thread, seq), Duration::from_secs(60))
+                .unwrap();
+            assert_eq!(ack, StepAck(seq));
+        } else if r % 3 == 0 {
             let h = node
                 .request_async(dest, &StepReq(thread, seq), Duration::from_secs(60))
                 .unwrap();
