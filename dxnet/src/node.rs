@@ -429,9 +429,7 @@ impl Node {
         req: &R,
         timeout: Duration,
     ) -> Result<R::Response> {
-        let pending = crate::primitives::park::sending_blocking_request(|| {
-            self.core.send_request(dest, req, timeout)
-        })?;
+        let pending = self.core.send_request(dest, req, timeout, true)?;
         decode_response(self.core.wait_response(pending)?)
     }
 
@@ -443,7 +441,7 @@ impl Node {
         req: &R,
         timeout: Duration,
     ) -> Result<ResponseHandle<R::Response>> {
-        let inner = self.core.send_request(dest, req, timeout)?;
+        let inner = self.core.send_request(dest, req, timeout, false)?;
         Ok(ResponseHandle {
             inner,
             core: self.core.clone(),

@@ -23,18 +23,25 @@ impl Core {
     /// the engine may write the data on this thread rather than wake it.
     /// (Plain messages keep the wake: the time it takes is what lets
     /// concurrent and back-to-back sends aggregate into one write.)
-    pub(super) fn on_urgent_write_interest(&self, peer: NodeId) {
+    /// `may_wait`: the calling thread blocks on a response right after
+    /// (see [`Transport::try_flush`]).
+    pub(super) fn on_urgent_write_interest(&self, peer: NodeId, may_wait: bool) {
         if inline::defer_flush(peer.0) {
             return;
         }
-        self.flush_deferred(peer);
+        self.write_out(peer, may_wait);
     }
 
-    /// Writes out `peer`'s urgent data now (on this thread if the engine
-    /// can, see [`Core::on_urgent_write_interest`]).
+    /// Writes out `peer`'s urgent data that an inline handler run deferred
+    /// (on this thread if the engine can, see
+    /// [`Core::on_urgent_write_interest`]).
     pub(crate) fn flush_deferred(&self, peer: NodeId) {
+        self.write_out(peer, false);
+    }
+
+    fn write_out(&self, peer: NodeId, may_wait: bool) {
         match self.transport() {
-            Some(t) if t.try_flush(peer) => {}
+            Some(t) if t.try_flush(peer, may_wait) => {}
             _ => {
                 self.on_write_interest(peer);
             }

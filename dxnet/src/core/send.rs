@@ -135,7 +135,7 @@ impl Core {
                 t,
                 s,
                 kind: MessageKind::Plain,
-                urgent: true,
+                flush: Flush::Now,
                 request_id: 0,
             };
             self.send_frame_as(dest, frame, bytes.len(), None, None, |w| w.write_all(bytes))
@@ -226,12 +226,15 @@ impl Core {
         Poll::Ready(send_outcome(p, outcome))
     }
 
-    /// Sends a request; the handle waits for its response.
+    /// Sends a request; the handle waits for its response. `blocking`: the
+    /// caller waits for the response right after (it may wait briefly for
+    /// the connection to write the request itself, see [`Flush`]).
     pub fn send_request<R: Request>(
         &self,
         dest: NodeId,
         req: &R,
         timeout: Duration,
+        blocking: bool,
     ) -> Result<PendingResponse> {
         let len = codec::encoded_len(req)?;
         let now = Instant::now();
@@ -240,18 +243,21 @@ impl Core {
             breakdown::take_committed();
         }
         let deadline = pending.deadline();
+        let frame = Frame {
+            t: R::TYPE,
+            s: R::SUBTYPE,
+            kind: MessageKind::Request,
+            flush: if blocking {
+                Flush::NowThenBlock
+            } else {
+                Flush::Now
+            },
+            request_id: id,
+        };
         with_encoded(req, len, |payload| {
-            self.send_frame(
-                dest,
-                R::TYPE,
-                R::SUBTYPE,
-                MessageKind::Request,
-                id,
-                len,
-                Some(deadline),
-                Some(now),
-                |w| payload.fill(w),
-            )
+            self.send_frame_as(dest, frame, len, Some(deadline), Some(now), |w| {
+                payload.fill(w)
+            })
         })?;
         pending.mark_sent();
         Ok(pending)
@@ -403,19 +409,22 @@ impl Core {
     where
         F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
     {
-        let urgent = kind != MessageKind::Plain;
+        let flush = if kind == MessageKind::Plain {
+            Flush::Aggregate
+        } else {
+            Flush::Now
+        };
         let frame = Frame {
             t,
             s,
             kind,
-            urgent,
+            flush,
             request_id,
         };
         self.send_frame_as(dest, frame, payload_len, deadline, now, fill)
     }
 
-    /// [`Core::send_frame`] of a frame that says whether it is urgent
-    /// (written out at once, on this thread if the send thread sleeps)
+    /// [`Core::send_frame`] of a frame that says when it leaves ([`Flush`])
     /// apart from its kind.
     pub(super) fn send_frame_as<F>(
         &self,
@@ -433,7 +442,7 @@ impl Core {
             t,
             s,
             kind,
-            urgent,
+            flush,
             request_id,
         } = frame;
         if payload_len > self.config.limits.max_message_size {
@@ -492,7 +501,7 @@ impl Core {
         } else {
             deadline
         };
-        let res = self.send_frame_on(conn, dest, &hb, total, (kind, urgent), &deadline, fill);
+        let res = self.send_frame_on(conn, dest, &hb, total, (kind, flush), &deadline, fill);
         if response {
             let stalled = matches!(res, Err(Error::Timeout(_)));
             if conn.responses_stalled.load(Ordering::Relaxed) != stalled {
@@ -510,7 +519,7 @@ impl Core {
         dest: NodeId,
         hb: &[u8; HEADER_LEN],
         total: usize,
-        (kind, urgent): (MessageKind, bool),
+        (kind, flush): (MessageKind, Flush),
         deadline: &Deadline,
         fill: F,
     ) -> Result<()>
@@ -548,6 +557,7 @@ impl Core {
         let mut small;
         let mut encoded_frame: Option<&[u8]> = None;
         let mut fill = Some(fill);
+        let urgent = flush != Flush::Aggregate;
         if urgent && total <= STANDALONE_FRAME_MAX {
             if let Some(t) = self.transport().filter(|t| total <= t.standalone_max()) {
                 small = [0u8; STANDALONE_FRAME_MAX];
@@ -582,7 +592,7 @@ impl Core {
                 if self.breakdown.is_some() {
                     breakdown::committed();
                 }
-                self.on_urgent_write_interest(dest)
+                self.on_urgent_write_interest(dest, flush == Flush::NowThenBlock)
             } else if self.on_write_interest(dest) {
                 // A plain message (no clock reading of its own), newly
                 // queued for the send thread: this connection is in use now
@@ -738,10 +748,22 @@ pub(super) struct Frame {
     t: u8,
     s: u8,
     kind: MessageKind,
-    /// Written out at once rather than left for the send thread to
-    /// aggregate.
-    urgent: bool,
+    flush: Flush,
     request_id: u32,
+}
+
+/// When a frame's bytes leave for the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flush {
+    /// Left for the send thread, which aggregates them with others.
+    Aggregate,
+    /// Written out at once (on this thread if the send thread sleeps).
+    Now,
+    /// As `Now`, for a request its sender blocks on right after: the sender
+    /// has nothing else to do meanwhile, so it may wait briefly for another
+    /// thread's write on the connection to end and write its request
+    /// itself ([`Transport::try_flush`]'s `may_wait`).
+    NowThenBlock,
 }
 
 /// A send of a buffer in place, in flight (see [`Core::start_send_buffer`]).

@@ -78,7 +78,7 @@ const LONG: Duration = Duration::from_secs(60);
 #[test]
 fn pending_requests_fail_with_their_connections_cause() {
     let (core, _engine) = start(|_| {});
-    let p = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
+    let p = core.send_request(NodeId(1), &Ask(1), LONG, false).unwrap();
     let conn = core.connections.get(NodeId(1)).unwrap();
     core.close_connection(&conn, "link down", true);
     assert_eq!(
@@ -89,7 +89,7 @@ fn pending_requests_fail_with_their_connections_cause() {
         ))
     );
 
-    let p = core.send_request(NodeId(2), &Ask(2), LONG).unwrap();
+    let p = core.send_request(NodeId(2), &Ask(2), LONG, false).unwrap();
     let conn = core.connections.get(NodeId(2)).unwrap();
     core.close_connection(&conn, "no longer needed", false);
     assert_eq!(
@@ -109,8 +109,8 @@ fn pending_requests_fail_with_their_connections_cause() {
 #[test]
 fn least_recently_used_connection_is_closed_beyond_the_limit() {
     let (core, engine) = start(|c| c.limits.max_connections = 2);
-    let p1 = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
-    let p2 = core.send_request(NodeId(2), &Ask(2), LONG).unwrap();
+    let p1 = core.send_request(NodeId(1), &Ask(1), LONG, false).unwrap();
+    let p2 = core.send_request(NodeId(2), &Ask(2), LONG, false).unwrap();
     // Node 2's connection was used last, node 1's long before.
     core.connections.get(NodeId(1)).unwrap().touch(10);
     core.connections.get(NodeId(2)).unwrap().touch(1_000);
@@ -192,8 +192,8 @@ fn a_send_that_times_out_gives_its_window_back() {
 #[test]
 fn responses_in_several_segments_complete_on_the_receiving_thread() {
     let (core, _engine) = start(|_| {});
-    let a = core.send_request(NodeId(1), &Ask(1), LONG).unwrap();
-    let b = core.send_request(NodeId(1), &Ask(2), LONG).unwrap();
+    let a = core.send_request(NodeId(1), &Ask(1), LONG, false).unwrap();
+    let b = core.send_request(NodeId(1), &Ask(2), LONG, false).unwrap();
     let conn = core.connections.get(NodeId(1)).unwrap();
     let mut buf = core.pool.get().expect("a receive buffer");
     let mut at = 0;

@@ -316,31 +316,6 @@ pub fn request_waiters() -> usize {
     REQUEST_WAITERS.load(Ordering::Relaxed)
 }
 
-thread_local! {
-    /// Set while this thread sends a request it will then block on.
-    static SENDING_BLOCKING_REQUEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `send`, the sending of a request the calling thread then blocks
-/// on: what it writes may wait briefly for the socket (it has nothing else
-/// to do; see `TcpEngine::wait_for_writer`).
-pub fn sending_blocking_request<T>(send: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            SENDING_BLOCKING_REQUEST.with(|s| s.set(false));
-        }
-    }
-    SENDING_BLOCKING_REQUEST.with(|s| s.set(true));
-    let _reset = Reset;
-    send()
-}
-
-/// Whether this thread is inside [`sending_blocking_request`].
-pub fn is_sending_blocking_request() -> bool {
-    SENDING_BLOCKING_REQUEST.with(|s| s.get())
-}
-
 /// Up to how many blocked requesters may wait without parking
 /// (`park.max_request_spinners`; by default all of them).
 ///

@@ -99,7 +99,10 @@ pub trait Transport: Send + Sync + 'static {
     /// parked may write it out on the calling thread instead of waking that
     /// thread (one thread hop less on an idle node); returns true if it took
     /// care of the data. Under load the send thread aggregates as usual.
-    fn try_flush(&self, _peer: NodeId) -> bool {
+    /// `may_wait`: the caller blocks on a response right after, so it may
+    /// wait briefly for another thread's write on the connection to end
+    /// rather than leave the data to the send thread.
+    fn try_flush(&self, _peer: NodeId, _may_wait: bool) -> bool {
         false
     }
     /// A UDP socket on the node's address that the discovery job may send

@@ -499,7 +499,7 @@ impl Transport for IbEngine {
         self.udp.try_clone().ok()
     }
 
-    fn try_flush(&self, peer: NodeId) -> bool {
+    fn try_flush(&self, peer: NodeId, _may_wait: bool) -> bool {
         let Some(core) = self.core.upgrade() else {
             return false;
         };

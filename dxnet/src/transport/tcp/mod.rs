@@ -424,7 +424,7 @@ impl Transport for TcpEngine {
         }
     }
 
-    fn try_flush(&self, peer: NodeId) -> bool {
+    fn try_flush(&self, peer: NodeId, may_wait: bool) -> bool {
         if !self.send_sleeping.load(Ordering::Acquire) {
             return false; // the send thread is awake and aggregates
         }
@@ -439,9 +439,7 @@ impl Transport for TcpEngine {
             // A requester that will block on its response anyway, with
             // few requests in flight: nothing to aggregate by waiting for
             // the send thread.
-            None if park::is_sending_blocking_request()
-                && park::request_waiters() < FLUSH_WAIT_MAX_REQUESTERS =>
-            {
+            None if may_wait && park::request_waiters() < FLUSH_WAIT_MAX_REQUESTERS => {
                 self.wait_for_writer(&tc)
             }
             None => None,
