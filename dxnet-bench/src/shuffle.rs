@@ -421,14 +421,14 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     let mut ends = (0..a.threads)
         .map(|t| Ok((shuffle.pusher(t)?, shuffle.puller(t)?)))
         .collect::<Result<Vec<_>>>()?;
-    println!("READY");
-    std::io::stdout().flush()?;
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line)?;
-    let cpu0 = process_cpu_s();
-    let start = Instant::now();
     let payload = vec![0x5au8; a.size];
-    let (pushed, received, bytes, blocked) = std::thread::scope(|s| -> Result<_> {
+    // The workers start (threads spawned, their stacks and allocator
+    // arenas set up) before the clock, as the MPI peer's ranks do, and wait
+    // for the go.
+    let go = std::sync::Barrier::new(2 * a.threads + 1);
+    let mut line = String::new();
+    let (pushed, received, bytes, blocked, elapsed, cpu) = std::thread::scope(|s| -> Result<_> {
+        let go = &go;
         let mut pushers = Vec::new();
         let mut pullers = Vec::new();
         for (t, (mut p, mut q)) in ends.drain(..).enumerate() {
@@ -436,6 +436,7 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             let payload = &payload;
             pushers.push(s.spawn(move || -> Result<(u64, Duration)> {
                 let mut x = (me + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                go.wait();
                 for _ in 0..a.records {
                     x ^= x << 13;
                     x ^= x >> 7;
@@ -452,6 +453,7 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             }));
             pullers.push(s.spawn(move || -> Result<(u64, u64)> {
                 let (mut n, mut b) = (0u64, 0u64);
+                go.wait();
                 // The records' bytes lent, not copied (as the MPI peer
                 // parses in place).
                 while let Some(len) = q.next_with(|_, bytes| bytes.len())? {
@@ -461,6 +463,17 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
                 Ok((n, b))
             }));
         }
+        let ready = (|| -> Result<()> {
+            println!("READY");
+            std::io::stdout().flush()?;
+            std::io::stdin().read_line(&mut line)?;
+            Ok(())
+        })();
+        let cpu0 = process_cpu_s();
+        let start = Instant::now();
+        // Released in any case: the scope joins the workers.
+        go.wait();
+        ready?;
         let (mut pushed, mut blocked) = (0, Duration::ZERO);
         for h in pushers {
             let (n, b) = h.join().map_err(|_| anyhow!("a pusher panicked"))??;
@@ -473,10 +486,10 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             received += n;
             bytes += b;
         }
-        Ok((pushed, received, bytes, blocked))
+        let elapsed = start.elapsed().as_secs_f64();
+        let cpu = process_cpu_s() - cpu0;
+        Ok((pushed, received, bytes, blocked, elapsed, cpu))
     })?;
-    let elapsed = start.elapsed().as_secs_f64();
-    let cpu = process_cpu_s() - cpu0;
     println!(
         "RESULT pushed={pushed} received={received} bytes={bytes} elapsed_s={elapsed} cpu_s={cpu} blocked_s={}",
         blocked.as_secs_f64()
