@@ -880,6 +880,9 @@ struct SegIn {
     /// per record), starting at position `buf_from`.
     buf: Vec<u8>,
     buf_from: u64,
+    /// Bytes of `buf` copied last (`buf` keeps its largest length, so a
+    /// refill does not zero it first).
+    buf_len: usize,
 }
 
 /// A worker's receiving side (see [`Shuffle::puller`]): an iterator over
@@ -1156,7 +1159,7 @@ impl Puller {
     fn buffered(&mut self, seg: usize, len: usize) -> Result<bool> {
         let size = self.inner.cfg.segment_bytes as u64;
         let s = &mut self.segs[seg];
-        if s.read >= s.buf_from && s.read + len as u64 <= s.buf_from + s.buf.len() as u64 {
+        if s.read >= s.buf_from && s.read + len as u64 <= s.buf_from + s.buf_len as u64 {
             return Ok(true);
         }
         if s.avail - s.read < len as u64 {
@@ -1164,9 +1167,13 @@ impl Puller {
         }
         let off = s.read % size;
         let n = (s.avail - s.read).min(size - off) as usize;
-        s.buf.resize(n, 0);
+        if s.buf.len() < n {
+            s.buf.resize(n, 0);
+        }
         s.buf_from = s.read;
-        self.inner.incoming[self.thread].read(seg * size as usize + off as usize, &mut s.buf)?;
+        s.buf_len = n;
+        self.inner.incoming[self.thread]
+            .read(seg * size as usize + off as usize, &mut s.buf[..n])?;
         Ok(n >= len)
     }
 
