@@ -87,6 +87,9 @@ struct RunResult {
     cpu_us_per_record: f64,
     blocked_ms_per_pusher: f64,
     elapsed_s: f64,
+    /// Packets the RDMA device sent while the workers ran, per record
+    /// (`--transport ib` where the device counts them).
+    device_pkts_per_record: Option<f64>,
 }
 
 /// Parses `one-sided` / `messages` / `mpi`.
@@ -139,9 +142,17 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
         }
         None => None,
     };
+    let pkts = a.transport == "ib";
     println!(
-        "{:>5} {:>10} {:>12} {:>10} {:>12} {:>14} {:>10}",
-        "round", "mode", "records/s", "MB/s", "cpu_us/rec", "blocked_ms/p", "time_s"
+        "{:>5} {:>10} {:>12} {:>10} {:>12} {:>14} {:>10}{}",
+        "round",
+        "mode",
+        "records/s",
+        "MB/s",
+        "cpu_us/rec",
+        "blocked_ms/p",
+        "time_s",
+        if pkts { "   pkts/rec" } else { "" }
     );
     let mut all: Vec<(BenchMode, RunResult)> = Vec::new();
     for round in 0..a.rounds {
@@ -155,15 +166,21 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
                 BenchMode::Shuffle(mode) => one_run(a, mode, round)?,
                 BenchMode::Mpi => mpi_run(a)?,
             };
+            let pkts_col = match (pkts, r.device_pkts_per_record) {
+                (false, _) => String::new(),
+                (true, Some(p)) => format!(" {p:>10.4}"),
+                (true, None) => format!(" {:>10}", "-"),
+            };
             println!(
-                "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.3} {:>14.1} {:>10.2}",
+                "{:>5} {:>10} {:>12.0} {:>10.1} {:>12.3} {:>14.1} {:>10.2}{}",
                 round,
                 mode_name(m),
                 r.records_per_s,
                 r.bytes_per_s / 1e6,
                 r.cpu_us_per_record,
                 r.blocked_ms_per_pusher,
-                r.elapsed_s
+                r.elapsed_s,
+                pkts_col
             );
             all.push((m, r));
         }
@@ -181,13 +198,23 @@ pub fn run(a: &ShuffleArgs) -> Result<()> {
             v[v.len() / 2]
         };
         let rate = pick(|r| r.records_per_s);
+        let mut pkts: Vec<f64> = all
+            .iter()
+            .filter(|(x, _)| *x == m)
+            .filter_map(|(_, r)| r.device_pkts_per_record)
+            .collect();
+        pkts.sort_by(|x, y| x.partial_cmp(y).expect("no NaN"));
+        let pkts_col = pkts
+            .get(pkts.len() / 2)
+            .map_or(String::new(), |p| format!(" {p:>8.4} device pkts/rec"));
         println!(
-            "{:>10} {:>12.0} records/s {:>10.1} MB/s {:>8.3} cpu_us/rec {:>8.1} blocked_ms/pusher",
+            "{:>10} {:>12.0} records/s {:>10.1} MB/s {:>8.3} cpu_us/rec {:>8.1} blocked_ms/pusher{}",
             mode_name(m),
             rate,
             pick(|r| r.bytes_per_s) / 1e6,
             pick(|r| r.cpu_us_per_record),
-            pick(|r| r.blocked_ms_per_pusher)
+            pick(|r| r.blocked_ms_per_pusher),
+            pkts_col
         );
         medians.push((m, rate));
     }
@@ -268,6 +295,8 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
     for r in outs.iter_mut() {
         wait_for(r, "READY")?;
     }
+    let counter = (a.transport == "ib").then(device_sent_packets).flatten();
+    let sent_before = counter.as_ref().and_then(|c| c.read());
     for c in children.iter_mut() {
         writeln!(c.stdin.as_mut().expect("piped"), "go")?;
     }
@@ -275,6 +304,10 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
     for r in outs.iter_mut() {
         results.push(parse_result(&wait_for(r, "RESULT ")?)?);
     }
+    let sent = match (sent_before, counter.as_ref().and_then(|c| c.read())) {
+        (Some(b), Some(e)) => Some(e.saturating_sub(b)),
+        _ => None,
+    };
     // Every process has its records: all may exit now.
     for c in children.iter_mut() {
         if let Some(mut i) = c.stdin.take() {
@@ -302,7 +335,43 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
         cpu_us_per_record: cpu * 1e6 / received.max(1) as f64,
         blocked_ms_per_pusher: blocked * 1e3 / (a.procs * a.threads) as f64,
         elapsed_s: elapsed,
+        device_pkts_per_record: sent.map(|p| p as f64 / received.max(1) as f64),
     })
+}
+
+/// The RDMA device's count of packets sent (`sent_pkts` of its port's
+/// `hw_counters` in sysfs, which Soft-RoCE and most RoCE drivers keep),
+/// for the device the environment names (`RDMA_DEV`, `RDMA_PORT`; else the
+/// first device, port 1). Every process on the device counts, so with all
+/// of a shuffle's processes on one host it is the whole shuffle's traffic
+/// (on a loopback device both directions).
+struct PacketCounter(std::path::PathBuf);
+
+impl PacketCounter {
+    fn read(&self) -> Option<u64> {
+        std::fs::read_to_string(&self.0).ok()?.trim().parse().ok()
+    }
+}
+
+fn device_sent_packets() -> Option<PacketCounter> {
+    let t = crate::config::RdmaParams::default().resolve();
+    let root = std::path::Path::new("/sys/class/infiniband");
+    let dev = match t.device {
+        Some(d) => d,
+        None => {
+            let mut names: Vec<String> = std::fs::read_dir(root)
+                .ok()?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect();
+            names.sort();
+            names.into_iter().next()?
+        }
+    };
+    let c = PacketCounter(root.join(format!(
+        "{dev}/ports/{}/hw_counters/sent_pkts",
+        t.port
+    )));
+    c.read().map(|_| c)
 }
 
 /// The MPI peer's source (`mpi/shuffle.c`).
@@ -350,6 +419,7 @@ fn mpi_run(a: &ShuffleArgs) -> Result<RunResult> {
         cpu_us_per_record: r.cpu_s * 1e6 / r.received.max(1) as f64,
         blocked_ms_per_pusher: 0.0,
         elapsed_s: r.elapsed_s,
+        device_pkts_per_record: None,
     })
 }
 
