@@ -225,15 +225,7 @@ fn random_u64() -> u64 {
 
 /// Deterministic pseudo-random bytes (xorshift).
 fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    Rng::from_state(seed | 1).bytes(len)
 }
 
 fn hello(claim: u16, target: u16, window: u32) -> Hello {

@@ -464,13 +464,8 @@ fn ib_forged_handshake_datagrams_do_not_disturb_connections() {
         std::thread::spawn(move || {
             let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let to = |id: u16| format!("127.0.0.1:{}", base + id);
-            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-            let mut next = move || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
+            let mut rng = Rng::new(1);
+            let mut next = move || rng.next_u64();
             while !stop.load(Ordering::Acquire) {
                 let r = next();
                 let session = next().to_le_bytes();
@@ -671,13 +666,8 @@ fn ib_one_sided_write_read_notify_revoke_kill() {
                 s.spawn(move || {
                     let base = t as usize * SLICE;
                     let mut shadow = vec![0u8; SLICE];
-                    let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                    let mut next = move || {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x
-                    };
+                    let mut rng = Rng::new(t);
+                    let mut next = move || rng.next_u64();
                     for i in 0..30u64 {
                         let len = match next() % 6 {
                             0 => 1,

@@ -22,15 +22,10 @@ const SLICE: usize = 1 << 20;
 /// Bytes written and read at once in the large phase.
 const LARGE: usize = 3 << 20;
 
-/// xorshift, deterministic per seed.
+/// [`Rng`] of `seed` as a closure.
 fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
+    let mut r = Rng::new(seed);
+    move || r.next_u64()
 }
 
 /// A thread's random accesses inside its slice `[base, base + SLICE)`:

@@ -395,11 +395,9 @@ fn few_blocking_requesters_share_one_socket_tcp() {
         for t in 0..3u64 {
             let node = cluster[0].clone();
             s.spawn(move || {
-                let mut x = (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut rng = Rng::new(t + 1);
                 for i in 0..3000u64 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let len = if x % 8 == 0 { x % 9000 } else { x % 200 } as usize;
                     let id = t << 32 | i;
                     let r = node
@@ -463,13 +461,8 @@ fn large_requests_and_responses_arrive_intact(kind: Kind) {
         for t in 0..THREADS {
             let (from, to) = (&nodes[(t % 2) as usize], NodeId(1 - (t % 2) as u16));
             s.spawn(move || {
-                let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                let mut next = move |max: u64| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x % max) as usize
-                };
+                let mut rng = Rng::new(t);
+                let mut next = move |max: u64| (rng.next_u64() % max) as usize;
                 for i in 0..PER {
                     let seed = t << 32 | i;
                     let (req_len, resp_len) = (next(1_500_000), next(1_500_000));

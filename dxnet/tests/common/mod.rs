@@ -254,16 +254,41 @@ pub fn probe_from(
 }
 
 pub fn pattern(from: u16, thread: u16, seq: u64, len: usize) -> Vec<u8> {
-    let mut x =
-        (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    Rng::from_state(
+        (from as u64) << 48 ^ (thread as u64) << 32 ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    )
+    .bytes(len)
+}
+
+/// A deterministic xorshift64 generator: the tests' random sizes, choices
+/// and bytes, the same on every run for a seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The stream of `seed` (distinct seeds, distinct streams).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// The stream that continues from `state` as it is (0 stays 0).
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// The next `len` values' low bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next_u64() as u8).collect()
+    }
 }
 
 /// Deterministic pseudo-random sizes: mostly small, some several times
@@ -563,13 +588,8 @@ pub fn in_place_phase(
 ) -> Vec<u8> {
     let half = slice / 2;
     let mut shadow = vec![0u8; slice];
-    let mut x = (t + 77).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Rng::new(t + 77);
+    let mut next = move || rng.next_u64();
     for i in 0..ops {
         let len = match next() % 6 {
             0 => 1,
@@ -631,13 +651,8 @@ pub fn buffer_phase(
 ) -> (Vec<u8>, u64) {
     use dxnet::Buffer;
     let mut shadow = vec![0u8; slice];
-    let mut x = (t + 91).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Rng::new(t + 91);
+    let mut next = move || rng.next_u64();
     const SIZES: [usize; 4] = [200, 4096, 8192, 100_000];
     // Two buffers per size, reused across the phase.
     let mut pool: Vec<Buffer> = SIZES
@@ -793,15 +808,12 @@ pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
     let own = node.id().0;
     let sizes = [16usize, 200, 4096, 8192, max];
     let mut pool: Vec<Buffer> = sizes.iter().map(|&n| Buffer::new(n)).collect();
-    let mut x = (t as u64 + 5).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng::new(t as u64 + 5);
     // An async send in flight while the next messages go: its buffer's
     // place in the pool, and its handle.
     let mut pending: Option<(usize, dxnet::SendHandle)> = None;
     for seq in 0..count {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let k = (x % pool.len() as u64) as usize;
+        let k = (rng.next_u64() % pool.len() as u64) as usize;
         if let Some((at, h)) = pending.take_if(|(at, _)| *at == k) {
             let (res, mut back) = h.wait();
             res.unwrap();
