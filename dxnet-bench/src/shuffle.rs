@@ -367,10 +367,7 @@ fn device_sent_packets() -> Option<PacketCounter> {
             names.into_iter().next()?
         }
     };
-    let c = PacketCounter(root.join(format!(
-        "{dev}/ports/{}/hw_counters/sent_pkts",
-        t.port
-    )));
+    let c = PacketCounter(root.join(format!("{dev}/ports/{}/hw_counters/sent_pkts", t.port)));
     c.read().map(|_| c)
 }
 
