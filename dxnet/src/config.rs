@@ -400,6 +400,22 @@ pub struct TcpConfig {
     /// marking the end of other threads' data must then not rely on
     /// arrival order). Default 1.
     pub rings: usize,
+    /// Write coalescing of the send thread: while a connection's data keeps
+    /// coming, the send thread writes it once at least this many bytes are
+    /// ready or [`TcpConfig::coalesce_us`] passed since its last write to
+    /// that connection, whichever comes first, instead of writing whatever
+    /// arrived during the previous write. Fewer, larger writes leave more
+    /// CPU to the threads that make the data (a small write on a local
+    /// link costs about as much as a large one). A connection written to
+    /// longer ago than `coalesce_us` is written at once, and flow-control
+    /// confirmations are never held back. At most half of
+    /// `limits.orb_size` and of `limits.flow_control_window` counts. 0
+    /// turns coalescing off. Default 65536.
+    pub coalesce_bytes: usize,
+    /// The longest a connection's ready data waits for more to coalesce
+    /// with, in microseconds (see [`TcpConfig::coalesce_bytes`]); the send
+    /// thread gives its core away meanwhile. Default 30.
+    pub coalesce_us: u64,
 }
 
 impl Default for TcpConfig {
@@ -408,6 +424,8 @@ impl Default for TcpConfig {
             listen_backlog: 4096,
             max_pending_handshakes: 64,
             rings: 1,
+            coalesce_bytes: 64 << 10,
+            coalesce_us: 30,
         }
     }
 }

@@ -119,6 +119,8 @@ struct SendState {
     data_left: usize,
     /// The socket buffer was full; wait for a writable event.
     blocked: bool,
+    /// When data was last written (kept only with write coalescing on).
+    last_write: Option<Instant>,
 }
 
 /// The receive role: the poll set and lists of the receive loop, held by
@@ -150,6 +152,9 @@ struct TcpConn {
     recv: Mutex<RecvState>,
     /// Send an empty chunk even if there is nothing to send (liveness probe).
     poke: AtomicBool,
+    /// A request or response waits in the rings for the send thread: it
+    /// writes them at once, without coalescing ([`TcpEngine::coalesces`]).
+    urgent: AtomicBool,
     /// The receive poll reported the peer's end of the stream (or an error).
     read_closed: AtomicBool,
     /// TLS state when the node uses TLS; locked by the send path (after
@@ -171,6 +176,10 @@ pub struct TcpEngine {
     max_pending_handshakes: usize,
     /// Outgoing rings per connection (`tcp.rings`).
     rings: usize,
+    /// Write coalescing (`tcp.coalesce_bytes`, `tcp.coalesce_us`); no
+    /// bytes: off.
+    coalesce_bytes: usize,
+    coalesce_wait: Duration,
     /// Handshake threads at once (each counted until the listener joined
     /// it, evicted ones too); connections beyond it are refused.
     max_handshake_threads: usize,
@@ -225,6 +234,14 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         own,
         max_pending_handshakes: cfg.tcp.max_pending_handshakes,
         rings: cfg.tcp.rings,
+        // Never more than half of what a sender may have outstanding: data
+        // must not wait for more that the ring or the window cannot take.
+        coalesce_bytes: cfg
+            .tcp
+            .coalesce_bytes
+            .min(cfg.limits.orb_size / 2)
+            .min(cfg.limits.flow_control_window / 2),
+        coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
@@ -268,6 +285,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
                     poll: send_poll,
                     events: Events::with_capacity(256),
                     failed: false,
+                    deferred: Vec::new(),
                 };
                 run_send_loop(&mut side, &c);
             })?;
@@ -425,7 +443,8 @@ impl Transport for TcpEngine {
     }
 
     fn try_flush(&self, peer: NodeId, may_wait: bool) -> bool {
-        if !self.send_sleeping.load(Ordering::Acquire) {
+        let sleeping = self.send_sleeping.load(Ordering::Acquire);
+        if !sleeping && self.coalesce_bytes == 0 {
             return false; // the send thread is awake and aggregates
         }
         let Some(core) = self.core.upgrade() else {
@@ -434,6 +453,13 @@ impl Transport for TcpEngine {
         let Some(tc) = core.engine_half::<TcpConn>(peer) else {
             return false;
         };
+        // Whoever writes next (the send thread, unless this thread does):
+        // not to hold the data back for coalescing. Stored before the
+        // caller queues write interest, which orders it for the send thread.
+        tc.urgent.store(true, Ordering::Release);
+        if !sleeping {
+            return false; // the send thread is awake and aggregates
+        }
         let st = match tc.send.try_lock() {
             Some(st) => Some(st),
             // A requester that will block on its response anyway, with
@@ -447,7 +473,7 @@ impl Transport for TcpEngine {
         let Some(mut st) = st else {
             return false;
         };
-        if self.write_locked(&core, &tc, &mut st) {
+        if self.write_locked(&core, &tc, &mut st, false) {
             drop(st);
             if core.requeue_write_interest(peer.0) {
                 self.wake_sender();

@@ -13,6 +13,9 @@ pub(super) struct TcpSender {
     pub(super) events: Events,
     /// The poll set failed: the thread ends.
     pub(super) failed: bool,
+    /// Connections whose ready data waits to coalesce with more
+    /// (`tcp.coalesce_bytes`): queued for writing again at the next round.
+    pub(super) deferred: Vec<u16>,
 }
 
 impl TcpSender {
@@ -50,13 +53,33 @@ impl SendSide for TcpSender {
         self.failed || self.engine.stop.load(Ordering::Acquire)
     }
 
+    fn round(&mut self, core: &Core) {
+        for peer in self.deferred.drain(..) {
+            core.requeue_write_interest(peer);
+        }
+    }
+
     fn write(&mut self, core: &Core, peer: u16) {
-        if let Some(tc) = core.engine_half::<TcpConn>(NodeId(peer)) {
-            self.engine.write_some(core, &tc);
+        let Some(tc) = core.engine_half::<TcpConn>(NodeId(peer)) else {
+            return;
+        };
+        let mut st = tc.send.lock();
+        if self.engine.coalesces(&tc, &mut st) {
+            self.deferred.push(peer);
+            return;
+        }
+        if self.engine.write_locked(core, &tc, &mut st, true) {
+            drop(st);
+            core.requeue_write_interest(peer);
         }
     }
 
     fn after_work(&mut self, core: &Core) -> bool {
+        if !self.deferred.is_empty() {
+            // Data waits to coalesce: the core goes to the threads that
+            // make more (or receive), and the next round comes back to it.
+            std::thread::yield_now();
+        }
         self.poll_writable(core, Duration::ZERO)
     }
 
@@ -81,14 +104,45 @@ impl TcpEngine {
     /// full, or the round budget is used up.
     pub(super) fn write_some(&self, core: &Core, tc: &TcpConn) {
         let mut st = tc.send.lock();
-        if self.write_locked(core, tc, &mut st) {
+        if self.write_locked(core, tc, &mut st, false) {
             core.requeue_write_interest(tc.conn.peer.0);
         }
     }
 
+    /// Whether the send thread leaves `tc`'s ready data for a later round,
+    /// to write it together with what comes meanwhile (write coalescing,
+    /// `tcp.coalesce_bytes`): less than `coalesce_bytes` is ready, the
+    /// connection was written to within `coalesce_us`, and nothing else
+    /// is due (a request or response, a flow-control confirmation, a
+    /// part-written chunk, a poke). A connection idle for longer is written
+    /// at once, so a lone message never waits.
+    pub(super) fn coalesces(&self, tc: &TcpConn, st: &mut SendState) -> bool {
+        let conn = &tc.conn;
+        self.coalesce_bytes > 0
+            && st.header_off == CHUNK_HEADER_LEN
+            && st.data_left == 0
+            && !st.blocked
+            && conn.state() == ConnState::Open
+            && conn.flow.pending_units() == 0
+            && !tc.poke.load(Ordering::Acquire)
+            && !tc.urgent.load(Ordering::Acquire)
+            && st
+                .last_write
+                .is_some_and(|t| t.elapsed() < self.coalesce_wait)
+            && ready_len(conn, st) < self.coalesce_bytes
+    }
+
     /// [`TcpEngine::write_some`] with the send state held; returns true if
-    /// data is left that the socket would take (round budget used up).
-    pub(super) fn write_locked(&self, core: &Core, tc: &TcpConn, st: &mut SendState) -> bool {
+    /// data is left that the socket would take (round budget used up, or,
+    /// with `coalesce`, less than `tcp.coalesce_bytes` came during the
+    /// last write: see [`TcpEngine::coalesces`]).
+    pub(super) fn write_locked(
+        &self,
+        core: &Core,
+        tc: &TcpConn,
+        st: &mut SendState,
+        coalesce: bool,
+    ) -> bool {
         let conn = &tc.conn;
         if conn.state() != ConnState::Open || st.blocked {
             return false;
@@ -98,7 +152,7 @@ impl TcpEngine {
         // rustls holds it) and its records written out, pending records
         // before new data.
         let mut tls = tc.tls.as_ref().map(|t| t.lock());
-        for _ in 0..SEND_ROUNDS {
+        for round in 0..SEND_ROUNDS {
             if let Some(t) = tls.as_deref_mut() {
                 if let Err(e) = flush_tls(t, &tc.stream) {
                     self.write_failed(core, conn, st, e);
@@ -106,6 +160,12 @@ impl TcpEngine {
                 }
             }
             if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
+                if round > 0 && coalesce && self.coalesces(tc, st) {
+                    return true;
+                }
+                // Cleared before the ring is looked at: a request or
+                // response committed before it was set goes in this chunk.
+                tc.urgent.store(false, Ordering::Release);
                 let units = conn.flow.take_units(u32::MAX);
                 let avail = next_chunk_ring(conn, st);
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
@@ -136,6 +196,9 @@ impl TcpEngine {
                         orb.mark_posted(consumer, d);
                         orb.mark_completed(consumer, d);
                         st.data_left -= d;
+                        if self.coalesce_bytes > 0 {
+                            st.last_write = Some(Instant::now());
+                        }
                     }
                 }
                 Err(e) => {
@@ -206,6 +269,13 @@ fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
         }
     }
     0
+}
+
+/// Bytes the connection's rings have published and not yet written.
+fn ready_len(conn: &Connection, st: &mut SendState) -> usize {
+    (0..st.consumers.len())
+        .map(|r| conn.ring(r).unposted_len(&mut st.consumers[r]))
+        .sum()
 }
 
 /// Whether [`next_chunk_ring`] would find data now.
