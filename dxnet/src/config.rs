@@ -407,8 +407,9 @@ pub struct TcpConfig {
     /// arrived during the previous write. Fewer, larger writes leave more
     /// CPU to the threads that make the data (a small write on a local
     /// link costs about as much as a large one). A connection written to
-    /// longer ago than `coalesce_us` is written at once, and flow-control
-    /// confirmations are never held back. At most half of
+    /// longer ago than `coalesce_us`, or whose last write carried less
+    /// than 256 bytes, is written at once; requests, responses and
+    /// flow-control confirmations are never held back. At most half of
     /// `limits.orb_size` and of `limits.flow_control_window` counts. 0
     /// turns coalescing off. Default 65536.
     pub coalesce_bytes: usize,

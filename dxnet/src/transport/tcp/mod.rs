@@ -119,8 +119,10 @@ struct SendState {
     data_left: usize,
     /// The socket buffer was full; wait for a writable event.
     blocked: bool,
-    /// When data was last written (kept only with write coalescing on).
+    /// When data was last written, and how much the last `write_locked`
+    /// call wrote (kept only with write coalescing on).
     last_write: Option<Instant>,
+    last_len: usize,
 }
 
 /// The receive role: the poll set and lists of the receive loop, held by

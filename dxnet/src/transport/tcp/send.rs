@@ -112,10 +112,13 @@ impl TcpEngine {
     /// Whether the send thread leaves `tc`'s ready data for a later round,
     /// to write it together with what comes meanwhile (write coalescing,
     /// `tcp.coalesce_bytes`): less than `coalesce_bytes` is ready, the
-    /// connection was written to within `coalesce_us`, and nothing else
-    /// is due (a request or response, a flow-control confirmation, a
-    /// part-written chunk, a poke). A connection idle for longer is written
-    /// at once, so a lone message never waits.
+    /// connection was written to within `coalesce_us` and that write
+    /// carried at least [`COALESCE_FROM`] bytes (data comes faster than
+    /// a message or two per write), and nothing else is due (a request or
+    /// response, a flow-control confirmation, a part-written chunk, a
+    /// poke). A connection idle for longer, or with a trickle of small
+    /// messages, is written at once: a lone message never waits, and the
+    /// send thread does not give its core away per message.
     pub(super) fn coalesces(&self, tc: &TcpConn, st: &mut SendState) -> bool {
         let conn = &tc.conn;
         self.coalesce_bytes > 0
@@ -126,6 +129,7 @@ impl TcpEngine {
             && conn.flow.pending_units() == 0
             && !tc.poke.load(Ordering::Acquire)
             && !tc.urgent.load(Ordering::Acquire)
+            && st.last_len >= COALESCE_FROM
             && st
                 .last_write
                 .is_some_and(|t| t.elapsed() < self.coalesce_wait)
@@ -152,6 +156,7 @@ impl TcpEngine {
         // rustls holds it) and its records written out, pending records
         // before new data.
         let mut tls = tc.tls.as_ref().map(|t| t.lock());
+        let mut wrote = 0;
         for round in 0..SEND_ROUNDS {
             if let Some(t) = tls.as_deref_mut() {
                 if let Err(e) = flush_tls(t, &tc.stream) {
@@ -196,8 +201,10 @@ impl TcpEngine {
                         orb.mark_posted(consumer, d);
                         orb.mark_completed(consumer, d);
                         st.data_left -= d;
+                        wrote += d;
                         if self.coalesce_bytes > 0 {
                             st.last_write = Some(Instant::now());
+                            st.last_len = wrote;
                         }
                     }
                 }
@@ -270,6 +277,12 @@ fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
     }
     0
 }
+
+/// The least a connection's last write must have carried for the next
+/// one to wait and coalesce (see [`TcpEngine::coalesces`]): a few small
+/// messages that came during one write. One message per write (a thread
+/// that sends and waits for the answer) never waits for coalescing.
+const COALESCE_FROM: usize = 256;
 
 /// Bytes the connection's rings have published and not yet written.
 fn ready_len(conn: &Connection, st: &mut SendState) -> usize {

@@ -279,6 +279,7 @@ impl TcpEngine {
                 data_left: 0,
                 blocked: false,
                 last_write: None,
+                last_len: 0,
             }),
             recv: Mutex::new(RecvState::default()),
             poke: AtomicBool::new(false),
