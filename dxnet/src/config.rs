@@ -415,7 +415,7 @@ pub struct TcpConfig {
     pub coalesce_bytes: usize,
     /// The longest a connection's ready data waits for more to coalesce
     /// with, in microseconds (see [`TcpConfig::coalesce_bytes`]); the send
-    /// thread gives its core away meanwhile. Default 30.
+    /// thread gives its core away meanwhile. At most 10 000. Default 30.
     pub coalesce_us: u64,
 }
 
@@ -754,6 +754,12 @@ impl Config {
         }
         if self.tcp.max_pending_handshakes == 0 || self.tcp.listen_backlog == 0 {
             return bad("tcp: max_pending_handshakes and listen_backlog must be > 0".into());
+        }
+        if self.tcp.coalesce_us > 10_000 {
+            return bad(format!(
+                "tcp: coalesce_us must be at most 10000 (10 ms), not {}",
+                self.tcp.coalesce_us
+            ));
         }
         if !(1..=16).contains(&self.tcp.rings) {
             return bad(format!(

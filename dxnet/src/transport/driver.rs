@@ -26,6 +26,12 @@ pub(crate) trait SendSide {
     /// told before they are written and when the thread turns idle.
     fn busy(&mut self, _busy: bool) {}
 
+    /// Ends the current round early (checked after every `write`): the
+    /// engine saw a connection come up again that it left for later.
+    fn round_over(&mut self) -> bool {
+        false
+    }
+
     /// The round wrote something: a chance to look at the engine's own
     /// events without waiting. Returns true if that found work.
     fn after_work(&mut self, _core: &Core) -> bool {
@@ -42,7 +48,9 @@ pub(crate) trait SendSide {
 
 /// Runs `side`'s send thread until it stops.
 pub(crate) fn run_send_loop(side: &mut impl SendSide, core: &Core) {
-    // The send thread never spins: while it is parked, requests and
+    // The send thread does not spin (an engine's `idle` may stay awake a
+    // bounded time under steady traffic, yielding, as TCP's does for
+    // `tcp.coalesce_us`): while it is parked, requests and
     // responses are written by the threads that make them (no hop, see
     // `Core::on_urgent_write_interest`), and plain messages aggregate
     // during its wake-up.
@@ -56,6 +64,9 @@ pub(crate) fn run_send_loop(side: &mut impl SendSide, core: &Core) {
                 side.busy(true);
             }
             side.write(core, peer);
+            if side.round_over() {
+                break;
+            }
         }
         if worked {
             idle.reset();

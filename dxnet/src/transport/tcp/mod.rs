@@ -288,6 +288,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
                     events: Events::with_capacity(256),
                     failed: false,
                     deferred: Vec::new(),
+                    round_over: false,
+                    awake_until: None,
                 };
                 run_send_loop(&mut side, &c);
             })?;

@@ -238,6 +238,8 @@ impl TcpEngine {
                     let wants_write = t.wants_write();
                     drop(t);
                     if wants_write {
+                        // TLS records to answer: not held for coalescing.
+                        tc.urgent.store(true, Ordering::Release);
                         core.on_write_interest(tc.conn.peer);
                     }
                     self.parse_and_deliver(core, tc, buf, n, inline);
@@ -258,6 +260,7 @@ impl TcpEngine {
                     drop(t);
                     core.return_recv_buffer(buf);
                     if wants_write {
+                        tc.urgent.store(true, Ordering::Release);
                         core.on_write_interest(tc.conn.peer);
                     }
                     return ReadOutcome::Drained;

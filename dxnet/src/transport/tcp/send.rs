@@ -14,8 +14,17 @@ pub(super) struct TcpSender {
     /// The poll set failed: the thread ends.
     pub(super) failed: bool,
     /// Connections whose ready data waits to coalesce with more
-    /// (`tcp.coalesce_bytes`): queued for writing again at the next round.
+    /// (`tcp.coalesce_bytes`) this round. They stay queued (their write
+    /// interest is pushed back at once, so producers find it set and do
+    /// not queue them again); the round ends when one comes up twice.
     pub(super) deferred: Vec<u16>,
+    /// A deferred connection came up again: the round ends.
+    pub(super) round_over: bool,
+    /// Until when the thread stays awake, yielding, instead of parking
+    /// once it finds nothing to write: `tcp.coalesce_us` after a write
+    /// that carried [`COALESCE_FROM`] bytes or more (traffic that keeps
+    /// coming; see [`SendSide::idle`] below).
+    pub(super) awake_until: Option<Instant>,
 }
 
 impl TcpSender {
@@ -53,10 +62,9 @@ impl SendSide for TcpSender {
         self.failed || self.engine.stop.load(Ordering::Acquire)
     }
 
-    fn round(&mut self, core: &Core) {
-        for peer in self.deferred.drain(..) {
-            core.requeue_write_interest(peer);
-        }
+    fn round(&mut self, _core: &Core) {
+        self.deferred.clear();
+        self.round_over = false;
     }
 
     fn write(&mut self, core: &Core, peer: u16) {
@@ -65,13 +73,29 @@ impl SendSide for TcpSender {
         };
         let mut st = tc.send.lock();
         if self.engine.coalesces(&tc, &mut st) {
-            self.deferred.push(peer);
+            drop(st);
+            if self.deferred.contains(&peer) {
+                self.round_over = true;
+            } else {
+                self.deferred.push(peer);
+            }
+            core.requeue_write_interest(peer);
             return;
         }
-        if self.engine.write_locked(core, &tc, &mut st, true) {
-            drop(st);
+        let more = self.engine.write_locked(core, &tc, &mut st, true);
+        if self.engine.coalesce_bytes > 0 && st.last_len >= COALESCE_FROM {
+            if let Some(t) = st.last_write {
+                self.awake_until = Some(t + self.engine.coalesce_wait);
+            }
+        }
+        drop(st);
+        if more {
             core.requeue_write_interest(peer);
         }
+    }
+
+    fn round_over(&mut self) -> bool {
+        self.round_over
     }
 
     fn after_work(&mut self, core: &Core) -> bool {
@@ -84,6 +108,17 @@ impl SendSide for TcpSender {
     }
 
     fn idle(&mut self, core: &Core, park: Option<Duration>) -> bool {
+        // Under traffic that keeps coming, the next data is due within
+        // `coalesce_us`: the thread stays awake (giving its core to any
+        // thread that wants it) rather than park and be woken for it; and
+        // while it is awake, requests and responses go through it, with
+        // what else is ready, instead of a system call each on their
+        // threads.
+        let awake = self.awake_until.is_some_and(|t| Instant::now() < t);
+        if park.is_some() && awake {
+            std::thread::yield_now();
+            return self.poll_writable(core, Duration::ZERO);
+        }
         let Some(max) = park else {
             return self.poll_writable(core, Duration::ZERO);
         };
@@ -111,7 +146,7 @@ impl TcpEngine {
 
     /// Whether the send thread leaves `tc`'s ready data for a later round,
     /// to write it together with what comes meanwhile (write coalescing,
-    /// `tcp.coalesce_bytes`): less than `coalesce_bytes` is ready, the
+    /// `tcp.coalesce_bytes`): some but less than `coalesce_bytes` is ready, the
     /// connection was written to within `coalesce_us` and that write
     /// carried at least [`COALESCE_FROM`] bytes (data comes faster than
     /// a message or two per write), and nothing else is due (a request or
@@ -133,7 +168,7 @@ impl TcpEngine {
             && st
                 .last_write
                 .is_some_and(|t| t.elapsed() < self.coalesce_wait)
-            && ready_len(conn, st) < self.coalesce_bytes
+            && (1..self.coalesce_bytes).contains(&ready_len(conn, st))
     }
 
     /// [`TcpEngine::write_some`] with the send state held; returns true if
@@ -168,13 +203,19 @@ impl TcpEngine {
                 if round > 0 && coalesce && self.coalesces(tc, st) {
                     return true;
                 }
-                // Cleared before the ring is looked at: a request or
-                // response committed before it was set goes in this chunk.
-                tc.urgent.store(false, Ordering::Release);
                 let units = conn.flow.take_units(u32::MAX);
                 let avail = next_chunk_ring(conn, st);
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
                 if avail == 0 && units == 0 && !poke {
+                    // All written, so whatever `urgent` was set for went
+                    // out (its bytes were committed before the flag). A
+                    // flag this swap takes may belong to bytes committed
+                    // since the look above: then the connection is queued
+                    // again, still urgent.
+                    if tc.urgent.swap(false, Ordering::AcqRel) && has_sendable(conn, st) {
+                        tc.urgent.store(true, Ordering::Release);
+                        return true;
+                    }
                     return false;
                 }
                 st.header = encode_chunk_header(avail as u32, units);
