@@ -639,6 +639,13 @@ impl Pusher {
             d.staged_from = start;
         }
         let end = start + len as u64;
+        // Writes carry at most `batch_bytes` (unless one frame is larger):
+        // a device splits a write into packets of its path MTU, and a
+        // batch one frame over a multiple of it costs a packet more.
+        let pending = self.dests[dest].head - self.dests[dest].posted;
+        if pending > 0 && end - self.dests[dest].posted > batch_bytes as u64 {
+            self.post(dest)?;
+        }
         self.make_room(dest, end)?;
         let d = &mut self.dests[dest];
         d.batch.extend_from_slice(&header.to_le_bytes());
