@@ -245,10 +245,17 @@ impl Region {
 
     /// Copies `data` into the region at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.inner
-            .mem()
-            .write(offset, data)
-            .map_err(|_| self.out_of_bounds(offset, data.len()))
+        self.write_vectored(offset, &[data])
+    }
+
+    /// Copies `parts` one after the other into the region from `offset`
+    /// (a header and a payload, say): one call, one lock, no gathering
+    /// copy by the caller.
+    pub fn write_vectored(&self, offset: usize, parts: &[&[u8]]) -> Result<()> {
+        self.inner.mem().write_vectored(offset, parts).map_err(|_| {
+            let len = parts.iter().map(|p| p.len() as u64).sum::<u64>();
+            self.out_of_bounds(offset, len as usize)
+        })
     }
 
     fn out_of_bounds(&self, offset: usize, len: usize) -> Error {

@@ -132,6 +132,15 @@ fn write_read_many_threads(kind: Kind) {
     let mut b = [0u8; 5];
     nodes[1].read(&remote, 5, &mut b).unwrap();
     assert_eq!(&b, b"owner");
+    // Parts written one after the other, in one call; past the end nothing.
+    region.write_vectored(20, &[b"ow", b"", b"ner"]).unwrap();
+    nodes[1].read(&remote, 20, &mut b).unwrap();
+    assert_eq!(&b, b"owner");
+    let end = region.len() - 4;
+    assert!(region.write_vectored(end, &[b"ab", b"cde"]).is_err());
+    let mut tail = [0u8; 4];
+    region.read(end, &mut tail).unwrap();
+    assert_eq!(tail, expect[end..].as_ref());
 }
 
 #[test]

@@ -495,11 +495,7 @@ struct Dest {
     /// Writes in flight and the position each ends at.
     inflight: VecDeque<(WriteHandle, u64)>,
     /// Messages mode: the batch being filled (with its 8-byte head).
-    /// One-sided: frames laid since the last copy into the mirror, which
-    /// start at position `staged_from` (one copy per batch, not per
-    /// record).
     batch: Vec<u8>,
-    staged_from: u64,
 }
 
 /// A worker's sending side (see [`Shuffle::pusher`]). Dropping it
@@ -630,13 +626,10 @@ impl Pusher {
         if wrap.is_some() {
             // The marker takes the rest of the segment, `[w, start)`.
             self.make_room(dest, start)?;
-            self.dests[dest]
-                .batch
-                .extend_from_slice(&frame::WRAP.to_le_bytes());
-            self.sync_stage(dest)?;
-            let d = &mut self.dests[dest];
-            d.head = start;
-            d.staged_from = start;
+            let w = (self.dests[dest].head % seg as u64) as usize;
+            let out = self.out.as_ref().expect("one-sided");
+            out.write(dest * seg + w, &frame::WRAP.to_le_bytes())?;
+            self.dests[dest].head = start;
         }
         let end = start + len as u64;
         // Writes carry at most `batch_bytes` (unless one frame is larger):
@@ -647,11 +640,14 @@ impl Pusher {
             self.post(dest)?;
         }
         self.make_room(dest, end)?;
+        // Straight into the registered mirror, header and payload under one
+        // lock: a staging batch copied in later would cost one more pass
+        // over every byte, about what the lock per record costs on a real
+        // CPU and far more where copies are dear (an emulated machine).
+        let at = dest * seg + (start % seg as u64) as usize;
+        let out = self.out.as_ref().expect("one-sided");
+        out.write_vectored(at, &[&header.to_le_bytes(), payload])?;
         let d = &mut self.dests[dest];
-        d.batch.extend_from_slice(&header.to_le_bytes());
-        d.batch.extend_from_slice(payload);
-        d.batch
-            .resize(d.batch.len() + len - frame::HEADER - payload.len(), 0);
         d.head = end;
         if d.head - d.posted >= batch_bytes as u64 {
             self.post(dest)?;
@@ -705,28 +701,8 @@ impl Pusher {
         Ok(())
     }
 
-    /// One-sided: copies the frames staged for `dest` into its mirror
-    /// (in two pieces where they pass the segment's end).
-    fn sync_stage(&mut self, dest: usize) -> Result<()> {
-        let seg = self.inner.cfg.segment_bytes;
-        let out = self.out.as_ref().expect("one-sided");
-        let d = &mut self.dests[dest];
-        let mut done = 0;
-        while done < d.batch.len() {
-            let pos = d.staged_from + done as u64;
-            let off = (pos % seg as u64) as usize;
-            let n = (d.batch.len() - done).min(seg - off);
-            out.write(dest * seg + off, &d.batch[done..done + n])?;
-            done += n;
-        }
-        d.staged_from += d.batch.len() as u64;
-        d.batch.clear();
-        Ok(())
-    }
-
     /// Writes what the destination has room for: `[posted, tail + seg)`.
     fn post(&mut self, dest: usize) -> Result<()> {
-        self.sync_stage(dest)?;
         let seg = self.inner.cfg.segment_bytes;
         let workers = self.dests.len();
         let tail = self.inner.routes.tails[self.thread * workers + dest].load(Ordering::Acquire);

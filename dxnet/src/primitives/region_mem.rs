@@ -88,20 +88,35 @@ impl MemBlock {
 
     /// Copies `data` into the block at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MemError> {
-        if !self.contains(offset, data.len()) {
+        self.write_vectored(offset, &[data])
+    }
+
+    /// Copies `parts` one after the other into the block from `offset`,
+    /// under one lock.
+    pub fn write_vectored(&self, offset: usize, parts: &[&[u8]]) -> Result<(), MemError> {
+        let len = parts
+            .iter()
+            .try_fold(0usize, |n, p| n.checked_add(p.len()))
+            .ok_or(MemError::OutOfRange)?;
+        if !self.contains(offset, len) {
             return Err(MemError::OutOfRange);
         }
         let closed = self.lock.write();
         if *closed {
             return Err(MemError::Closed);
         }
-        // SAFETY: the range is inside the allocation (checked above), the
-        // exclusive lock keeps every other CPU access out, and `data` is a
-        // caller's slice, which cannot overlap the block: the block's bytes
-        // are never lent out past a lock (see `with_bytes`).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        let mut at = offset;
+        for p in parts {
+            // SAFETY: `[offset, offset + len)` is inside the allocation
+            // (checked above) and the parts fill it in turn; the exclusive
+            // lock keeps every other CPU access out; a part is a caller's
+            // slice, which cannot overlap the block: the block's bytes are
+            // never lent out past a lock (see `with_bytes`).
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), self.ptr.as_ptr().add(at), p.len())
+            };
+            at += p.len();
+        }
         Ok(())
     }
 
@@ -160,6 +175,15 @@ mod tests {
         assert!(all.iter().all(|&b| b == 0));
         m.write(9_990, &[7; 10]).unwrap();
         assert_eq!(m.write(9_991, &[7; 10]), Err(MemError::OutOfRange));
+        m.write_vectored(0, &[&[1, 2], &[], &[3]]).unwrap();
+        assert_eq!(
+            m.write_vectored(9_998, &[&[1, 2], &[3]]),
+            Err(MemError::OutOfRange)
+        );
+        let mut three = [0u8; 3];
+        m.read(0, &mut three).unwrap();
+        assert_eq!(three, [1, 2, 3]);
+        m.write(0, &[0; 3]).unwrap();
         assert_eq!(m.write(usize::MAX, &[7; 2]), Err(MemError::OutOfRange));
         let mut b = [0u8; 11];
         assert_eq!(m.read(9_990, &mut b), Err(MemError::OutOfRange));
