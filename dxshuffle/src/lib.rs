@@ -117,7 +117,12 @@ pub struct ShuffleConfig {
     /// 8, at least 64. The largest record is this less 4.
     pub segment_bytes: usize,
     /// Pending bytes per destination that make a pusher write (one-sided)
-    /// or send a batch (messages).
+    /// or send a batch (messages). A one-sided write carries at most this
+    /// many bytes (unless one record is larger); a multiple of 4096 fills
+    /// whole packets of a RoCE device's 4 KiB MTU. On InfiniBand each
+    /// write is a work request the device acknowledges and is followed by
+    /// a notification, so larger batches (64 KiB, with 256 KiB segments:
+    /// four times the memory) carry the same records in fewer of them.
     pub batch_bytes: usize,
     /// How long a push waits for room, a flush for its writes, a puller
     /// for the next record, and set-up for the other processes.
