@@ -41,7 +41,7 @@ impl Core {
 
     fn write_out(&self, peer: NodeId, may_wait: bool) {
         match self.transport() {
-            Some(t) if t.try_flush(peer, may_wait) => {}
+            Some(t) if t.try_flush(self, peer, may_wait) => {}
             _ => {
                 self.on_write_interest(peer);
             }

@@ -102,7 +102,10 @@ pub trait Transport: Send + Sync + 'static {
     /// `may_wait`: the caller blocks on a response right after, so it may
     /// wait briefly for another thread's write on the connection to end
     /// rather than leave the data to the send thread.
-    fn try_flush(&self, _peer: NodeId, _may_wait: bool) -> bool {
+    /// `core` is the caller's: an engine holds only a weak reference to
+    /// it, and upgrading that on every urgent send would make all sending
+    /// threads write one shared counter.
+    fn try_flush(&self, _core: &Core, _peer: NodeId, _may_wait: bool) -> bool {
         false
     }
     /// A UDP socket on the node's address that the discovery job may send

@@ -499,14 +499,11 @@ impl Transport for IbEngine {
         self.udp.try_clone().ok()
     }
 
-    fn try_flush(&self, peer: NodeId, _may_wait: bool) -> bool {
-        let Some(core) = self.core.upgrade() else {
+    fn try_flush(&self, core: &Core, peer: NodeId, _may_wait: bool) -> bool {
+        let Some(ic) = self.inline_poster(core, peer) else {
             return false;
         };
-        let Some(ic) = self.inline_poster(&core, peer) else {
-            return false;
-        };
-        self.post(&core, &ic);
+        self.post(core, &ic);
         true
     }
 

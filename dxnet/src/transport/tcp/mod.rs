@@ -446,14 +446,11 @@ impl Transport for TcpEngine {
         }
     }
 
-    fn try_flush(&self, peer: NodeId, may_wait: bool) -> bool {
+    fn try_flush(&self, core: &Core, peer: NodeId, may_wait: bool) -> bool {
         let sleeping = self.send_sleeping.load(Ordering::Acquire);
         if !sleeping && self.coalesce_bytes == 0 {
             return false; // the send thread is awake and aggregates
         }
-        let Some(core) = self.core.upgrade() else {
-            return false;
-        };
         let Some(tc) = core.engine_half::<TcpConn>(peer) else {
             return false;
         };
@@ -477,7 +474,7 @@ impl Transport for TcpEngine {
         let Some(mut st) = st else {
             return false;
         };
-        if self.write_locked(&core, &tc, &mut st, false) {
+        if self.write_locked(core, &tc, &mut st, false) {
             drop(st);
             if core.requeue_write_interest(peer.0) {
                 self.wake_sender();
