@@ -24,16 +24,10 @@ shift
 ARGS=("$@")
 [ ${#ARGS[@]} -gt 0 ] || ARGS=(--workload paper-b --rounds 2 --records 5000 --operations 20000 --threads 100)
 
-cd "$ROOT"
-cargo build --release -p dxkv
-exe=$(cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
-exe=${exe:-$ROOT/target}/release/dxkv
-[ -x "$exe" ] || { echo "bench-dxkv-ib.sh: $exe was not built" >&2; exit 1; }
-# A private copy: the shared target directory may be rebuilt meanwhile.
 STAGE="$ROOT/target/ib-vm/dxkv"
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
-cp "$exe" "$STAGE/dxkv"
+# shellcheck source=scripts/rdma-vm/stage.sh
+. "$ROOT/scripts/rdma-vm/stage.sh"
+stage_release_binary "$ROOT" dxkv dxkv "$STAGE"
 
 set +e
 DXNET_VM_SMP=${DXNET_VM_SMP:-4} "$ROOT/scripts/rdma-vm/vm.sh" --timeout "${DXNET_BENCH_TIMEOUT:-1200}" \

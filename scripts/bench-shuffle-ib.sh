@@ -59,16 +59,10 @@ if [ "${IN_VM:-0}" = 1 ]; then
 fi
 
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
-cd "$ROOT"
-cargo build --release -p dxnet-bench
-exe=$(cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
-exe=${exe:-$ROOT/target}/release/dxnet-bench
-[ -x "$exe" ] || { echo "bench-shuffle-ib.sh: $exe was not built" >&2; exit 1; }
-# A private copy: the shared target directory may be rebuilt meanwhile.
 STAGE="$ROOT/target/ib-vm/shuffle"
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
-cp "$exe" "$STAGE/dxnet-bench"
+# shellcheck source=scripts/rdma-vm/stage.sh
+. "$ROOT/scripts/rdma-vm/stage.sh"
+stage_release_binary "$ROOT" dxnet-bench dxnet-bench "$STAGE"
 
 set +e
 DXNET_VM_SMP=${DXNET_VM_SMP:-4} DXNET_VM_MEM=${DXNET_VM_MEM:-3072} \
