@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, NodeId, Result};
 
+/// Most outgoing ring buffers a TCP connection may have (`tcp.rings`).
+pub(crate) const MAX_RINGS: usize = 16;
+
 /// Which transport engine carries the bytes between nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -388,17 +391,21 @@ pub struct TcpConfig {
     /// the whole connect timeout), so half-open connections cannot exhaust
     /// threads or memory nor lock new nodes out. Default 64.
     pub max_pending_handshakes: usize,
-    /// Outgoing ring buffers per connection (1–16), each
-    /// `limits.orb_size`: a sending thread always writes into the same one
-    /// (threads take them in turn as they first send), and the send thread
-    /// writes them out in turn. Threads on different cores then do not
-    /// share the lines of one ring (the cost that made more senders
-    /// slower than one). A thread's messages to one node stay in order.
+    /// Outgoing ring buffers per connection, each `limits.orb_size` (a
+    /// ring's memory is touched only once a thread writes into it). A
+    /// sending thread always writes into the same one (threads take them
+    /// in turn as they first send), and the send thread writes the rings'
+    /// data out together, each ring's in chunks. Threads on different
+    /// cores then rarely share the cache lines of one ring: with one ring,
+    /// every sender's reservation and every message's lines move between
+    /// the cores that send. A thread's messages to one node stay in order.
     /// With one ring, a message sent after other threads' sends to the
     /// same node returned (ordered by a join, a barrier, a channel)
     /// arrives after theirs; with more, it may overtake them (a thread
     /// marking the end of other threads' data must then not rely on
-    /// arrival order). Default 1.
+    /// arrival order: see the README, Failure semantics, Order).
+    /// 0 (the default): twice the CPUs this process may use, at least 2
+    /// and at most 16 ([`TcpConfig::ring_count`]); else 1 to 16.
     pub rings: usize,
     /// Write coalescing of the send thread: while a connection's data keeps
     /// coming, the send thread writes it once at least this many bytes are
@@ -424,9 +431,22 @@ impl Default for TcpConfig {
         Self {
             listen_backlog: 4096,
             max_pending_handshakes: 64,
-            rings: 1,
+            rings: 0,
             coalesce_bytes: 64 << 10,
             coalesce_us: 30,
+        }
+    }
+}
+
+impl TcpConfig {
+    /// The outgoing rings of each connection: [`TcpConfig::rings`], or
+    /// for 0 twice the CPUs this process may use, within 2..=16.
+    pub fn ring_count(&self) -> usize {
+        match self.rings {
+            0 => std::thread::available_parallelism()
+                .map_or(2, |n| n.get() * 2)
+                .clamp(2, MAX_RINGS),
+            n => n.min(MAX_RINGS),
         }
     }
 }
@@ -761,9 +781,9 @@ impl Config {
                 self.tcp.coalesce_us
             ));
         }
-        if !(1..=16).contains(&self.tcp.rings) {
+        if self.tcp.rings > MAX_RINGS {
             return bad(format!(
-                "tcp: rings must be 1 to 16, not {}",
+                "tcp: rings must be 0 (automatic) or 1 to {MAX_RINGS}, not {}",
                 self.tcp.rings
             ));
         }

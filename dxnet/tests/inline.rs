@@ -174,18 +174,20 @@ fn messages_behind_a_blocked_handler_run_after_it_in_order() {
                 Got(g.0 * 2)
             })
             .unwrap();
-        let n0 = nodes[0].clone();
-        let h = std::thread::spawn(move || n0.request(NodeId(1), &LoggedRelay(5), T));
+        // Sent by this thread, so the messages below follow it (one
+        // thread's messages stay in order; another thread's may overtake).
+        let h = nodes[0]
+            .request_async(NodeId(1), &LoggedRelay(5), T)
+            .unwrap();
         // Right behind it on the same connection, and before the response
         // to the nested request: one-way messages in many small chunks.
-        wait_for(10, "relay sent", || nodes[0].stats().msgs_sent >= 1);
         for i in 0..300 {
             nodes[0].send(NodeId(1), &Seq(i)).unwrap();
             if i % 10 == 0 {
                 std::thread::sleep(Duration::from_micros(500));
             }
         }
-        assert_eq!(h.join().unwrap().unwrap(), Got(11));
+        assert_eq!(h.wait().unwrap(), Got(11));
         wait_for(10, "all Seq messages", || log.lock().unwrap().len() == 301);
         let got = log.lock().unwrap().clone();
         // Seq messages that arrived while the handler was blocked ran after

@@ -181,7 +181,7 @@ impl Routes {
     }
 
     fn on_batch(&self, msg: HeldMessage) {
-        if msg.len() < 8 {
+        if msg.len() < BATCH_HEAD {
             return;
         }
         let to = u32::from_le_bytes(msg[..4].try_into().expect("4 bytes")) as usize;
@@ -454,12 +454,31 @@ fn query_regions(node: &Node, peer: NodeId, deadline: Instant) -> Result<Vec<Rem
     }
 }
 
-/// The first 8 bytes of a batch from `from` to `to`.
+/// Bytes before a batch's frames: destination, sender, and the batch's
+/// number among the sender's batches to that destination.
+const BATCH_HEAD: usize = 16;
+
+/// The head of the first batch from `from` to `to`.
 fn batch_head(to: usize, from: usize) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&(to as u32).to_le_bytes());
     b.extend_from_slice(&(from as u32).to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
     b
+}
+
+/// A batch's number (from its head).
+fn batch_number(batch: &[u8]) -> u64 {
+    u64::from_le_bytes(batch[8..BATCH_HEAD].try_into().expect("8 bytes"))
+}
+
+/// Makes `batch` (a head alone) the head of the next batch: its number
+/// one higher. The puller orders by it: a pusher moved to another thread
+/// writes into another of the connection's rings (`tcp.rings`), and its
+/// later batches may overtake earlier ones.
+fn next_batch(batch: &mut [u8]) {
+    let n = batch_number(batch) + 1;
+    batch[8..BATCH_HEAD].copy_from_slice(&n.to_le_bytes());
 }
 
 /// Wakes a pusher waiting in `wait_dest` when one of its writes completes.
@@ -661,7 +680,7 @@ impl Pusher {
     /// Messages mode: sends `dest`'s batch, if it holds frames.
     fn send_batch(&mut self, dest: usize) -> Result<()> {
         let d = &mut self.dests[dest];
-        if d.batch.len() <= 8 {
+        if d.batch.len() <= BATCH_HEAD {
             return Ok(());
         }
         let threads = self.inner.cfg.threads;
@@ -676,7 +695,8 @@ impl Pusher {
             .send_raw(node, MSG_TYPE, SUB_BATCH, &d.batch);
         self.blocked += t.elapsed();
         sent?;
-        d.batch.truncate(8);
+        d.batch.truncate(BATCH_HEAD);
+        next_batch(&mut d.batch);
         Ok(())
     }
 
@@ -691,7 +711,8 @@ impl Pusher {
         let hold = hold.ok_or(ShuffleError::Timeout("a puller of this process to read"))?;
         let mut next = routes.spare_batches[t].lock().pop().unwrap_or_default();
         let d = &mut self.dests[dest];
-        next.extend_from_slice(&d.batch[..8]);
+        next.extend_from_slice(&d.batch[..BATCH_HEAD]);
+        next_batch(&mut next);
         let bytes = std::mem::replace(&mut d.batch, next);
         let _ = routes.inboxes[t].send(Note::Batch {
             from: self.me,
@@ -866,6 +887,10 @@ struct SegIn {
     /// Bytes of `buf` copied last (`buf` keeps its largest length, so a
     /// refill does not zero it first).
     buf_len: usize,
+    /// Messages mode: the number of the sender's next batch, and batches
+    /// that came before it (see [`next_batch`]).
+    next_batch: u64,
+    early: BTreeMap<u64, BatchData>,
 }
 
 /// A worker's receiving side (see [`Shuffle::puller`]): an iterator over
@@ -989,8 +1014,18 @@ impl Puller {
     fn apply(&mut self, note: Note) -> Result<()> {
         match note {
             Note::Batch { from, data } => {
-                // Frames start after the batch's 8-byte head.
-                self.batches.push_back((from, data, 8));
+                // In the order the sender made them; frames start after
+                // the batch's head.
+                let s = &mut self.segs[from];
+                let n = batch_number(data.bytes());
+                if n < s.next_batch || s.early.contains_key(&n) {
+                    return Err(corrupt(from, "a batch came twice"));
+                }
+                s.early.insert(n, data);
+                while let Some(data) = s.early.remove(&s.next_batch) {
+                    s.next_batch += 1;
+                    self.batches.push_back((from, data, BATCH_HEAD));
+                }
                 Ok(())
             }
             Note::Written { seg, off, len } => {

@@ -368,6 +368,64 @@ fn messages_mode_bounds_batches_to_own_pullers() {
 
 /// Record `i` of the back-pressure tests: `len` bytes (at least 8) that
 /// carry `i`.
+/// A pusher moved from thread to thread (each new thread writes into
+/// another of the connection's rings, `tcp.rings`, where its batches may
+/// overtake those of the thread before) still delivers its records once
+/// and in order, and its end after them.
+#[test]
+fn messages_mode_keeps_a_moved_pushers_order() {
+    const RECORD: usize = 100;
+    const HOPS: u64 = 24;
+    const PER_HOP: u64 = 150;
+    let nodes = nodes_with(Kind::Tcp, 2, |c| c.tcp.rings = 4);
+    let mut cfg = ShuffleConfig::new(vec![NodeId(0), NodeId(1)], 1);
+    cfg.mode = Mode::Messages;
+    cfg.segment_bytes = 4096;
+    cfg.batch_bytes = 512;
+    cfg.timeout = Duration::from_secs(60);
+    let make = |n: Arc<Node>| {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || Shuffle::new(n, cfg).unwrap())
+    };
+    let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let a_pulls = {
+        let a = a.clone();
+        std::thread::spawn(move || a.puller(0).unwrap().count())
+    };
+    b.pusher(0).unwrap().finish().unwrap();
+    let pushing = std::thread::spawn(move || {
+        let mut p = a.pusher(0).unwrap();
+        for hop in 0..HOPS {
+            p = std::thread::spawn(move || {
+                for i in hop * PER_HOP..(hop + 1) * PER_HOP {
+                    p.push_bytes(1, &numbered(i, RECORD)).unwrap();
+                }
+                p
+            })
+            .join()
+            .unwrap();
+        }
+        std::thread::spawn(move || p.finish().unwrap())
+            .join()
+            .unwrap();
+    });
+    let mut next = 0u64;
+    for r in b.puller(0).unwrap() {
+        let r = r.unwrap();
+        assert_eq!(r.from, 0);
+        assert_eq!(
+            r.bytes(),
+            &numbered(next, RECORD)[..],
+            "record {next} once and in order"
+        );
+        next += 1;
+    }
+    assert_eq!(next, HOPS * PER_HOP);
+    pushing.join().unwrap();
+    assert_eq!(a_pulls.join().unwrap(), 0);
+}
+
 fn numbered(i: u64, len: usize) -> Vec<u8> {
     let mut r = vec![(i % 251) as u8; len];
     r[..8].copy_from_slice(&i.to_le_bytes());

@@ -279,7 +279,7 @@ impl Orb {
                 pos: AtomicU64::new(0),
                 front_seen: AtomicU64::new(0),
             }),
-            commits: (0..cap / GRANULE).map(|_| AtomicU32::new(0)).collect(),
+            commits: zeroed_slots(cap / GRANULE),
             closed: AtomicBool::new(false),
             chunked_end: AtomicU64::new(0),
             waiters: WaitQueue::new(),
@@ -824,6 +824,25 @@ impl fmt::Debug for Orb {
             .field("positions", &self.positions())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+/// `n` commit slots, all 0. Outside loom from zeroed memory (calloc), like
+/// the ring's bytes: the pages of a ring no thread writes into are never
+/// touched (a connection's extra rings, `tcp.rings`, cost no memory until
+/// a thread uses them).
+fn zeroed_slots(n: usize) -> Box<[AtomicU32]> {
+    #[cfg(not(loom))]
+    {
+        let zeros: Box<[u32]> = vec![0u32; n].into_boxed_slice();
+        // SAFETY: `AtomicU32` has the same size, alignment and bit validity
+        // as `u32`, so `[u32]` and `[AtomicU32]` have the same layout; the
+        // box's allocation is handed over unchanged.
+        unsafe { Box::from_raw(Box::into_raw(zeros) as *mut [AtomicU32]) }
+    }
+    #[cfg(loom)]
+    {
+        (0..n).map(|_| AtomicU32::new(0)).collect()
     }
 }
 

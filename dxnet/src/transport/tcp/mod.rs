@@ -235,7 +235,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         core: Arc::downgrade(core),
         own,
         max_pending_handshakes: cfg.tcp.max_pending_handshakes,
-        rings: cfg.tcp.rings,
+        rings: cfg.tcp.ring_count(),
         // Never more than half of what a sender may have outstanding: data
         // must not wait for more that the ring or the window cannot take.
         coalesce_bytes: cfg

@@ -3,6 +3,7 @@
 //! rustls with TLS).
 
 use super::*;
+use crate::config::MAX_RINGS;
 use crate::transport::driver::SendSide;
 
 /// The TCP engine's part of its send thread: writing ring buffers, and a
@@ -222,31 +223,81 @@ impl TcpEngine {
                 st.header_off = 0;
                 st.data_left = avail;
             }
-            // The slices are written out (or copied into rustls) before
-            // `mark_completed` frees them (they borrow the consumer).
-            let orb = conn.ring(st.ring);
-            let (a, b) = orb.unposted(&mut st.consumers[st.ring], st.data_left);
-            let hdr = &st.header[st.header_off..];
-            let iov = [IoSlice::new(hdr), IoSlice::new(a), IoSlice::new(b)];
-            let written = match tls.as_deref_mut() {
-                None => (&tc.stream).write_vectored(&iov),
-                Some(t) => t.writer().write_vectored(&iov),
+            // Chunks of the connection's other rings go out in the same
+            // call behind the current one (one system call however many
+            // rings have data), unless the current chunk is cut.
+            let mut plan = [(0usize, 0usize, false); MAX_GATHER];
+            let mut headers = [[0u8; CHUNK_HEADER_LEN]; MAX_GATHER];
+            let planned = plan_gather(conn, st, &mut plan);
+            for (h, &(_, len, _)) in headers.iter_mut().zip(&plan[..planned]) {
+                *h = encode_chunk_header(len as u32, 0);
+            }
+            let written = {
+                // The slices are written out (or copied into rustls) before
+                // `mark_completed` frees them (they borrow the consumers).
+                let mut parts: [(&[u8], &[u8]); MAX_RINGS] = [(&[], &[]); MAX_RINGS];
+                for (r, c) in st.consumers.iter_mut().enumerate() {
+                    let len = if r == st.ring {
+                        st.data_left
+                    } else if let Some(&(_, len, _)) =
+                        plan[..planned].iter().find(|&&(pr, _, _)| pr == r)
+                    {
+                        len
+                    } else {
+                        continue;
+                    };
+                    parts[r] = conn.ring(r).unposted(c, len);
+                }
+                let mut iov = [IoSlice::new(&[]); 3 * (1 + MAX_GATHER)];
+                iov[0] = IoSlice::new(&st.header[st.header_off..]);
+                iov[1] = IoSlice::new(parts[st.ring].0);
+                iov[2] = IoSlice::new(parts[st.ring].1);
+                for (k, (&(r, _, _), h)) in plan[..planned].iter().zip(&headers).enumerate() {
+                    iov[3 + 3 * k] = IoSlice::new(h);
+                    iov[4 + 3 * k] = IoSlice::new(parts[r].0);
+                    iov[5 + 3 * k] = IoSlice::new(parts[r].1);
+                }
+                let iov = &iov[..3 * (1 + planned)];
+                match tls.as_deref_mut() {
+                    None => (&tc.stream).write_vectored(iov),
+                    Some(t) => t.writer().write_vectored(iov),
+                }
             };
             match written {
-                Ok(n) => {
-                    let h = n.min(hdr.len());
-                    st.header_off += h;
-                    let d = n - h;
-                    if d > 0 {
-                        let consumer = &mut st.consumers[st.ring];
-                        orb.mark_posted(consumer, d);
-                        orb.mark_completed(consumer, d);
-                        st.data_left -= d;
-                        wrote += d;
-                        if self.coalesce_bytes > 0 {
-                            st.last_write = Some(Instant::now());
-                            st.last_len = wrote;
+                Ok(mut n) => {
+                    // The current chunk first; bytes past it went to the
+                    // planned chunks in turn, and the last one they reached
+                    // becomes the current chunk.
+                    let mut next = plan[..planned].iter().zip(&headers);
+                    loop {
+                        let h = n.min(CHUNK_HEADER_LEN - st.header_off);
+                        st.header_off += h;
+                        n -= h;
+                        let d = n.min(st.data_left);
+                        if d > 0 {
+                            let consumer = &mut st.consumers[st.ring];
+                            let orb = conn.ring(st.ring);
+                            orb.mark_posted(consumer, d);
+                            orb.mark_completed(consumer, d);
+                            st.data_left -= d;
+                            n -= d;
+                            wrote += d;
+                            if self.coalesce_bytes > 0 {
+                                st.last_write = Some(Instant::now());
+                                st.last_len = wrote;
+                            }
                         }
+                        if n == 0 {
+                            break;
+                        }
+                        let Some((&(r, len, cut), header)) = next.next() else {
+                            break;
+                        };
+                        st.ring = r;
+                        st.cut = cut;
+                        st.header = *header;
+                        st.header_off = 0;
+                        st.data_left = len;
                     }
                 }
                 Err(e) => {
@@ -308,15 +359,61 @@ pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io
 /// switches rings inside a message.
 fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
     for r in candidate_rings(st) {
-        let len = conn.ring(r).unposted_len(&mut st.consumers[r]);
-        if len > 0 {
-            let take = len.min(MAX_CHUNK);
+        if let Some((take, cut)) = chunk_of(conn, st, r) {
             st.ring = r;
-            st.cut = take < len || conn.ring(r).ends_inside_message(&mut st.consumers[r], take);
+            st.cut = cut;
             return take;
         }
     }
     0
+}
+
+/// Most chunks of other rings written in one call behind the current one.
+const MAX_GATHER: usize = 7;
+
+/// The chunk ring `r` would send next, if it has published data: its
+/// length (at most `MAX_CHUNK`) and whether it may end inside a message.
+fn chunk_of(conn: &Connection, st: &mut SendState, r: usize) -> Option<(usize, bool)> {
+    let ring = conn.ring(r);
+    let len = ring.unposted_len(&mut st.consumers[r]);
+    if len == 0 {
+        return None;
+    }
+    let take = len.min(MAX_CHUNK);
+    Some((
+        take,
+        take < len || ring.ends_inside_message(&mut st.consumers[r], take),
+    ))
+}
+
+/// Fills `plan` with the chunks (ring, length, cut) of the other rings to
+/// write behind the current chunk, in turn after the current ring, and
+/// returns how many. None if the current chunk is cut (its ring goes on
+/// first); the plan ends with a cut chunk, for the same reason.
+fn plan_gather(
+    conn: &Connection,
+    st: &mut SendState,
+    plan: &mut [(usize, usize, bool); MAX_GATHER],
+) -> usize {
+    let n = st.consumers.len();
+    if st.cut || n == 1 {
+        return 0;
+    }
+    let mut planned = 0;
+    let current = st.ring;
+    for r in (1..n).map(|k| (current + k) % n) {
+        if planned == MAX_GATHER {
+            break;
+        }
+        if let Some((len, cut)) = chunk_of(conn, st, r) {
+            plan[planned] = (r, len, cut);
+            planned += 1;
+            if cut {
+                break;
+            }
+        }
+    }
+    planned
 }
 
 /// The least a connection's last write must have carried for the next
