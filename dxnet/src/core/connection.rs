@@ -477,7 +477,7 @@ impl Connection {
         if self.more_rings.is_empty() {
             return &self.orb;
         }
-        self.ring(thread_ring_index() % self.ring_count())
+        self.ring(thread_ring(self.ring_count()))
     }
 
     /// The peer's instance id (from the handshake).
@@ -513,15 +513,22 @@ impl Connection {
     }
 }
 
-/// This thread's ring index (before the modulo by a connection's ring
-/// count), taken in turn by threads as they first send.
-fn thread_ring_index() -> usize {
+/// This thread's ring among a connection's `count` rings: threads take
+/// them in turn as they first send. Each thread keeps its ring for every
+/// possible count (a division per message would cost about a tenth of a
+/// small message's send).
+#[inline]
+fn thread_ring(count: usize) -> usize {
+    use crate::config::MAX_RINGS;
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+        static RING_OF_COUNT: [u8; MAX_RINGS + 1] = {
+            let index = NEXT.fetch_add(1, Ordering::Relaxed);
+            std::array::from_fn(|n| index.checked_rem(n).unwrap_or(0) as u8)
+        };
     }
-    INDEX.with(|i| *i)
+    RING_OF_COUNT.with(|r| r.get(count).map_or(0, |&i| usize::from(i)))
 }
 
 /// Open connections by peer id: lookup without a locked instruction on the
