@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
@@ -267,6 +267,10 @@ pub struct Connection {
     pub orb: Orb,
     /// The connection's further rings.
     more_rings: Box<[Orb]>,
+    /// Bit `r` set once a thread wrote into ring `r` (ring 0 from the
+    /// start): the engine looks only at rings in use, not at every ring
+    /// per write (several rings, few sending threads).
+    rings_in_use: AtomicU32,
     /// Flow control, both directions.
     pub flow: FlowControl,
     /// Received data waiting for processing.
@@ -335,6 +339,7 @@ impl Connection {
             id,
             orb: Orb::new(orb_size),
             more_rings: (1..rings.max(1)).map(|_| Orb::new(orb_size)).collect(),
+            rings_in_use: AtomicU32::new(1),
             flow,
             inbox: Mutex::new(Inbox::default()),
             decoder: Mutex::new(Decoder::new(max_payload)),
@@ -477,7 +482,23 @@ impl Connection {
         if self.more_rings.is_empty() {
             return &self.orb;
         }
-        self.ring(thread_ring(self.ring_count()))
+        let r = thread_ring(self.ring_count());
+        let bit = 1u32 << r;
+        // Set before the thread's first reservation in the ring: the send
+        // thread, woken by that message's write interest, finds it. A
+        // thread that finds the bit set was ordered after its setting
+        // through this load, and the send thread after this thread.
+        if self.rings_in_use.load(Ordering::Relaxed) & bit == 0 {
+            self.rings_in_use.fetch_or(bit, Ordering::Release);
+        }
+        self.ring(r)
+    }
+
+    /// The rings a thread wrote into so far (bit `r`: ring `r`; ring 0
+    /// always): a ring outside it holds no data.
+    #[inline]
+    pub fn rings_in_use(&self) -> u32 {
+        self.rings_in_use.load(Ordering::Acquire)
     }
 
     /// The peer's instance id (from the handshake).

@@ -358,7 +358,7 @@ pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io
 /// followed by the rest of its ring first, so the receiver's stream never
 /// switches rings inside a message.
 fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
-    for r in candidate_rings(st) {
+    for r in candidate_rings(conn, st) {
         if let Some((take, cut)) = chunk_of(conn, st, r) {
             st.ring = r;
             st.cut = cut;
@@ -401,7 +401,11 @@ fn plan_gather(
     }
     let mut planned = 0;
     let current = st.ring;
-    for r in (1..n).map(|k| (current + k) % n) {
+    let in_use = conn.rings_in_use();
+    for r in (1..n)
+        .map(|k| (current + k) % n)
+        .filter(|&r| in_use & (1 << r) != 0)
+    {
         if planned == MAX_GATHER {
             break;
         }
@@ -424,26 +428,31 @@ const COALESCE_FROM: usize = 256;
 
 /// Bytes the connection's rings have published and not yet written.
 fn ready_len(conn: &Connection, st: &mut SendState) -> usize {
+    let in_use = conn.rings_in_use();
     (0..st.consumers.len())
+        .filter(|&r| in_use & (1 << r) != 0)
         .map(|r| conn.ring(r).unposted_len(&mut st.consumers[r]))
         .sum()
 }
 
 /// Whether [`next_chunk_ring`] would find data now.
 fn has_sendable(conn: &Connection, st: &mut SendState) -> bool {
-    candidate_rings(st).any(|r| conn.ring(r).unposted_len(&mut st.consumers[r]) > 0)
+    candidate_rings(conn, st).any(|r| conn.ring(r).unposted_len(&mut st.consumers[r]) > 0)
 }
 
 /// The rings the next chunk may come from, in the order to try them: the
-/// ones after the current ring in turn, or after a cut only the current
-/// ring (nothing is sent until it has published more: a message written in
-/// chunks needs the room its sent chunks free, nothing else).
-fn candidate_rings(st: &SendState) -> impl Iterator<Item = usize> {
+/// ones in use after the current ring in turn, or after a cut only the
+/// current ring (nothing is sent until it has published more: a message
+/// written in chunks needs the room its sent chunks free, nothing else).
+fn candidate_rings(conn: &Connection, st: &SendState) -> impl Iterator<Item = usize> {
     let n = st.consumers.len();
     let (first, tries) = if st.cut {
         (st.ring, 1)
     } else {
         ((st.ring + 1) % n, n)
     };
-    (0..tries).map(move |k| (first + k) % n)
+    let in_use = conn.rings_in_use();
+    (0..tries)
+        .map(move |k| (first + k) % n)
+        .filter(move |&r| in_use & (1 << r) != 0)
 }
