@@ -391,9 +391,10 @@ pub struct TcpConfig {
     /// the whole connect timeout), so half-open connections cannot exhaust
     /// threads or memory nor lock new nodes out. Default 64.
     pub max_pending_handshakes: usize,
-    /// Outgoing ring buffers per connection, each `limits.orb_size` (a
-    /// ring's memory is touched only once a thread writes into it). A
-    /// sending thread always writes into the same one (threads take them
+    /// Outgoing ring buffers per connection, sharing `limits.orb_size`
+    /// (each gets the largest power of two within its share, at least
+    /// 4 KiB; a ring's memory is touched only once a thread writes into
+    /// it). A sending thread always writes into the same one (threads take them
     /// in turn as they first send), and the send thread writes the rings'
     /// data out together, each ring's in chunks. Threads on different
     /// cores then rarely share the cache lines of one ring: with one ring,
@@ -416,8 +417,9 @@ pub struct TcpConfig {
     /// link costs about as much as a large one). A connection written to
     /// longer ago than `coalesce_us`, or whose last write carried less
     /// than 256 bytes, is written at once; requests, responses and
-    /// flow-control confirmations are never held back. At most half of
-    /// `limits.orb_size` and of `limits.flow_control_window` counts. 0
+    /// flow-control confirmations are never held back. At most half of a
+    /// ring ([`TcpConfig::rings`] share `limits.orb_size`) and of
+    /// `limits.flow_control_window` counts. 0
     /// turns coalescing off. Default 65536.
     pub coalesce_bytes: usize,
     /// The longest a connection's ready data waits for more to coalesce

@@ -166,6 +166,8 @@ fn sent_before_shutdown_is_delivered(kind: Kind) {
     const MSGS: u64 = 384;
     const PAD: usize = 64 << 10;
     let cfgs = cluster_configs(kind, 2, |c| {
+        // One ring of 32 MiB takes all of it (several rings share it).
+        c.tcp.rings = 1;
         c.limits.orb_size = 32 << 20;
         c.limits.flow_control_window = 64 << 20;
         c.limits.incoming_max_bytes = 1 << 20;

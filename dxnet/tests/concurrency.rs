@@ -575,9 +575,9 @@ fn processes_senders_and_requesters_both_directions() {
 /// With several outgoing rings per connection (`tcp.rings`), each thread's
 /// messages stay in order and whole, also when a ring's published bytes
 /// end inside a message while the other rings have data: cut by the send
-/// thread at 1 MiB, or published chunk by chunk (messages over half the
-/// 4 MiB ring). 12 threads on 3 rings, random sizes up to 3 MiB, every
-/// message checked once, in order, intact.
+/// thread at 1 MiB, or published chunk by chunk (messages over half a
+/// ring: 3 rings share 4 MiB, 1 MiB each). 12 threads on 3 rings, random
+/// sizes up to 3 MiB, every message checked once, in order, intact.
 #[test]
 fn tcp_rings_keep_each_threads_order_across_chunk_cuts() {
     const THREADS: u16 = 12;
@@ -606,7 +606,7 @@ fn tcp_rings_keep_each_threads_order_across_chunk_cuts() {
 }
 
 /// The send thread writes the chunks of many rings in one call: with 16
-/// rings of 8 KiB and 48 threads, most calls carry several rings' chunks,
+/// rings of 8 KiB (sharing 128 KiB) and 48 threads, most calls carry several rings' chunks,
 /// and messages over 4 KiB are published chunk by chunk (a cut chunk ends
 /// the call). Random sizes up to 6 KiB, every
 /// message checked once, in order, intact.
@@ -616,7 +616,7 @@ fn tcp_sixteen_small_rings_written_together_keep_each_threads_order() {
     const PER: u64 = 300;
     let cfgs = cluster_configs(Kind::Tcp, 2, |c| {
         c.tcp.rings = 16;
-        c.limits.orb_size = 8 << 10;
+        c.limits.orb_size = 128 << 10;
         c.limits.send_timeout_ms = 60_000;
     });
     let nodes = start_all(cfgs);

@@ -326,7 +326,7 @@ pub struct ConnCounters {
 
 impl Connection {
     /// A new connection in state `Connecting` with `rings` outgoing rings
-    /// (at least one) of `orb_size` bytes.
+    /// (at least one) sharing `orb_size` bytes ([`ring_capacity`]).
     pub fn new(
         peer: NodeId,
         id: u64,
@@ -337,8 +337,10 @@ impl Connection {
         Self {
             peer,
             id,
-            orb: Orb::new(orb_size),
-            more_rings: (1..rings.max(1)).map(|_| Orb::new(orb_size)).collect(),
+            orb: Orb::new(ring_capacity(orb_size, rings)),
+            more_rings: (1..rings.max(1))
+                .map(|_| Orb::new(ring_capacity(orb_size, rings)))
+                .collect(),
             rings_in_use: AtomicU32::new(1),
             flow,
             inbox: Mutex::new(Inbox::default()),
@@ -532,6 +534,16 @@ impl Connection {
     pub fn last_used(&self) -> u64 {
         self.last_used.load(Ordering::Relaxed)
     }
+}
+
+/// The size of each of `rings` outgoing rings sharing `orb_size` bytes:
+/// the largest power of two within an equal share, at least 4 KiB. The
+/// rings of all connections stay within the caches about as one ring
+/// would (a ring's lines are written again only after the whole ring
+/// went round).
+pub fn ring_capacity(orb_size: usize, rings: usize) -> usize {
+    let share = (orb_size / rings.max(1)).max(4096);
+    1 << share.ilog2()
 }
 
 /// This thread's ring among a connection's `count` rings: threads take

@@ -33,7 +33,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::core::connection::{ConnState, Connection};
+use crate::core::connection::{ring_capacity, ConnState, Connection};
 use crate::core::inline::{ReceiveRole, Turn};
 use crate::core::{Core, InlineWork};
 use crate::primitives::orb::Consumer;
@@ -237,11 +237,11 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         max_pending_handshakes: cfg.tcp.max_pending_handshakes,
         rings: cfg.tcp.ring_count(),
         // Never more than half of what a sender may have outstanding: data
-        // must not wait for more that the ring or the window cannot take.
+        // must not wait for more that its ring or the window cannot take.
         coalesce_bytes: cfg
             .tcp
             .coalesce_bytes
-            .min(cfg.limits.orb_size / 2)
+            .min(ring_capacity(cfg.limits.orb_size, cfg.tcp.ring_count()) / 2)
             .min(cfg.limits.flow_control_window / 2),
         coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
