@@ -583,55 +583,54 @@ fn tcp_rings_keep_each_threads_order_across_chunk_cuts() {
     const THREADS: u16 = 12;
     const PER: u64 = 40;
     const BIG: usize = 3 << 20;
-    let cfgs = cluster_configs(Kind::Tcp, 2, |c| {
+    let cfg = |c: &mut Config| {
         c.tcp.rings = 3;
         c.limits.orb_size = 4 << 20;
         c.limits.max_message_size = 4 << 20;
         c.limits.flow_control_window = 16 << 20;
         c.limits.send_timeout_ms = 60_000;
-    });
-    let nodes = start_all(cfgs);
+    };
+    threads_to_one_peer_in_order("ring test", cfg, THREADS, PER, BIG);
+}
+
+/// `threads` threads of node 0 each send `per` checked messages of random
+/// sizes up to `max` to node 1 (over TCP, configured by `cfg`); every
+/// message arrives once, in its thread's order, intact.
+fn threads_to_one_peer_in_order(
+    what: &str,
+    cfg: impl Fn(&mut Config),
+    threads: u16,
+    per: u64,
+    max: usize,
+) {
+    let nodes = start_all(cluster_configs(Kind::Tcp, 2, cfg));
     let chk = Arc::new(Checker::default());
     let c = chk.clone();
     nodes[1]
         .register(move |src, m: Data| c.check(src, &m))
         .unwrap();
     std::thread::scope(|s| {
-        for t in 0..THREADS {
+        for t in 0..threads {
             let node = &nodes[0];
-            s.spawn(move || send_checked(node, t, PER, BIG, |_| 1));
+            s.spawn(move || send_checked(node, t, per, max, |_| 1));
         }
     });
-    chk.expect_streams("ring test", 0, THREADS, PER, WAIT_SECS);
+    chk.expect_streams(what, 0, threads, per, WAIT_SECS);
 }
 
 /// The send thread writes the chunks of many rings in one call: with 16
-/// rings of 8 KiB (sharing 128 KiB) and 48 threads, most calls carry several rings' chunks,
-/// and messages over 4 KiB are published chunk by chunk (a cut chunk ends
-/// the call). Random sizes up to 6 KiB, every
+/// rings of 8 KiB (sharing 128 KiB) and 48 threads, most calls carry
+/// several rings' chunks, and messages over 4 KiB are published chunk by
+/// chunk (a cut chunk ends the call). Random sizes up to 6 KiB, every
 /// message checked once, in order, intact.
 #[test]
 fn tcp_sixteen_small_rings_written_together_keep_each_threads_order() {
-    const THREADS: u16 = 48;
-    const PER: u64 = 300;
-    let cfgs = cluster_configs(Kind::Tcp, 2, |c| {
+    let cfg = |c: &mut Config| {
         c.tcp.rings = 16;
         c.limits.orb_size = 128 << 10;
         c.limits.send_timeout_ms = 60_000;
-    });
-    let nodes = start_all(cfgs);
-    let chk = Arc::new(Checker::default());
-    let c = chk.clone();
-    nodes[1]
-        .register(move |src, m: Data| c.check(src, &m))
-        .unwrap();
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let node = &nodes[0];
-            s.spawn(move || send_checked(node, t, PER, 6 << 10, |_| 1));
-        }
-    });
-    chk.expect_streams("sixteen rings", 0, THREADS, PER, WAIT_SECS);
+    };
+    threads_to_one_peer_in_order("sixteen rings", cfg, 48, 300, 6 << 10);
 }
 
 /// Marks the end of a round in [`round_marks_overtaking_data`]: sent by

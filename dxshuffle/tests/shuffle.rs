@@ -82,18 +82,7 @@ fn messages_mode_holds_unread_batches_within_the_window() {
         c.limits.flow_control_window = WINDOW;
         c.limits.send_timeout_ms = 60_000;
     });
-    let mut cfg = ShuffleConfig::new(vec![NodeId(0), NodeId(1)], 1);
-    cfg.mode = Mode::Messages;
-    cfg.segment_bytes = 4096;
-    cfg.batch_bytes = 1024;
-    cfg.timeout = Duration::from_secs(60);
-    let make = |n: Arc<Node>| {
-        let cfg = cfg.clone();
-        std::thread::spawn(move || Shuffle::new(n, cfg).unwrap())
-    };
-    let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
-    let record = |i: u64| numbered(i, RECORD);
+    let (a, b) = messages_pair(&nodes, 1024);
     let (pushing, done) = push_in_background(a.clone(), RECORDS, RECORD);
     // Ten windows of records and nobody pulls at process 1: the pusher
     // cannot be done, however long it has.
@@ -107,18 +96,7 @@ fn messages_mode_holds_unread_batches_within_the_window() {
         std::thread::spawn(move || a.puller(0).unwrap().count())
     };
     b.pusher(0).unwrap().finish().unwrap();
-    let mut next = 0u64;
-    for r in b.puller(0).unwrap() {
-        let r = r.unwrap();
-        assert_eq!(r.from, 0);
-        assert_eq!(
-            r.bytes(),
-            &record(next)[..],
-            "record {next} once and in order"
-        );
-        next += 1;
-    }
-    assert_eq!(next, RECORDS);
+    assert_eq!(pull_numbered_in_order(&b, RECORD), RECORDS);
     pushing.join().unwrap();
     assert_eq!(a_pulls.join().unwrap(), 0);
 }
@@ -366,8 +344,6 @@ fn messages_mode_bounds_batches_to_own_pullers() {
     assert!(zero.join().unwrap().is_empty());
 }
 
-/// Record `i` of the back-pressure tests: `len` bytes (at least 8) that
-/// carry `i`.
 /// A pusher moved from thread to thread (each new thread writes into
 /// another of the connection's rings, `tcp.rings`, where its batches may
 /// overtake those of the thread before) still delivers its records once
@@ -378,17 +354,7 @@ fn messages_mode_keeps_a_moved_pushers_order() {
     const HOPS: u64 = 24;
     const PER_HOP: u64 = 150;
     let nodes = nodes_with(Kind::Tcp, 2, |c| c.tcp.rings = 4);
-    let mut cfg = ShuffleConfig::new(vec![NodeId(0), NodeId(1)], 1);
-    cfg.mode = Mode::Messages;
-    cfg.segment_bytes = 4096;
-    cfg.batch_bytes = 512;
-    cfg.timeout = Duration::from_secs(60);
-    let make = |n: Arc<Node>| {
-        let cfg = cfg.clone();
-        std::thread::spawn(move || Shuffle::new(n, cfg).unwrap())
-    };
-    let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let (a, b) = messages_pair(&nodes, 512);
     let a_pulls = {
         let a = a.clone();
         std::thread::spawn(move || a.puller(0).unwrap().count())
@@ -410,22 +376,48 @@ fn messages_mode_keeps_a_moved_pushers_order() {
             .join()
             .unwrap();
     });
-    let mut next = 0u64;
-    for r in b.puller(0).unwrap() {
-        let r = r.unwrap();
-        assert_eq!(r.from, 0);
-        assert_eq!(
-            r.bytes(),
-            &numbered(next, RECORD)[..],
-            "record {next} once and in order"
-        );
-        next += 1;
-    }
-    assert_eq!(next, HOPS * PER_HOP);
+    assert_eq!(pull_numbered_in_order(&b, RECORD), HOPS * PER_HOP);
     pushing.join().unwrap();
     assert_eq!(a_pulls.join().unwrap(), 0);
 }
 
+/// A messages-mode shuffle of one worker on each of `nodes[0]` and
+/// `nodes[1]` (4 KiB segments, batches of `batch_bytes`, 60 s timeout),
+/// set up on both at once.
+fn messages_pair(nodes: &[Arc<Node>], batch_bytes: usize) -> (Shuffle, Shuffle) {
+    let mut cfg = ShuffleConfig::new(vec![NodeId(0), NodeId(1)], 1);
+    cfg.mode = Mode::Messages;
+    cfg.segment_bytes = 4096;
+    cfg.batch_bytes = batch_bytes;
+    cfg.timeout = Duration::from_secs(60);
+    let make = |n: Arc<Node>| {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || Shuffle::new(n, cfg).unwrap())
+    };
+    let (a, b) = (make(nodes[0].clone()), make(nodes[1].clone()));
+    (a.join().unwrap(), b.join().unwrap())
+}
+
+/// Pulls worker 1's records of `s` (all from worker 0) until every worker
+/// finished, checks each is the next [`numbered`] record of `len` bytes,
+/// and returns how many came.
+fn pull_numbered_in_order(s: &Shuffle, len: usize) -> u64 {
+    let mut next = 0u64;
+    for r in s.puller(0).unwrap() {
+        let r = r.unwrap();
+        assert_eq!(r.from, 0);
+        assert_eq!(
+            r.bytes(),
+            &numbered(next, len)[..],
+            "record {next} once and in order"
+        );
+        next += 1;
+    }
+    next
+}
+
+/// Record `i` of the back-pressure tests: `len` bytes (at least 8) that
+/// carry `i`.
 fn numbered(i: u64, len: usize) -> Vec<u8> {
     let mut r = vec![(i % 251) as u8; len];
     r[..8].copy_from_slice(&i.to_le_bytes());
