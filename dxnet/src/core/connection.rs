@@ -334,13 +334,12 @@ impl Connection {
         flow: FlowControl,
         max_payload: usize,
     ) -> Self {
+        let capacity = ring_capacity(orb_size, rings);
         Self {
             peer,
             id,
-            orb: Orb::new(ring_capacity(orb_size, rings)),
-            more_rings: (1..rings.max(1))
-                .map(|_| Orb::new(ring_capacity(orb_size, rings)))
-                .collect(),
+            orb: Orb::new(capacity),
+            more_rings: (1..rings.max(1)).map(|_| Orb::new(capacity)).collect(),
             rings_in_use: AtomicU32::new(1),
             flow,
             inbox: Mutex::new(Inbox::default()),

@@ -231,17 +231,18 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         .registry()
         .register(&mut listener, LISTENER, Interest::READABLE)
         .map_err(io_err)?;
+    let rings = cfg.tcp.ring_count();
     let engine = Arc::new(TcpEngine {
         core: Arc::downgrade(core),
         own,
         max_pending_handshakes: cfg.tcp.max_pending_handshakes,
-        rings: cfg.tcp.ring_count(),
+        rings,
         // Never more than half of what a sender may have outstanding: data
         // must not wait for more that its ring or the window cannot take.
         coalesce_bytes: cfg
             .tcp
             .coalesce_bytes
-            .min(ring_capacity(cfg.limits.orb_size, cfg.tcp.ring_count()) / 2)
+            .min(ring_capacity(cfg.limits.orb_size, rings) / 2)
             .min(cfg.limits.flow_control_window / 2),
         coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,

@@ -395,17 +395,13 @@ fn plan_gather(
     st: &mut SendState,
     plan: &mut [(usize, usize, bool); MAX_GATHER],
 ) -> usize {
-    let n = st.consumers.len();
-    if st.cut || n == 1 {
+    if st.cut || st.consumers.len() == 1 {
         return 0;
     }
     let mut planned = 0;
     let current = st.ring;
-    let in_use = conn.rings_in_use();
-    for r in (1..n)
-        .map(|k| (current + k) % n)
-        .filter(|&r| in_use & (1 << r) != 0)
-    {
+    // The rings in use after the current one (it comes last: skipped).
+    for r in candidate_rings(conn, st).filter(|&r| r != current) {
         if planned == MAX_GATHER {
             break;
         }
