@@ -355,14 +355,12 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
             + me.response_receive.sum_ns()
             + me.wake.sum_ns();
         assert_eq!(parts, me.round_trip.sum_ns(), "{what}");
-        // Inside the callers' own measurement, and most of it (decoding
-        // the response is all that lies outside).
+        // Inside the callers' own measurement (how much of it depends on
+        // when the callers' threads ran after their responses came: no
+        // bound on that here).
         let rt = me.round_trip.sum_ns() as f64;
         let callers = measured[i].as_nanos() as f64;
-        assert!(
-            rt <= callers && rt >= 0.5 * callers,
-            "{what}: {rt} of {callers} ns"
-        );
+        assert!(rt > 0.0 && rt <= callers, "{what}: {rt} of {callers} ns");
         // The peer's handlers ran at least their spin on its side of the
         // requests, which lies within this node's wait for responses.
         assert!(
