@@ -3,16 +3,22 @@
 //!
 //! A message that lies within one buffer is handed out as a borrowed slice
 //! (zero copy); one split across buffers is reassembled in a per-connection
-//! scratch vector that grows only as bytes actually arrive, never to a size
-//! claimed by the peer, and is capped by `max_message_size`. A large
-//! reassembled payload, whose vector the decoder would not keep for the
-//! next one, is handed over to be taken rather than copied
-//! ([`Decoder::feed_pieces`], [`Piece::Given`]).
+//! scratch vector, capped by `max_message_size`. The vector takes the
+//! claimed size up front only up to [`KEEP_SCRATCH`] (what the decoder may
+//! keep anyway); beyond it, it grows only as bytes actually arrive. A
+//! reassembled payload of at least [`GIVE_FROM`] bytes is handed over to be
+//! taken rather than copied ([`Decoder::feed_pieces`], [`Piece::Given`]).
 
 use crate::header::{HeaderError, MessageHeader, HEADER_LEN};
 
 /// Scratch capacity kept after a large reassembled message (bytes).
-const KEEP_SCRATCH: usize = 256 << 10;
+pub const KEEP_SCRATCH: usize = 256 << 10;
+
+/// Smallest reassembled payload handed over as [`Piece::Given`]: a callee
+/// that keeps the payload takes the vector instead of copying it (a fresh
+/// allocation per such message costs far less than a copy of its bytes);
+/// smaller ones are lent from the scratch the decoder keeps.
+pub const GIVE_FROM: usize = 4 << 10;
 
 /// A completed message's payload, as [`Decoder::feed_pieces`] hands it out.
 #[derive(Debug)]
@@ -20,9 +26,8 @@ pub enum Piece<'a> {
     /// The payload, lent: within the fed bytes, or reassembled in the
     /// scratch vector the decoder keeps for the next split message.
     Lent(&'a [u8]),
-    /// A reassembled payload in a vector larger than the scratch the
-    /// decoder keeps: the callee may take the vector (`std::mem::take`)
-    /// rather than copy it (the decoder would free it).
+    /// A reassembled payload of at least [`GIVE_FROM`] bytes: the callee
+    /// may take the vector (`std::mem::take`) rather than copy it.
     Given(&'a mut Vec<u8>),
 }
 
@@ -96,7 +101,7 @@ impl Decoder {
                     // Done with it before the callee runs (it may take the
                     // vector, or unwind).
                     self.current = None;
-                    if self.scratch.capacity() > KEEP_SCRATCH {
+                    if self.scratch.len() >= GIVE_FROM || self.scratch.capacity() > KEEP_SCRATCH {
                         on_message(&h, Piece::Given(&mut self.scratch));
                     } else {
                         on_message(&h, Piece::Lent(&self.scratch));
@@ -133,6 +138,9 @@ impl Decoder {
             } else {
                 self.current = Some(header);
                 self.scratch.clear();
+                // At once for the rest too (no regrowth copying the first
+                // part), up to what the decoder may keep anyway.
+                self.scratch.reserve_exact(len.min(KEEP_SCRATCH));
                 self.scratch.extend_from_slice(data);
                 data = &[];
             }
@@ -223,6 +231,34 @@ mod tests {
             assert_eq!(got, expect, "chunk size {chunk}");
             assert!(taken > 0, "chunk size {chunk}: a large payload was given");
         }
+    }
+
+    /// A split payload of at least `GIVE_FROM` bytes is given, a smaller
+    /// one lent; the scratch takes a claimed size up front only up to
+    /// `KEEP_SCRATCH`.
+    #[test]
+    fn split_payloads_from_give_from_are_given_and_claims_are_capped() {
+        let small: Vec<u8> = (0..GIVE_FROM - 1).map(|x| x as u8).collect();
+        let large: Vec<u8> = (0..GIVE_FROM).map(|x| (x * 3) as u8).collect();
+        let mut stream = encode(1, 1, &small);
+        stream.extend(encode(1, 2, &large));
+        let mut d = Decoder::new(1 << 20);
+        let mut got = Vec::new();
+        for c in stream.chunks(1000) {
+            d.feed_pieces(c, |h, piece| {
+                let given = matches!(piece, Piece::Given(_));
+                got.push((h.request_id, given, piece.bytes().to_vec()));
+            })
+            .unwrap();
+        }
+        assert_eq!(got, vec![(1, false, small), (2, true, large)]);
+
+        let mut d = Decoder::new(8 << 20);
+        let mut claim = encode(1, 3, &[7; 10]);
+        claim[8..12].copy_from_slice(&(4u32 << 20).to_le_bytes());
+        d.feed(&claim, |_, _| panic!("incomplete")).unwrap();
+        assert!(!d.is_idle());
+        assert!(d.scratch.capacity() <= KEEP_SCRATCH);
     }
 
     #[test]
