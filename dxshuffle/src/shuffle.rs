@@ -953,9 +953,14 @@ impl Puller {
     fn next_loc(&mut self) -> Result<Option<At>> {
         let mut deadline = None;
         loop {
-            self.drain_inbox()?;
+            // The inbox only once what it brought is read: its channel is
+            // written by other threads, a look per record would cost more
+            // than the record.
             if let Some(r) = self.parse()? {
                 return Ok(Some(r));
+            }
+            if self.drain_inbox()? {
+                continue;
             }
             if self.open == 0 {
                 return Ok(None);
@@ -974,8 +979,10 @@ impl Puller {
     /// A record if one is here now (`Ok(None)`: none yet, or the end: see
     /// [`Puller::is_finished`]).
     pub fn try_next(&mut self) -> Result<Option<Record>> {
-        self.drain_inbox()?;
-        let r = self.parse()?;
+        let mut r = self.parse()?;
+        if r.is_none() && self.drain_inbox()? {
+            r = self.parse()?;
+        }
         if r.is_none() {
             self.report_all()?;
         }
@@ -1004,11 +1011,14 @@ impl Puller {
         self.open == 0 && self.ready.is_empty() && self.batches.is_empty()
     }
 
-    fn drain_inbox(&mut self) -> Result<()> {
+    /// Applies every note in the inbox; true if there was one.
+    fn drain_inbox(&mut self) -> Result<bool> {
+        let mut any = false;
         while let Ok(n) = self.inner.inboxes[self.thread].try_recv() {
             self.apply(n)?;
+            any = true;
         }
-        Ok(())
+        Ok(any)
     }
 
     fn apply(&mut self, note: Note) -> Result<()> {
@@ -1018,10 +1028,16 @@ impl Puller {
                 // the batch's head.
                 let s = &mut self.segs[from];
                 let n = batch_number(data.bytes());
-                if n < s.next_batch || s.early.contains_key(&n) {
+                if n == s.next_batch {
+                    // The usual case: no map (a node allocated and freed
+                    // per batch).
+                    s.next_batch += 1;
+                    self.batches.push_back((from, data, BATCH_HEAD));
+                } else if n < s.next_batch || s.early.contains_key(&n) {
                     return Err(corrupt(from, "a batch came twice"));
+                } else {
+                    s.early.insert(n, data);
                 }
-                s.early.insert(n, data);
                 while let Some(data) = s.early.remove(&s.next_batch) {
                     s.next_batch += 1;
                     self.batches.push_back((from, data, BATCH_HEAD));
@@ -1039,7 +1055,11 @@ impl Puller {
                 if s.done || pos + len as u64 > s.read + size {
                     return Err(corrupt(seg, "a write beyond the segment's free room"));
                 }
-                s.later.insert(pos, pos + len as u64);
+                if pos == s.avail {
+                    s.avail = pos + len as u64;
+                } else {
+                    s.later.insert(pos, pos + len as u64);
+                }
                 while let Some(end) = s.later.remove(&s.avail) {
                     s.avail = end;
                 }
