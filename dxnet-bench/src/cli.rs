@@ -202,6 +202,10 @@ struct ShuffleCli {
     /// Namespace name prefix for --netns.
     #[arg(long, default_value = "dxs")]
     netns_prefix: String,
+    /// dxnet Config field for every process, `KEY=VALUE` (value as JSON,
+    /// else a string), repeatable, e.g. `--dxnet limits.orb_size=4194304`.
+    #[arg(long = "dxnet", value_name = "KEY=VALUE")]
+    dxnet: Vec<String>,
 }
 
 impl ShuffleCli {
@@ -227,6 +231,7 @@ impl ShuffleCli {
             netns: self
                 .netns
                 .then(|| Layout::new(&self.netns_prefix, self.procs, 1500)),
+            dxnet: self.dxnet.clone(),
         })
     }
 }
@@ -615,24 +620,7 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
         );
     }
     for kv in &a.dxnet {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--dxnet expects KEY=VALUE, got {kv:?}"))?;
-        let mut val =
-            serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
-        // `limits.orb_size=…` → {"limits": {"orb_size": …}}, merged into
-        // what is there.
-        let mut path: Vec<&str> = k.trim().split('.').collect();
-        let first = path.remove(0).to_string();
-        for key in path.into_iter().rev() {
-            let mut m = serde_json::Map::new();
-            m.insert(key.to_string(), val);
-            val = serde_json::Value::Object(m);
-        }
-        crate::binding::dxnet::merge(
-            p.dxnet.entry(first).or_insert(serde_json::Value::Null),
-            &val,
-        );
+        crate::binding::dxnet::merge_setting(&mut p.dxnet, kv)?;
     }
     if let Some(p) = preset {
         p.split_sizes(&mut cfg);

@@ -57,6 +57,8 @@ pub struct ShuffleArgs {
     /// One network namespace per process (TCP over veth links): process
     /// `p` runs in `namespace(p)` at `address(p)`, port `base_port`.
     pub netns: Option<Layout>,
+    /// `--dxnet KEY=VALUE` settings for every process's dxnet node.
+    pub dxnet: Vec<String>,
 }
 
 /// What one run of the benchmark uses.
@@ -269,6 +271,7 @@ fn one_run(a: &ShuffleArgs, mode: Mode, round: u32) -> Result<RunResult> {
                 .args(["--segment", &a.segment.to_string()])
                 .args(["--batch", &a.batch.to_string()])
                 .args(["--base-port", &base.to_string()])
+                .args(a.dxnet.iter().flat_map(|kv| ["--dxnet", kv.as_str()]))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -473,6 +476,13 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     }
     c.limits.request_timeout_ms = 60_000;
     c.limits.send_timeout_ms = 60_000;
+    if !a.dxnet.is_empty() {
+        let mut fields = serde_json::Map::new();
+        for kv in &a.dxnet {
+            crate::binding::dxnet::merge_setting(&mut fields, kv)?;
+        }
+        c = crate::binding::dxnet::with_fields(&c, &fields)?;
+    }
     let node = Arc::new(Node::start(c)?);
     let mut cfg = ShuffleConfig::new((0..procs).map(NodeId).collect(), a.threads);
     cfg.mode = match a.modes[0] {
@@ -501,7 +511,8 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
         for (t, (mut p, mut q)) in ends.drain(..).enumerate() {
             let me = shuffle.worker(t) as u64;
             let payload = &payload;
-            pushers.push(s.spawn(move || -> Result<(u64, Duration)> {
+            let pusher = std::thread::Builder::new().name(format!("pusher-{t}"));
+            pushers.push(pusher.spawn_scoped(s, move || -> Result<(u64, Duration)> {
                 let mut x = (me + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                 go.wait();
                 for _ in 0..a.records {
@@ -517,8 +528,9 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
                 }
                 p.finish()?;
                 Ok((a.records, p.blocked()))
-            }));
-            pullers.push(s.spawn(move || -> Result<(u64, u64)> {
+            })?);
+            let puller = std::thread::Builder::new().name(format!("puller-{t}"));
+            pullers.push(puller.spawn_scoped(s, move || -> Result<(u64, u64)> {
                 let (mut n, mut b) = (0u64, 0u64);
                 go.wait();
                 // The records' bytes lent, not copied (as the MPI peer
@@ -528,7 +540,7 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
                     b += len as u64;
                 }
                 Ok((n, b))
-            }));
+            })?);
         }
         let ready = (|| -> Result<()> {
             println!("READY");

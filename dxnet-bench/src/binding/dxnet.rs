@@ -292,18 +292,51 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
         }
         other => bail!("{} is not a dxnet binding", other.name()),
     };
-    let mut v = serde_json::to_value(&base)?;
+    let mut fields = setup.params.dxnet.clone();
+    if setup.handlers > 0 {
+        fields.insert("handler_threads".into(), setup.handlers.into());
+    }
+    with_fields(&base, &fields)
+}
+
+/// Lays one `--dxnet KEY=VALUE` setting over `fields` (dxnet `Config`
+/// fields as JSON): `limits.orb_size=4194304` becomes
+/// `{"limits": {"orb_size": 4194304}}`, merged into what is there; a value
+/// that is not JSON is a string.
+pub(crate) fn merge_setting(
+    fields: &mut serde_json::Map<String, serde_json::Value>,
+    kv: &str,
+) -> Result<()> {
+    let (k, v) = kv
+        .split_once('=')
+        .with_context(|| format!("--dxnet expects KEY=VALUE, got {kv:?}"))?;
+    let mut val = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.into()));
+    let mut path: Vec<&str> = k.trim().split('.').collect();
+    let first = path.remove(0).to_string();
+    for key in path.into_iter().rev() {
+        let mut m = serde_json::Map::new();
+        m.insert(key.to_string(), val);
+        val = serde_json::Value::Object(m);
+    }
+    merge(fields.entry(first).or_insert(serde_json::Value::Null), &val);
+    Ok(())
+}
+
+/// `base` with `fields` (dxnet `Config` fields as JSON) laid over it; the
+/// fields that name the node and its peers are refused.
+pub(crate) fn with_fields(
+    base: &Config,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Config> {
+    let mut v = serde_json::to_value(base)?;
     let obj = v.as_object_mut().expect("Config serializes to an object");
-    for (k, val) in &setup.params.dxnet {
+    for (k, val) in fields {
         if matches!(k.as_str(), "node_id" | "nodes" | "transport" | "loopback") {
-            bail!("params.dxnet.{k} is set by the benchmark itself");
+            bail!("dxnet.{k} is set by the benchmark itself");
         }
         merge(obj.entry(k.clone()).or_insert(serde_json::Value::Null), val);
     }
-    if setup.handlers > 0 {
-        obj.insert("handler_threads".into(), setup.handlers.into());
-    }
-    let cfg: Config = serde_json::from_value(v).context("invalid params.dxnet")?;
+    let cfg: Config = serde_json::from_value(v).context("invalid dxnet settings")?;
     cfg.validate().map_err(|e| anyhow!("dxnet config: {e}"))?;
     Ok(cfg)
 }
@@ -706,6 +739,21 @@ mod tests {
         let mut bad = setup("dxnet-tcp");
         bad.params.dxnet.insert("no_such_field".into(), 1.into());
         assert!(node_config(&bad, 0).is_err());
+    }
+
+    #[test]
+    fn settings_merge_by_path_and_refuse_node_identity() {
+        let mut f = serde_json::Map::new();
+        merge_setting(&mut f, "limits.orb_size=524288").unwrap();
+        merge_setting(&mut f, "limits.recv_buffer_size=262144").unwrap();
+        merge_setting(&mut f, "tcp.rings=2").unwrap();
+        assert!(merge_setting(&mut f, "no_equals_sign").is_err());
+        let c = with_fields(&Config::tcp_localhost(0, 2, 27000), &f).unwrap();
+        assert_eq!(c.limits.orb_size, 524288);
+        assert_eq!(c.limits.recv_buffer_size, 262144);
+        assert_eq!(c.tcp.rings, 2);
+        merge_setting(&mut f, "node_id=1").unwrap();
+        assert!(with_fields(&Config::tcp_localhost(0, 2, 27000), &f).is_err());
     }
 
     #[test]
