@@ -1,5 +1,11 @@
 //! The send path allocates nothing per message: a counting allocator counts
 //! the sending thread's allocations over many sends after warm-up.
+//!
+//! A thread that blocks for the first time (its ring or the flow-control
+//! window full) allocates its wait condition variable once; whether that
+//! happens in the warm-up or later depends on how fast the peer reads, so
+//! a few such one-time allocations are allowed. Anything per message, per
+//! chunk or per write would be thousands.
 
 mod common;
 
@@ -51,6 +57,10 @@ struct Typed {
 }
 dxnet::message!(Typed, 30, 1);
 
+/// The thread's wait condition variable and the registration of its
+/// thread-local destructor, if it first blocks after the warm-up.
+const ONE_TIME_ALLOCS: u64 = 2;
+
 fn no_alloc_on(kind: Kind) {
     let cluster = start_all(cluster_configs(kind, 2, |_| {}));
     let got = Arc::new(AtomicU64::new(0));
@@ -82,11 +92,11 @@ fn no_alloc_on(kind: Kind) {
         a.send_raw(NodeId(1), 30, 2, &payload).unwrap();
         a.send(NodeId(1), &typed).unwrap();
     }
-    let per_msg = allocs() - before;
+    let counted = allocs() - before;
     wait_for(60, "delivery", || got.load(Ordering::Relaxed) == 42_000);
-    assert_eq!(
-        per_msg, 0,
-        "allocations on the send path for 40000 messages"
+    assert!(
+        counted <= ONE_TIME_ALLOCS,
+        "{counted} allocations on the send path for 40000 messages"
     );
 }
 
