@@ -101,7 +101,9 @@ impl Decoder {
                     // Done with it before the callee runs (it may take the
                     // vector, or unwind).
                     self.current = None;
-                    if self.scratch.len() >= GIVE_FROM || self.scratch.capacity() > KEEP_SCRATCH {
+                    // (A scratch over `KEEP_SCRATCH` holds a payload of at
+                    // least that much, so it is given too.)
+                    if self.scratch.len() >= GIVE_FROM {
                         on_message(&h, Piece::Given(&mut self.scratch));
                     } else {
                         on_message(&h, Piece::Lent(&self.scratch));
