@@ -633,6 +633,76 @@ fn tcp_sixteen_small_rings_written_together_keep_each_threads_order() {
     threads_to_one_peer_in_order("sixteen rings", cfg, 48, 300, 6 << 10);
 }
 
+/// The CPUs this process may run on.
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the kernel fills
+    // it (`0`: the calling thread).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Moves the calling thread to `cpu`.
+#[cfg(target_os = "linux")]
+fn move_to_cpu(cpu: usize) {
+    // SAFETY: as in `allowed_cpus`; the set names one allowed CPU.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0
+    };
+    assert!(ok, "cannot move to CPU {cpu}");
+}
+
+/// A thread writes into the ring of the CPU it runs on and changes rings
+/// when it moves: here every sender moves to another CPU every few
+/// messages (random sizes up to 12 KiB, so some messages are chunked),
+/// and still every message arrives once, intact and in its thread's
+/// order. Several rings of 32 KiB, 24 threads.
+#[cfg(target_os = "linux")]
+#[test]
+fn tcp_threads_moving_between_cpus_keep_their_order() {
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let cfg = |c: &mut Config| {
+        c.tcp.rings = 4;
+        c.limits.orb_size = 128 << 10;
+        c.limits.send_timeout_ms = 60_000;
+    };
+    let nodes = start_all(cluster_configs(Kind::Tcp, 2, cfg));
+    let chk = Arc::new(Checker::default());
+    let c = chk.clone();
+    nodes[1]
+        .register(move |src, m: Data| c.check(src, &m))
+        .unwrap();
+    let (threads, per) = (24u16, 1500u64);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (node, cpus) = (&nodes[0], &cpus);
+            s.spawn(move || {
+                let hop = 3 + u64::from(t) % 5;
+                send_checked(node, t, per, 12 << 10, |i| {
+                    if i % hop == 0 {
+                        move_to_cpu(cpus[(i / hop + u64::from(t)) as usize % cpus.len()]);
+                    }
+                    1
+                })
+            });
+        }
+    });
+    chk.expect_streams("threads moving between CPUs", 0, threads, per, WAIT_SECS);
+}
+
 /// Marks the end of a round in [`round_marks_overtaking_data`]: sent by
 /// another thread than the data, after the data senders' sends returned.
 #[derive(Serialize, Deserialize, Debug)]

@@ -6,6 +6,7 @@
 //! (socket, queue pair) keyed by the connection's id.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -473,17 +474,67 @@ impl Connection {
         1 + self.more_rings.len()
     }
 
-    /// The ring the calling thread writes into: always the same one for a
-    /// thread (so its messages stay in order), threads taking the rings in
-    /// turn as they first send. With one ring every message is ordered
-    /// after those whose sends returned before its own began; with several,
-    /// only after the same thread's.
+    /// The ring the calling thread writes its next message into (an index
+    /// for [`Connection::ring`]; after the write, report where the message
+    /// ended with [`Connection::note_written`]).
+    ///
+    /// The ring of the CPU the thread runs on, so the threads of one core
+    /// share a ring whose lines stay in that core's cache, while threads on
+    /// different cores never write the same lines. A thread that moved to
+    /// another CPU keeps its old ring until every message it wrote there
+    /// was written out (its order: a later message must not overtake an
+    /// earlier one in another ring); each thread remembers, per connection,
+    /// its ring and where its last message there ends. `settled` answers
+    /// for a remembered entry of another connection whose slot this one
+    /// needs (see [`RingUse`]). With one ring every message is ordered after
+    /// those whose sends returned before its own began; with several, only
+    /// after the same thread's.
     #[inline]
-    pub fn ring_for_thread(&self) -> &Orb {
+    pub fn ring_for_thread(&self, settled: impl FnOnce(&RingUse) -> bool) -> usize {
         if self.more_rings.is_empty() {
-            return &self.orb;
+            return 0;
         }
-        let r = thread_ring(self.ring_count());
+        let count = self.ring_count();
+        let r = RING_USE.with(|table| {
+            let cell = &table[self.id as usize % RING_MEMORY];
+            let e = cell.get();
+            let want = cpu_ring(count);
+            if e.conn == self.id {
+                if usize::from(e.ring) == want {
+                    return want;
+                }
+                if !self.ring(usize::from(e.ring)).completed_through(e.end) {
+                    return usize::from(e.ring);
+                }
+                // Everything this thread wrote into its old ring is out:
+                // it has nothing in the new one.
+                cell.set(RingUse {
+                    ring: want as u8,
+                    end: 0,
+                    ..e
+                });
+                return want;
+            }
+            // No entry: whatever this thread has not had written out yet
+            // sits in its fixed ring (entries leave only when settled).
+            let fixed = thread_ring(count);
+            if e.conn != 0 && !settled(&e) {
+                return fixed;
+            }
+            let end = self.ring(fixed).reserved_end();
+            let ring = if self.ring(fixed).completed_through(end) {
+                want
+            } else {
+                fixed
+            };
+            cell.set(RingUse {
+                conn: self.id,
+                peer: self.peer.0,
+                ring: ring as u8,
+                end: if ring == fixed { end } else { 0 },
+            });
+            ring
+        });
         let bit = 1u32 << r;
         // Set before the thread's first reservation in the ring: the send
         // thread, woken by that message's write interest, finds it. A
@@ -492,7 +543,32 @@ impl Connection {
         if self.rings_in_use.load(Ordering::Relaxed) & bit == 0 {
             self.rings_in_use.fetch_or(bit, Ordering::Release);
         }
-        self.ring(r)
+        r
+    }
+
+    /// Records that the calling thread's message in ring `ring` (as
+    /// chosen by [`Connection::ring_for_thread`]) ends at `end`.
+    #[inline]
+    pub fn note_written(&self, ring: usize, end: u64) {
+        if self.more_rings.is_empty() {
+            return;
+        }
+        RING_USE.with(|table| {
+            let cell = &table[self.id as usize % RING_MEMORY];
+            let e = cell.get();
+            if e.conn == self.id && usize::from(e.ring) == ring && end > e.end {
+                cell.set(RingUse { end, ..e });
+            }
+        });
+    }
+
+    /// Whether the calling thread may forget its entry `e` for this
+    /// connection: it has nothing unwritten outside its fixed ring.
+    pub fn ring_use_settled(&self, e: &RingUse) -> bool {
+        e.conn != self.id
+            || usize::from(e.ring) == thread_ring(self.ring_count())
+            || usize::from(e.ring) >= self.ring_count()
+            || self.ring(usize::from(e.ring)).completed_through(e.end)
     }
 
     /// The rings a thread wrote into so far (bit `r`: ring `r`; ring 0
@@ -545,8 +621,62 @@ pub fn ring_capacity(orb_size: usize, rings: usize) -> usize {
     1 << share.ilog2()
 }
 
-/// This thread's ring among a connection's `count` rings: threads take
-/// them in turn as they first send. Each thread keeps its ring for every
+/// A thread's entry for one connection with several rings: the ring its
+/// last message went into and where that message ends. Invariant: for a
+/// connection without an entry, everything of the thread's not yet written
+/// out is in its fixed ring ([`thread_ring`]), so an entry may be dropped
+/// only when nothing of the thread's is unwritten in any other ring.
+#[derive(Debug, Clone, Copy)]
+pub struct RingUse {
+    /// Connection id (0: empty; ids start at 1).
+    pub conn: u64,
+    /// Position in the ring after the thread's last message there.
+    pub end: u64,
+    /// The connection's peer, to find it in the connection table.
+    pub peer: u16,
+    /// Ring index.
+    pub ring: u8,
+}
+
+/// Entries per thread, direct-mapped by connection id (consecutive ids
+/// take different entries).
+const RING_MEMORY: usize = 64;
+
+thread_local! {
+    static RING_USE: [Cell<RingUse>; RING_MEMORY] = const {
+        [const {
+            Cell::new(RingUse {
+                conn: 0,
+                end: 0,
+                peer: 0,
+                ring: 0,
+            })
+        }; RING_MEMORY]
+    };
+}
+
+/// The ring of the calling thread's CPU among `count` rings. (glibc
+/// answers from the restartable-sequences area the kernel keeps per
+/// thread: a load.)
+#[cfg(all(target_os = "linux", not(loom)))]
+#[inline]
+fn cpu_ring(count: usize) -> usize {
+    // SAFETY: `sched_getcpu` takes no arguments and touches no memory of
+    // ours; it returns -1 on error, mapped to CPU 0.
+    let cpu = unsafe { libc::sched_getcpu() };
+    cpu.max(0) as usize % count
+}
+
+/// Without a cheap CPU number (and under loom): the thread's fixed ring.
+#[cfg(not(all(target_os = "linux", not(loom))))]
+#[inline]
+fn cpu_ring(count: usize) -> usize {
+    thread_ring(count)
+}
+
+/// This thread's fixed ring among a connection's `count` rings (where it
+/// writes while it has no [`RingUse`] entry): threads take them in turn
+/// as they first send. Each thread keeps its ring for every
 /// possible count (a division per message would cost about a tenth of a
 /// small message's send).
 #[inline]
@@ -685,6 +815,124 @@ mod tests {
             crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
             1 << 20,
         ))
+    }
+
+    /// Pins the calling thread to `cpu`; false if it may not run there.
+    #[cfg(target_os = "linux")]
+    fn pin(cpu: usize) -> bool {
+        // SAFETY: a zeroed `cpu_set_t` is a valid empty set; the calls get
+        // its size and address, and `0` names the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0
+                && libc::sched_getcpu() == cpu as i32
+        }
+    }
+
+    /// Two CPUs this process may use whose rings differ among 4.
+    #[cfg(target_os = "linux")]
+    fn two_cpus() -> Option<(usize, usize)> {
+        // SAFETY: as in `pin`; the kernel fills the set.
+        let allowed: Vec<usize> = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) != 0 {
+                return None;
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        };
+        let first = *allowed.first()?;
+        let second = *allowed.iter().find(|&&c| c % 4 != first % 4)?;
+        Some((first, second))
+    }
+
+    /// Writes one 64-byte message the way the send path does: into the
+    /// ring the thread is given, noting where it ended.
+    fn write_one(c: &Connection, settled: impl FnOnce(&RingUse) -> bool) -> usize {
+        use crate::primitives::deadline::Deadline;
+        use std::io::Write as _;
+        let r = c.ring_for_thread(settled);
+        let deadline = Deadline::at(std::time::Instant::now() + std::time::Duration::from_secs(30));
+        let end = c
+            .ring(r)
+            .write_message(64, &deadline, &|| {}, |w| w.write_all(&[7; 64]))
+            .unwrap();
+        c.note_written(r, end);
+        r
+    }
+
+    /// A thread writes into its CPU's ring, and moves to another CPU's
+    /// ring only once everything it wrote into the old one is written out
+    /// (its order across rings); the entry that remembers this is given up
+    /// to another connection only when settled, and meanwhile that one
+    /// uses the thread's fixed ring.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_changes_rings_only_once_its_messages_are_out() {
+        let Some((c0, c1)) = two_cpus() else {
+            eprintln!("skipped: needs two CPUs");
+            return;
+        };
+        // A fresh thread: an empty table of ring entries, and pinning that
+        // leaves the test harness alone.
+        std::thread::spawn(move || {
+            let mk = |id| {
+                Connection::new(
+                    NodeId(1),
+                    id,
+                    (4 * 4096, 4),
+                    crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
+                    1 << 20,
+                )
+            };
+            // Same entry slot: ids `RING_MEMORY` apart.
+            let (a, b) = (mk(1), mk(1 + RING_MEMORY as u64));
+            let mut consumers: Vec<_> = (0..4).map(|i| a.ring(i).consumer().unwrap()).collect();
+            let drain = |c: &Connection, r: usize, cons: &mut crate::primitives::orb::Consumer| {
+                let n = c.ring(r).unposted_len(cons);
+                c.ring(r).mark_posted(cons, n);
+                c.ring(r).mark_completed(cons, n);
+            };
+            assert!(pin(c0));
+            let r0 = write_one(&a, |_| unreachable!("an empty slot"));
+            assert_eq!(r0, c0 % 4, "the CPU's ring");
+            assert!(pin(c1));
+            assert_eq!(
+                write_one(&a, |_| unreachable!()),
+                r0,
+                "its messages in the old ring are not out: it stays"
+            );
+            drain(&a, r0, &mut consumers[r0]);
+            let r1 = write_one(&a, |_| unreachable!());
+            assert_eq!(r1, c1 % 4, "all out: it moves to its CPU's ring");
+
+            let fixed = thread_ring(4);
+            let mut b_consumers: Vec<_> = (0..4).map(|i| b.ring(i).consumer().unwrap()).collect();
+            if r1 != fixed {
+                // `a`'s entry holds unwritten data outside `a`'s fixed ring.
+                assert_eq!(
+                    write_one(&b, |e| a.ring_use_settled(e)),
+                    fixed,
+                    "no entry for b: its fixed ring"
+                );
+                assert!(!a.ring_use_settled(&RING_USE.with(|t| t[1].get())));
+                drain(&a, r1, &mut consumers[r1]);
+            }
+            // `a` settled: `b` takes the slot, still in its fixed ring
+            // while its message there is unwritten.
+            assert_eq!(write_one(&b, |e| a.ring_use_settled(e)), fixed);
+            assert_eq!(RING_USE.with(|t| t[1].get()).conn, b.id);
+            drain(&b, fixed, &mut b_consumers[fixed]);
+            assert_eq!(
+                write_one(&b, |_| unreachable!("its own entry")),
+                c1 % 4,
+                "out: b moves to the CPU's ring"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     /// A new connection to a peer waits for the data its predecessor still

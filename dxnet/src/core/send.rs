@@ -601,8 +601,15 @@ impl Core {
                 conn.touch(self.tick(Instant::now()));
             }
         };
+        let ring = conn.ring_for_thread(|e| {
+            // An entry of a connection no longer installed is settled: what
+            // it had unwritten is written out or lost with it.
+            self.connections
+                .guard(NodeId(e.peer))
+                .map_or(true, |c| c.ring_use_settled(e))
+        });
         let res = conn
-            .ring_for_thread()
+            .ring(ring)
             .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {
                 (Some(fill), _) => {
                     w.write_all(hb)?;
@@ -612,7 +619,8 @@ impl Core {
                 (None, None) => unreachable!("a frame is either encoded or still to fill"),
             });
         match res {
-            Ok(()) => {
+            Ok(end) => {
+                conn.note_written(ring, end);
                 self.count_sent(conn, total as u64);
                 Ok(())
             }

@@ -344,7 +344,8 @@ impl Orb {
     /// The deadline covers the whole message, so choose it for the message's
     /// size.
     ///
-    /// `len == 0` is a no-op (`fill` is not called).
+    /// Returns the position after the message (`len == 0` is a no-op:
+    /// `fill` is not called, and it returns 0).
     ///
     /// # Panics
     /// If `0 < len < MIN_MESSAGE_LEN` (every dxnet frame has a longer
@@ -364,7 +365,7 @@ impl Orb {
         deadline: &Deadline,
         on_commit: &dyn Fn(),
         fill: F,
-    ) -> Result<(), OrbError>
+    ) -> Result<u64, OrbError>
     where
         F: FnOnce(&mut OrbWriter<'_>) -> io::Result<()>,
     {
@@ -372,7 +373,7 @@ impl Orb {
             return Err(OrbError::Closed);
         }
         if len == 0 {
-            return Ok(());
+            return Ok(0);
         }
         assert!(
             len >= MIN_MESSAGE_LEN,
@@ -402,8 +403,9 @@ impl Orb {
             w.reserve_chunk()?;
             w
         };
+        let end = writer.msg_end();
         let result = fill(&mut writer);
-        writer.finish(result)
+        writer.finish(result).map(|()| end)
     }
 
     /// One attempt to reserve `len` contiguous bytes (retrying only on CAS
@@ -793,6 +795,21 @@ impl Orb {
             committed,
             reserved,
         }
+    }
+
+    /// Whether every byte before position `pos` has been completed (the
+    /// transport is done with it: written to the socket, or its send
+    /// completed).
+    #[inline]
+    pub fn completed_through(&self, pos: u64) -> bool {
+        // Acquire: pairs with the consumer's Release in `mark_completed`.
+        self.front.load(Ordering::Acquire) >= pos
+    }
+
+    /// The position after the last reserved byte: every span reserved so
+    /// far ends at or before it.
+    pub fn reserved_end(&self) -> u64 {
+        self.reserved.pos.load(Ordering::Acquire) & !EXCLUSIVE
     }
 
     /// Whether every reserved byte has been committed, posted and completed.

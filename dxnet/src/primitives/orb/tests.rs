@@ -16,6 +16,7 @@ fn nop() {}
 /// Writes `data` as one message.
 fn put(orb: &Orb, data: &[u8]) -> Result<(), OrbError> {
     orb.write_message(data.len(), &far(), &nop, |w| w.write_all(data))
+        .map(drop)
 }
 
 /// Consumes up to `max` bytes (post + complete at once).
@@ -141,7 +142,11 @@ fn blocked_producer_calls_the_hook_and_is_released_by_completion() {
         .expect("the blocked producer called the hook");
     assert!(orb.has_waiters());
     orb.mark_completed(&mut c, n);
-    assert_eq!(producer.join().unwrap(), Ok(()));
+    assert_eq!(
+        producer.join().unwrap(),
+        Ok(5000),
+        "the position after the message"
+    );
     assert!(!orb.has_waiters());
     assert_eq!(take(&orb, &mut c, usize::MAX), vec![2; 1000]);
 }
@@ -228,12 +233,14 @@ fn on_commit_runs_once_per_commit() {
     let count = || {
         calls.fetch_add(1, Ordering::Relaxed);
     };
-    orb.write_message(12, &far(), &count, |w| w.write_all(b"hello, world"))
-        .unwrap();
+    assert_eq!(
+        orb.write_message(12, &far(), &count, |w| w.write_all(b"hello, world")),
+        Ok(12)
+    );
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     assert_eq!(
         orb.write_message(0, &far(), &count, |_| unreachable!()),
-        Ok(())
+        Ok(0)
     );
     assert_eq!(calls.load(Ordering::Relaxed), 1);
 }

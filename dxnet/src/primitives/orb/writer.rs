@@ -64,6 +64,11 @@ impl<'a> OrbWriter<'a> {
         }
     }
 
+    /// The position after the message.
+    pub(super) fn msg_end(&self) -> u64 {
+        self.msg_end
+    }
+
     /// Bytes of the message still to be written.
     #[cfg(all(test, not(loom)))]
     pub fn remaining(&self) -> usize {
