@@ -394,12 +394,14 @@ pub struct TcpConfig {
     /// Outgoing ring buffers per connection, sharing `limits.orb_size`
     /// (each gets the largest power of two within its share, at least
     /// 4 KiB; a ring's memory is touched only once a thread writes into
-    /// it). A sending thread always writes into the same one (threads take them
-    /// in turn as they first send), and the send thread writes the rings'
+    /// it). A sending thread writes into the ring of the CPU it runs on
+    /// (CPU number modulo the rings), and the send thread writes the rings'
     /// data out together, each ring's in chunks. Threads on different
-    /// cores then rarely share the cache lines of one ring: with one ring,
+    /// cores then do not share the cache lines of one ring: with one ring,
     /// every sender's reservation and every message's lines move between
-    /// the cores that send. A thread's messages to one node stay in order.
+    /// the cores that send. A thread moved to another CPU keeps writing
+    /// into its old ring until everything it wrote there was written out,
+    /// so a thread's messages to one node stay in order.
     /// With one ring, a message sent after other threads' sends to the
     /// same node returned (ordered by a join, a barrier, a channel)
     /// arrives after theirs; with more, it may overtake them (a thread
