@@ -40,6 +40,9 @@
 //!   lock and clones the `Arc` instead.
 
 use std::ptr;
+
+#[cfg(not(loom))]
+use crossbeam::utils::CachePadded;
 // std's `Arc` also under loom: the model checks the slots and records
 // (loom's atomics), not the reference count, and the table's users hold
 // std `Arc`s.
@@ -342,21 +345,25 @@ impl<T> Drop for Guard<'_, T> {
 
 /// The records of the threads that read a table: one per thread, made on
 /// its first lookup and kept (the `thread_local` crate hands an ended
-/// thread's record to the next thread it gives the same id).
+/// thread's record to the next thread it gives the same id). Each
+/// thread's records fill their own cache lines: unpadded, the crate packs
+/// the entries of several threads into one line, and every lookup's
+/// record store took that line from the threads on other cores, whose
+/// next lookups then missed on it.
 #[cfg(not(loom))]
 #[derive(Default)]
-struct Records(thread_local::ThreadLocal<[AtomicPtr<()>; RECORDS]>);
+struct Records(thread_local::ThreadLocal<CachePadded<[AtomicPtr<()>; RECORDS]>>);
 
 #[cfg(not(loom))]
 impl Records {
     #[inline]
     fn mine(&self) -> &[AtomicPtr<()>; RECORDS] {
         self.0
-            .get_or(|| std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut())))
+            .get_or(|| CachePadded::new(std::array::from_fn(|_| AtomicPtr::new(ptr::null_mut()))))
     }
 
     fn for_each(&self, mut f: impl FnMut(*mut ())) {
-        for r in self.0.iter().flatten() {
+        for r in self.0.iter().flat_map(|r| r.iter()) {
             f(r.load(Ordering::Acquire));
         }
     }
