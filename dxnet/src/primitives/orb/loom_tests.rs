@@ -51,6 +51,7 @@ impl Ring {
             .write_message(data.len(), &far(), &|| self.ready.notify(), |w| {
                 w.write_all(data)
             })
+            .map(drop)
     }
 
     /// Consumes until `want` bytes arrived, posting and completing as
