@@ -603,6 +603,19 @@ fn threads_to_one_peer_in_order(
     per: u64,
     max: usize,
 ) {
+    threads_to_one_peer_in_order_with(what, cfg, threads, per, max, |_, _| {});
+}
+
+/// [`threads_to_one_peer_in_order`], calling `before(thread, i)` on the
+/// sending thread before its message `i`.
+fn threads_to_one_peer_in_order_with(
+    what: &str,
+    cfg: impl Fn(&mut Config),
+    threads: u16,
+    per: u64,
+    max: usize,
+    before: impl Fn(u16, u64) + Sync,
+) {
     let nodes = start_all(cluster_configs(Kind::Tcp, 2, cfg));
     let chk = Arc::new(Checker::default());
     let c = chk.clone();
@@ -611,8 +624,13 @@ fn threads_to_one_peer_in_order(
         .unwrap();
     std::thread::scope(|s| {
         for t in 0..threads {
-            let node = &nodes[0];
-            s.spawn(move || send_checked(node, t, per, max, |_| 1));
+            let (node, before) = (&nodes[0], &before);
+            s.spawn(move || {
+                send_checked(node, t, per, max, |i| {
+                    before(t, i);
+                    1
+                })
+            });
         }
     });
     chk.expect_streams(what, 0, threads, per, WAIT_SECS);
@@ -679,28 +697,19 @@ fn tcp_threads_moving_between_cpus_keep_their_order() {
         c.limits.orb_size = 128 << 10;
         c.limits.send_timeout_ms = 60_000;
     };
-    let nodes = start_all(cluster_configs(Kind::Tcp, 2, cfg));
-    let chk = Arc::new(Checker::default());
-    let c = chk.clone();
-    nodes[1]
-        .register(move |src, m: Data| c.check(src, &m))
-        .unwrap();
-    let (threads, per) = (24u16, 1500u64);
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let (node, cpus) = (&nodes[0], &cpus);
-            s.spawn(move || {
-                let hop = 3 + u64::from(t) % 5;
-                send_checked(node, t, per, 12 << 10, |i| {
-                    if i % hop == 0 {
-                        move_to_cpu(cpus[(i / hop + u64::from(t)) as usize % cpus.len()]);
-                    }
-                    1
-                })
-            });
-        }
-    });
-    chk.expect_streams("threads moving between CPUs", 0, threads, per, WAIT_SECS);
+    threads_to_one_peer_in_order_with(
+        "threads moving between CPUs",
+        cfg,
+        24,
+        1500,
+        12 << 10,
+        |t, i| {
+            let hop = 3 + u64::from(t) % 5;
+            if i % hop == 0 {
+                move_to_cpu(cpus[(i / hop + u64::from(t)) as usize % cpus.len()]);
+            }
+        },
+    );
 }
 
 /// Marks the end of a round in [`round_marks_overtaking_data`]: sent by
