@@ -712,6 +712,65 @@ fn tcp_threads_moving_between_cpus_keep_their_order() {
     );
 }
 
+/// Connections of several nodes in one process are told apart by the
+/// sending threads' ring choice: 16 threads each send, alternately and
+/// moving between CPUs every few messages, through two nodes of the process
+/// to a third (whose connections from each have the same place in their
+/// own node). Each (node, thread) stream arrives once, intact, in order.
+#[cfg(target_os = "linux")]
+#[test]
+fn tcp_threads_sending_through_two_nodes_of_one_process_keep_each_order() {
+    const THREADS: u16 = 16;
+    const PER: u64 = 800;
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let nodes = start_all(cluster_configs(Kind::Tcp, 3, |c: &mut Config| {
+        c.tcp.rings = 4;
+        c.limits.orb_size = 128 << 10;
+        c.limits.send_timeout_ms = 60_000;
+    }));
+    let (a, dest, b) = (&nodes[0], nodes[1].id(), &nodes[2]);
+    let (from_a, from_b) = (Arc::new(Checker::default()), Arc::new(Checker::default()));
+    let (ca, cb, a_id) = (from_a.clone(), from_b.clone(), a.id());
+    nodes[1]
+        .register(move |src, m: Data| {
+            if src == a_id {
+                ca.check(src, &m)
+            } else {
+                cb.check(src, &m)
+            }
+        })
+        .unwrap();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let cpus = &cpus;
+            s.spawn(move || {
+                let hop = 3 + u64::from(t) % 5;
+                for i in 0..PER {
+                    if i % hop == 0 {
+                        move_to_cpu(cpus[(i / hop + u64::from(t)) as usize % cpus.len()]);
+                    }
+                    let order = if (i * 7 + u64::from(t)) % 3 == 0 {
+                        [b, a]
+                    } else {
+                        [a, b]
+                    };
+                    for n in order {
+                        let id = n.id().0;
+                        let len = size_for(i ^ u64::from(t) << 40 ^ u64::from(id) << 50, 12 << 10);
+                        n.send(dest, &checked_data(id, t, i, len)).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    from_a.expect_streams("through the first node", a.id().0, THREADS, PER, WAIT_SECS);
+    from_b.expect_streams("through the second node", b.id().0, THREADS, PER, WAIT_SECS);
+}
+
 /// Marks the end of a round in [`round_marks_overtaking_data`]: sent by
 /// another thread than the data, after the data senders' sends returned.
 #[derive(Serialize, Deserialize, Debug)]

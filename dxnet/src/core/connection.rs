@@ -6,7 +6,7 @@
 //! (socket, queue pair) keyed by the connection's id.
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -261,8 +261,12 @@ impl std::ops::Deref for Owned {
 pub struct Connection {
     /// The peer.
     pub peer: NodeId,
-    /// Unique id of this connection within the node (never reused).
+    /// Unique id of this connection in the process, never reused (0: a
+    /// node's connections to itself).
     pub id: u64,
+    /// This connection, for the entries threads keep of the ring they
+    /// write into ([`RingUse`]).
+    me: Weak<Connection>,
     /// Outgoing ring buffer (the first of the connection's rings; the only
     /// one unless the engine drains several, see [`Connection::ring_for_thread`]).
     pub orb: Orb,
@@ -327,18 +331,22 @@ pub struct ConnCounters {
 
 impl Connection {
     /// A new connection in state `Connecting` with `rings` outgoing rings
-    /// (at least one) sharing `orb_size` bytes ([`ring_capacity`]).
+    /// (at least one) sharing `orb_size` bytes ([`ring_capacity`]); with
+    /// per-connection counters if `sent_slot` names the slot its sent
+    /// messages are counted in.
     pub fn new(
         peer: NodeId,
         id: u64,
         (orb_size, rings): (usize, usize),
         flow: FlowControl,
         max_payload: usize,
-    ) -> Self {
+        sent_slot: Option<u32>,
+    ) -> Arc<Self> {
         let capacity = ring_capacity(orb_size, rings);
-        Self {
+        Arc::new_cyclic(|me| Self {
             peer,
             id,
+            me: me.clone(),
             orb: Orb::new(capacity),
             more_rings: (1..rings.max(1)).map(|_| Orb::new(capacity)).collect(),
             rings_in_use: AtomicU32::new(1),
@@ -355,17 +363,9 @@ impl Connection {
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
             parts: Box::default(),
-            counters: None,
-            sent_slot: crate::primitives::stats::SHARED_SLOT,
-        }
-    }
-
-    /// This connection with per-connection counters, its sent messages
-    /// counted in slot `sent_slot`.
-    pub fn with_counters(mut self, sent_slot: u32) -> Self {
-        self.counters = Some(Box::default());
-        self.sent_slot = sent_slot;
-        self
+            counters: sent_slot.map(|_| Box::default()),
+            sent_slot: sent_slot.unwrap_or(crate::primitives::stats::SHARED_SLOT),
+        })
     }
 
     /// Attaches the engine's half of this connection; false if one is
@@ -484,21 +484,20 @@ impl Connection {
     /// another CPU keeps its old ring until every message it wrote there
     /// was written out (its order: a later message must not overtake an
     /// earlier one in another ring); each thread remembers, per connection,
-    /// its ring and where its last message there ends. `settled` answers
-    /// for a remembered entry of another connection whose slot this one
-    /// needs (see [`RingUse`]). With one ring every message is ordered after
+    /// its ring and where its last message there ends (see [`RingUse`]).
+    /// With one ring every message is ordered after
     /// those whose sends returned before its own began; with several, only
-    /// after the same thread's.
+    /// after the same thread's. `cpu` is the calling thread's CPU
+    /// ([`crate::primitives::cpu::current`]).
     #[inline]
-    pub fn ring_for_thread(&self, settled: impl FnOnce(&RingUse) -> bool) -> usize {
+    pub fn ring_for_thread(&self, cpu: usize) -> usize {
         if self.more_rings.is_empty() {
             return 0;
         }
         let count = self.ring_count();
         let r = RING_USE.with(|table| {
-            let cell = &table[self.id as usize % RING_MEMORY];
-            let e = cell.get();
-            let want = cpu_ring(count);
+            let mut e = table[self.id as usize % RING_MEMORY].borrow_mut();
+            let want = cpu % count;
             if e.conn == self.id {
                 if usize::from(e.ring) == want {
                     return want;
@@ -508,17 +507,14 @@ impl Connection {
                 }
                 // Everything this thread wrote into its old ring is out:
                 // it has nothing in the new one.
-                cell.set(RingUse {
-                    ring: want as u8,
-                    end: 0,
-                    ..e
-                });
+                e.ring = want as u8;
+                e.end = 0;
                 return want;
             }
             // No entry: whatever this thread has not had written out yet
             // sits in its fixed ring (entries leave only when settled).
             let fixed = thread_ring(count);
-            if e.conn != 0 && !settled(&e) {
+            if e.conn != 0 && !e.settled() {
                 return fixed;
             }
             let end = self.ring(fixed).reserved_end();
@@ -527,12 +523,12 @@ impl Connection {
             } else {
                 fixed
             };
-            cell.set(RingUse {
+            *e = RingUse {
                 conn: self.id,
-                peer: self.peer.0,
-                ring: ring as u8,
                 end: if ring == fixed { end } else { 0 },
-            });
+                ring: ring as u8,
+                owner: self.me.clone(),
+            };
             ring
         });
         let bit = 1u32 << r;
@@ -554,21 +550,11 @@ impl Connection {
             return;
         }
         RING_USE.with(|table| {
-            let cell = &table[self.id as usize % RING_MEMORY];
-            let e = cell.get();
+            let mut e = table[self.id as usize % RING_MEMORY].borrow_mut();
             if e.conn == self.id && usize::from(e.ring) == ring && end > e.end {
-                cell.set(RingUse { end, ..e });
+                e.end = end;
             }
         });
-    }
-
-    /// Whether the calling thread may forget its entry `e` for this
-    /// connection: it has nothing unwritten outside its fixed ring.
-    pub fn ring_use_settled(&self, e: &RingUse) -> bool {
-        e.conn != self.id
-            || usize::from(e.ring) == thread_ring(self.ring_count())
-            || usize::from(e.ring) >= self.ring_count()
-            || self.ring(usize::from(e.ring)).completed_through(e.end)
     }
 
     /// The rings a thread wrote into so far (bit `r`: ring `r`; ring 0
@@ -625,17 +611,35 @@ pub fn ring_capacity(orb_size: usize, rings: usize) -> usize {
 /// last message went into and where that message ends. Invariant: for a
 /// connection without an entry, everything of the thread's not yet written
 /// out is in its fixed ring ([`thread_ring`]), so an entry may be dropped
-/// only when nothing of the thread's is unwritten in any other ring.
-#[derive(Debug, Clone, Copy)]
-pub struct RingUse {
-    /// Connection id (0: empty; ids start at 1).
-    pub conn: u64,
+/// only when it is settled ([`RingUse::settled`]).
+#[derive(Debug)]
+struct RingUse {
+    /// Connection id (0: empty; ids start at 1, unique in the process).
+    conn: u64,
     /// Position in the ring after the thread's last message there.
-    pub end: u64,
-    /// The connection's peer, to find it in the connection table.
-    pub peer: u16,
+    end: u64,
     /// Ring index.
-    pub ring: u8,
+    ring: u8,
+    /// The connection, whichever node it belongs to. Weak: an entry keeps
+    /// no connection alive.
+    owner: Weak<Connection>,
+}
+
+impl RingUse {
+    /// Whether the thread may forget this entry: nothing of its is
+    /// unwritten outside its fixed ring, or the connection can no longer
+    /// send (gone or closed: what it had unwritten is written out or lost
+    /// with it, and a successor connection has entries of its own).
+    fn settled(&self) -> bool {
+        match self.owner.upgrade() {
+            None => true,
+            Some(c) => {
+                c.state() == ConnState::Closed
+                    || usize::from(self.ring) == thread_ring(c.ring_count())
+                    || c.ring(usize::from(self.ring)).completed_through(self.end)
+            }
+        }
+    }
 }
 
 /// Entries per thread, direct-mapped by connection id (consecutive ids
@@ -643,35 +647,16 @@ pub struct RingUse {
 const RING_MEMORY: usize = 64;
 
 thread_local! {
-    static RING_USE: [Cell<RingUse>; RING_MEMORY] = const {
+    static RING_USE: [RefCell<RingUse>; RING_MEMORY] = const {
         [const {
-            Cell::new(RingUse {
+            RefCell::new(RingUse {
                 conn: 0,
                 end: 0,
-                peer: 0,
                 ring: 0,
+                owner: Weak::new(),
             })
         }; RING_MEMORY]
     };
-}
-
-/// The ring of the calling thread's CPU among `count` rings. (glibc
-/// answers from the restartable-sequences area the kernel keeps per
-/// thread: a load.)
-#[cfg(all(target_os = "linux", not(loom)))]
-#[inline]
-fn cpu_ring(count: usize) -> usize {
-    // SAFETY: `sched_getcpu` takes no arguments and touches no memory of
-    // ours; it returns -1 on error, mapped to CPU 0.
-    let cpu = unsafe { libc::sched_getcpu() };
-    cpu.max(0) as usize % count
-}
-
-/// Without a cheap CPU number (and under loom): the thread's fixed ring.
-#[cfg(not(all(target_os = "linux", not(loom))))]
-#[inline]
-fn cpu_ring(count: usize) -> usize {
-    thread_ring(count)
 }
 
 /// This thread's fixed ring among a connection's `count` rings (where it
@@ -701,7 +686,6 @@ pub struct ConnectionTable {
     slots: HazardTable<Connection>,
     /// Serializes creation, replacement and removal; holds the count.
     pub lock: Mutex<usize>,
-    next_id: AtomicU64,
     /// The last connection made per peer, also after it left the table
     /// (closed): a new one is held behind it while it has data (see
     /// [`Inbox::hold_successor`]). Weak: nothing is kept alive for it.
@@ -721,7 +705,6 @@ impl Default for ConnectionTable {
         Self {
             slots: HazardTable::new(u16::MAX as usize + 1),
             lock: Mutex::new(0),
-            next_id: AtomicU64::new(1),
             last: Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -742,9 +725,12 @@ impl ConnectionTable {
         self.slots.protect(peer.0 as usize)
     }
 
-    /// A fresh connection id.
+    /// A fresh connection id, unique in the process: a thread's ring
+    /// entries ([`RingUse`]) tell connections of different nodes apart
+    /// by it.
     pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Records `conn` as the newest connection to its peer; returns the one
@@ -808,13 +794,14 @@ mod tests {
     }
 
     fn conn(id: u64) -> Arc<Connection> {
-        Arc::new(Connection::new(
+        Connection::new(
             NodeId(1),
             id,
             (4096, 1),
             crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
             1 << 20,
-        ))
+            None,
+        )
     }
 
     /// Pins the calling thread to `cpu`; false if it may not run there.
@@ -850,10 +837,10 @@ mod tests {
 
     /// Writes one 64-byte message the way the send path does: into the
     /// ring the thread is given, noting where it ended.
-    fn write_one(c: &Connection, settled: impl FnOnce(&RingUse) -> bool) -> usize {
+    fn write_one(c: &Connection) -> usize {
         use crate::primitives::deadline::Deadline;
         use std::io::Write as _;
-        let r = c.ring_for_thread(settled);
+        let r = c.ring_for_thread(crate::primitives::cpu::current());
         let deadline = Deadline::at(std::time::Instant::now() + std::time::Duration::from_secs(30));
         let end = c
             .ring(r)
@@ -861,6 +848,18 @@ mod tests {
             .unwrap();
         c.note_written(r, end);
         r
+    }
+
+    /// Takes everything written into ring `r` as written out.
+    fn drain(c: &Connection, r: usize, cons: &mut crate::primitives::orb::Consumer) {
+        let n = c.ring(r).unposted_len(cons);
+        c.ring(r).mark_posted(cons, n);
+        c.ring(r).mark_completed(cons, n);
+    }
+
+    /// The connection id of the calling thread's entry in slot `slot`.
+    fn entry_conn(slot: usize) -> u64 {
+        RING_USE.with(|t| t[slot].borrow().conn)
     }
 
     /// A thread writes into its CPU's ring, and moves to another CPU's
@@ -885,51 +884,92 @@ mod tests {
                     (4 * 4096, 4),
                     crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
                     1 << 20,
+                    None,
                 )
             };
             // Same entry slot: ids `RING_MEMORY` apart.
             let (a, b) = (mk(1), mk(1 + RING_MEMORY as u64));
             let mut consumers: Vec<_> = (0..4).map(|i| a.ring(i).consumer().unwrap()).collect();
-            let drain = |c: &Connection, r: usize, cons: &mut crate::primitives::orb::Consumer| {
-                let n = c.ring(r).unposted_len(cons);
-                c.ring(r).mark_posted(cons, n);
-                c.ring(r).mark_completed(cons, n);
-            };
             assert!(pin(c0));
-            let r0 = write_one(&a, |_| unreachable!("an empty slot"));
+            let r0 = write_one(&a);
             assert_eq!(r0, c0 % 4, "the CPU's ring");
             assert!(pin(c1));
             assert_eq!(
-                write_one(&a, |_| unreachable!()),
+                write_one(&a),
                 r0,
                 "its messages in the old ring are not out: it stays"
             );
             drain(&a, r0, &mut consumers[r0]);
-            let r1 = write_one(&a, |_| unreachable!());
+            let r1 = write_one(&a);
             assert_eq!(r1, c1 % 4, "all out: it moves to its CPU's ring");
 
             let fixed = thread_ring(4);
             let mut b_consumers: Vec<_> = (0..4).map(|i| b.ring(i).consumer().unwrap()).collect();
             if r1 != fixed {
                 // `a`'s entry holds unwritten data outside `a`'s fixed ring.
-                assert_eq!(
-                    write_one(&b, |e| a.ring_use_settled(e)),
-                    fixed,
-                    "no entry for b: its fixed ring"
-                );
-                assert!(!a.ring_use_settled(&RING_USE.with(|t| t[1].get())));
+                assert_eq!(write_one(&b), fixed, "no entry for b: its fixed ring");
+                assert_eq!(entry_conn(1), a.id, "a's entry stays");
                 drain(&a, r1, &mut consumers[r1]);
             }
             // `a` settled: `b` takes the slot, still in its fixed ring
             // while its message there is unwritten.
-            assert_eq!(write_one(&b, |e| a.ring_use_settled(e)), fixed);
-            assert_eq!(RING_USE.with(|t| t[1].get()).conn, b.id);
+            assert_eq!(write_one(&b), fixed);
+            assert_eq!(entry_conn(1), b.id);
             drain(&b, fixed, &mut b_consumers[fixed]);
-            assert_eq!(
-                write_one(&b, |_| unreachable!("its own entry")),
-                c1 % 4,
-                "out: b moves to the CPU's ring"
+            assert_eq!(write_one(&b), c1 % 4, "out: b moves to the CPU's ring");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// An entry whose connection closed or is gone is settled, whatever it
+    /// left unwritten: another connection takes its slot (as connections
+    /// of several nodes in one process do, whose ids are unique).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_closed_or_dropped_connection_gives_its_entry_up() {
+        let Some((c0, c1)) = two_cpus() else {
+            eprintln!("skipped: needs two CPUs");
+            return;
+        };
+        std::thread::spawn(move || {
+            let mk = |id| {
+                Connection::new(
+                    NodeId(1),
+                    id,
+                    (4 * 4096, 4),
+                    crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
+                    1 << 20,
+                    None,
+                )
+            };
+            let fixed = thread_ring(4);
+            // A CPU whose ring is not the fixed one: the entry then holds
+            // data outside the fixed ring, unwritten.
+            let cpu = if c0 % 4 != fixed { c0 } else { c1 };
+            assert!(pin(cpu));
+            let slot = 3;
+            let (a, b, c) = (
+                mk(slot as u64),
+                mk((slot + RING_MEMORY) as u64),
+                mk((slot + 2 * RING_MEMORY) as u64),
             );
+            assert_eq!(write_one(&a), cpu % 4);
+            assert_eq!(write_one(&b), fixed, "a unsettled: b in its fixed ring");
+            assert_eq!(entry_conn(slot), a.id);
+            a.close("test");
+            write_one(&b);
+            assert_eq!(entry_conn(slot), b.id, "a closed: b takes the slot");
+            // b's entry names its fixed ring (settled); once that is
+            // written out b moves to the CPU's ring, where its unwritten
+            // message leaves the entry unsettled.
+            let mut b_cons = b.ring(fixed).consumer().unwrap();
+            drain(&b, fixed, &mut b_cons);
+            assert_eq!(write_one(&b), cpu % 4, "b in the CPU's ring");
+            assert_eq!(write_one(&c), fixed, "b unsettled: c in its fixed ring");
+            drop(b);
+            write_one(&c);
+            assert_eq!(entry_conn(slot), c.id, "b gone: c takes the slot");
         })
         .join()
         .unwrap();

@@ -166,12 +166,11 @@ impl Core {
                 (self.config.limits.orb_size, rings),
                 FlowControl::new(self.fc_window, self.fc_unit),
                 self.config.limits.max_message_size,
+                self.config
+                    .metrics
+                    .per_connection
+                    .then(|| self.stats.sent.take_slot()),
             );
-            let conn = Arc::new(if self.config.metrics.per_connection {
-                conn.with_counters(self.stats.sent.take_slot())
-            } else {
-                conn
-            });
             conn.touch(self.tick(Instant::now()));
             if let Some(t) = self.transport() {
                 for r in conn.rings() {

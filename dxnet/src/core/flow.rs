@@ -113,15 +113,22 @@ impl FlowControl {
     /// them was overtaken too often. `open` tells whether the connection
     /// still lives.
     /// A message is admitted whenever the window is not full, so the
-    /// in-flight total stays below window + one message.
+    /// in-flight total stays below window + one message. `cpu` is the
+    /// caller's CPU ([`crate::primitives::cpu::current`]), read once per
+    /// send.
     pub fn acquire(
         &self,
+        cpu: usize,
         len: u64,
         deadline: &Deadline,
         park: &ParkConfig,
         open: impl Fn() -> bool,
     ) -> Result<(), FlowWaitError> {
-        if self.waiters.may_race() && self.try_acquire(len) {
+        if self.waiters.may_race()
+            && self
+                .in_flight
+                .try_claim_on(cpu, len, self.peer_window.load(Ordering::Relaxed))
+        {
             return Ok(());
         }
         // The window is full: counted, and timed until this send goes on.
@@ -242,18 +249,18 @@ mod tests {
         let f = FlowControl::new(1000, 500);
         let park = ParkConfig::default();
         let soon = || Deadline::at(Instant::now() + Duration::from_millis(5));
-        f.acquire(600, &soon(), &park, || true).unwrap();
-        f.acquire(600, &soon(), &park, || true).unwrap(); // 600 < 1000: admitted
+        f.acquire(0, 600, &soon(), &park, || true).unwrap();
+        f.acquire(0, 600, &soon(), &park, || true).unwrap(); // 600 < 1000: admitted
         assert_eq!(
-            f.acquire(1, &soon(), &park, || true),
+            f.acquire(0, 1, &soon(), &park, || true),
             Err(FlowWaitError::Timeout)
         );
         f.on_confirm(1);
         assert_eq!(f.in_flight(), 700);
-        f.acquire(1, &soon(), &park, || true).unwrap();
-        f.acquire(400, &soon(), &park, || true).unwrap();
+        f.acquire(0, 1, &soon(), &park, || true).unwrap();
+        f.acquire(0, 400, &soon(), &park, || true).unwrap();
         assert_eq!(
-            f.acquire(1, &soon(), &park, || false),
+            f.acquire(0, 1, &soon(), &park, || false),
             Err(FlowWaitError::Closed)
         );
         f.on_confirm(u32::MAX);

@@ -356,13 +356,14 @@ impl Core {
         let fc_unit = FlowControl::unit_for(fc_window, config.limits.flow_control_threshold);
         let locals: Vec<Arc<Connection>> = (0..LOCAL_DEPTHS)
             .map(|_| {
-                let local = Arc::new(Connection::new(
+                let local = Connection::new(
                     own,
                     0,
                     (4096, 1),
                     FlowControl::new(fc_window, fc_unit),
                     config.limits.max_message_size,
-                ));
+                    None,
+                );
                 local.mark_open(0);
                 local
             })

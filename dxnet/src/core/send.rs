@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::primitives::buffer_mem::BufferMem;
+use crate::primitives::cpu;
 use crate::primitives::in_order::Outcome as InOrder;
 use crate::transport::{Hold, LocalBytes, ResponseWait};
 use std::task::{Context, Poll};
@@ -167,7 +168,13 @@ impl Core {
         let conn = self.connection(dest, deadline)?;
         let open = || conn.state() == ConnState::Open;
         conn.flow
-            .acquire(total, &Deadline::at(deadline), &self.config.park, open)
+            .acquire(
+                cpu::current(),
+                total,
+                &Deadline::at(deadline),
+                &self.config.park,
+                open,
+            )
             .map_err(|e| match e {
                 FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
                 FlowWaitError::Closed => {
@@ -534,6 +541,8 @@ impl Core {
         // to answer a request, which only the other's blocked handler
         // could free.
         let flow_controlled = !kind.is_response();
+        // Read once for the flow-control credit and the ring.
+        let cpu = cpu::current();
         let window_back = |total: usize| {
             if flow_controlled {
                 conn.flow.on_confirm_bytes(total as u64);
@@ -542,7 +551,7 @@ impl Core {
         if flow_controlled {
             let open = || conn.state() == ConnState::Open;
             conn.flow
-                .acquire(total as u64, deadline, &self.config.park, open)
+                .acquire(cpu, total as u64, deadline, &self.config.park, open)
                 .map_err(|e| match e {
                     FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
                     FlowWaitError::Closed => {
@@ -601,13 +610,7 @@ impl Core {
                 conn.touch(self.tick(Instant::now()));
             }
         };
-        let ring = conn.ring_for_thread(|e| {
-            // An entry of a connection no longer installed is settled: what
-            // it had unwritten is written out or lost with it.
-            self.connections
-                .guard(NodeId(e.peer))
-                .map_or(true, |c| c.ring_use_settled(e))
-        });
+        let ring = conn.ring_for_thread(cpu);
         let res = conn
             .ring(ring)
             .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {

@@ -20,6 +20,7 @@
 
 use crossbeam::utils::CachePadded;
 
+use super::cpu;
 use super::sync::{AtomicU64, Ordering};
 
 /// Most credit one slot takes per batch.
@@ -54,7 +55,14 @@ impl Credit {
     /// `window` is claimed), else after taking all parked credit back into
     /// the pool. Never waits.
     pub fn try_claim(&self, len: u64, window: u64) -> bool {
-        let slot = &self.slots[slot_index(self.slots.len())];
+        self.try_claim_on(cpu::current(), len, window)
+    }
+
+    /// [`Credit::try_claim`] for a caller that already read its CPU
+    /// ([`cpu::current`]); any value is correct, the right one is fastest.
+    #[inline]
+    pub fn try_claim_on(&self, cpu: usize, len: u64, window: u64) -> bool {
+        let slot = &self.slots[cpu & (self.slots.len() - 1)];
         let parked = slot.load(Ordering::Relaxed);
         if parked >= len
             && slot
@@ -147,56 +155,6 @@ fn slot_count() -> usize {
 #[cfg(loom)]
 fn slot_count() -> usize {
     2
-}
-
-/// The slot of the calling thread's CPU. (glibc answers from the
-/// restartable-sequences area the kernel keeps per thread: a load.) A
-/// thread moved to another CPU right after may use the old CPU's slot:
-/// slower, never wrong, every slot operation is atomic.
-#[cfg(all(target_os = "linux", not(loom)))]
-fn slot_index(slots: usize) -> usize {
-    // SAFETY: `sched_getcpu` takes no arguments and touches no memory of
-    // ours; it returns -1 on error, mapped to slot 0.
-    let cpu = unsafe { libc::sched_getcpu() };
-    cpu.max(0) as usize & (slots - 1)
-}
-
-/// Without a cheap CPU number: a slot per thread, handed out round-robin.
-#[cfg(all(not(target_os = "linux"), not(loom)))]
-fn slot_index(slots: usize) -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    let i = SLOT.with(|s| {
-        if s.get() == usize::MAX {
-            s.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        }
-        s.get()
-    });
-    i & (slots - 1)
-}
-
-/// Under loom: a slot per model thread, in the order they first claim
-/// (reset for every execution of the model).
-#[cfg(loom)]
-fn slot_index(slots: usize) -> usize {
-    use std::cell::Cell;
-    loom::lazy_static! {
-        static ref NEXT: AtomicU64 = AtomicU64::new(0);
-    }
-    loom::thread_local! {
-        static SLOT: Cell<usize> = Cell::new(usize::MAX);
-    }
-    let i = SLOT.with(|s| {
-        if s.get() == usize::MAX {
-            s.set(NEXT.fetch_add(1, Ordering::Relaxed) as usize);
-        }
-        s.get()
-    });
-    i & (slots - 1)
 }
 
 #[cfg(all(test, not(loom)))]

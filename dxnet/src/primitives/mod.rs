@@ -4,6 +4,7 @@
 //! `write_interest`, `credit`, `wait_queue`, `in_order`, `read_lease`, `hazard`, `free_stack`) also by loom models of the same code (`sync` is the
 //! std/loom shim they take their atomics from).
 //!
+//! - [`cpu`]: the CPU a thread runs on, a hint for per-CPU structures.
 //! - [`credit`]: a window of bytes claimed by many threads, batched per CPU
 //!   (flow control).
 //! - [`deadline`]: a timeout that reads the clock only when a wait begins.
@@ -40,6 +41,7 @@
 use std::sync::OnceLock;
 
 pub mod buffer_mem;
+pub mod cpu;
 pub mod credit;
 pub mod deadline;
 pub mod free_stack;

@@ -13,7 +13,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
-use parking_lot::RwLock;
+use parking_lot::RecursiveRwLock;
 
 /// Alignment of a block: a page, as RDMA registration prefers.
 const ALIGN: usize = 4096;
@@ -24,7 +24,8 @@ pub struct MemBlock {
     len: usize,
     layout: Layout,
     /// Serializes CPU accesses (see the module docs); true once closed.
-    lock: RwLock<bool>,
+    /// Readers go first (see [`MemBlock::with_bytes`]).
+    lock: RecursiveRwLock<bool>,
 }
 
 /// Why an access to a [`MemBlock`] did nothing.
@@ -66,7 +67,7 @@ impl MemBlock {
             ptr,
             len,
             layout,
-            lock: RwLock::new(false),
+            lock: RecursiveRwLock::new(false),
         })
     }
 
@@ -122,6 +123,15 @@ impl MemBlock {
 
     /// Runs `f` on the `len` bytes at `offset` under the shared lock (no CPU
     /// write meanwhile).
+    ///
+    /// A reader does not queue behind a writer that waits for other
+    /// readers: `f` may copy the bytes into a ring buffer and wait there for
+    /// space, which may need another reader to finish first (one that
+    /// reserved space in the same ring before and fills it from this
+    /// block). Were that reader held back by the waiting writer, which
+    /// waits for `f`, none of them would go on. Writers only copy under the
+    /// lock, so a reader waits for at most one copy. A writer waits until
+    /// no reader holds the block.
     pub fn with_bytes<R>(
         &self,
         offset: usize,
@@ -164,6 +174,50 @@ impl Drop for MemBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// A reader that holds the block while it waits for a second reader
+    /// (as one waiting for ring space that the second one's reservation
+    /// holds) is not stuck when a writer queued between them: the second
+    /// reader gets in past the waiting writer, and the writer writes once
+    /// both are done.
+    #[test]
+    fn a_reader_is_not_held_behind_a_waiting_writer() {
+        let m = MemBlock::new(4096).unwrap();
+        let second_done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let first = m
+                .with_bytes(0, 8, |_| {
+                    let writer = s.spawn(|| m.write(0, &[9; 8]).unwrap());
+                    // Give the writer time to queue. (A lock that holds
+                    // readers behind a waiting writer shows it by the
+                    // writer bit; this one admits readers first and does
+                    // not set it while readers hold the block.)
+                    let queued = Instant::now() + Duration::from_millis(200);
+                    while !m.lock.is_locked_exclusive() && Instant::now() < queued {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    let second = s.spawn(|| {
+                        m.with_bytes(0, 8, |b| assert_eq!(b, &[0; 8])).unwrap();
+                        second_done.store(true, Ordering::SeqCst);
+                    });
+                    let give_up = Instant::now() + Duration::from_secs(20);
+                    while !second_done.load(Ordering::SeqCst) && Instant::now() < give_up {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    (writer, second, second_done.load(Ordering::SeqCst))
+                })
+                .unwrap();
+            let (writer, second, got_in) = first;
+            assert!(got_in, "the second reader waited behind the writer");
+            second.join().unwrap();
+            writer.join().unwrap();
+        });
+        let mut b = [0u8; 8];
+        m.read(0, &mut b).unwrap();
+        assert_eq!(b, [9; 8], "the writer wrote after the readers");
+    }
 
     #[test]
     fn zeroed_aligned_and_bounds_checked() {
