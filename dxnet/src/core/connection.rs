@@ -495,9 +495,20 @@ impl Connection {
             return 0;
         }
         let count = self.ring_count();
-        let r = RING_USE.with(|table| {
+        let fixed = thread_ring(count);
+        // Without a cheap CPU number `cpu` only tells threads apart: the
+        // fixed ring does that already.
+        let want = if cfg!(all(target_os = "linux", not(loom))) {
+            cpu % count
+        } else {
+            fixed
+        };
+        // The connection of a displaced entry, if `settled` found it alive:
+        // dropped after the entry's borrow ends (its last reference may go
+        // with it, and with the connection whatever it holds).
+        let mut displaced = None;
+        let r = RING_USE.try_with(|table| {
             let mut e = table[self.id as usize % RING_MEMORY].borrow_mut();
-            let want = cpu % count;
             if e.conn == self.id {
                 if usize::from(e.ring) == want {
                     return want;
@@ -513,8 +524,7 @@ impl Connection {
             }
             // No entry: whatever this thread has not had written out yet
             // sits in its fixed ring (entries leave only when settled).
-            let fixed = thread_ring(count);
-            if e.conn != 0 && !e.settled() {
+            if e.conn != 0 && !e.settled(&mut displaced) {
                 return fixed;
             }
             let end = self.ring(fixed).reserved_end();
@@ -531,6 +541,8 @@ impl Connection {
             };
             ring
         });
+        drop(displaced);
+        let r = r.unwrap_or_else(|_| self.ring_after_teardown(fixed));
         let bit = 1u32 << r;
         // Set before the thread's first reservation in the ring: the send
         // thread, woken by that message's write interest, finds it. A
@@ -542,6 +554,21 @@ impl Connection {
         r
     }
 
+    /// The ring of a thread whose ring entries are gone: a send from a
+    /// thread-local destructor that runs after theirs. Its fixed ring,
+    /// once everything in the other rings when it asks is written out (or
+    /// the connection closed): nothing of its can be left there then.
+    #[cold]
+    fn ring_after_teardown(&self, fixed: usize) -> usize {
+        for r in (0..self.ring_count()).filter(|&r| r != fixed) {
+            let end = self.ring(r).reserved_end();
+            while !self.ring(r).completed_through(end) && self.is_alive() {
+                std::thread::yield_now();
+            }
+        }
+        fixed
+    }
+
     /// Records that the calling thread's message in ring `ring` (as
     /// chosen by [`Connection::ring_for_thread`]) ends at `end`.
     #[inline]
@@ -549,7 +576,8 @@ impl Connection {
         if self.more_rings.is_empty() {
             return;
         }
-        RING_USE.with(|table| {
+        // Without the table (thread teardown) the thread has no entry.
+        let _ = RING_USE.try_with(|table| {
             let mut e = table[self.id as usize % RING_MEMORY].borrow_mut();
             if e.conn == self.id && usize::from(e.ring) == ring && end > e.end {
                 e.end = end;
@@ -621,7 +649,8 @@ struct RingUse {
     /// Ring index.
     ring: u8,
     /// The connection, whichever node it belongs to. Weak: an entry keeps
-    /// no connection alive.
+    /// no connection alive (only the memory of the `Arc` that held it, at
+    /// most one per entry).
     owner: Weak<Connection>,
 }
 
@@ -629,21 +658,22 @@ impl RingUse {
     /// Whether the thread may forget this entry: nothing of its is
     /// unwritten outside its fixed ring, or the connection can no longer
     /// send (gone or closed: what it had unwritten is written out or lost
-    /// with it, and a successor connection has entries of its own).
-    fn settled(&self) -> bool {
-        match self.owner.upgrade() {
-            None => true,
-            Some(c) => {
-                c.state() == ConnState::Closed
-                    || usize::from(self.ring) == thread_ring(c.ring_count())
-                    || c.ring(usize::from(self.ring)).completed_through(self.end)
-            }
-        }
+    /// with it, and a successor connection has entries of its own). The
+    /// connection, if alive, is left in `keep`, for the caller to drop
+    /// once it no longer borrows the entry.
+    fn settled(&self, keep: &mut Option<Arc<Connection>>) -> bool {
+        *keep = self.owner.upgrade();
+        let Some(c) = keep else {
+            return true;
+        };
+        c.state() == ConnState::Closed
+            || usize::from(self.ring) == thread_ring(c.ring_count())
+            || c.ring(usize::from(self.ring)).completed_through(self.end)
     }
 }
 
-/// Entries per thread, direct-mapped by connection id (consecutive ids
-/// take different entries).
+/// Entries per thread, direct-mapped by connection id (ids given out one
+/// after another take different entries).
 const RING_MEMORY: usize = 64;
 
 thread_local! {

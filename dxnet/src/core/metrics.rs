@@ -27,7 +27,8 @@ use crate::NodeId;
 pub struct ConnectionStats {
     /// The peer.
     pub peer: u16,
-    /// The connection's id within this node (a reconnect gets a new one).
+    /// The connection's id, unique in the process (a reconnect gets a new
+    /// one).
     pub id: u64,
     /// `connecting`, `open` or `closed`.
     pub state: &'static str,

@@ -130,8 +130,9 @@ impl MemBlock {
     /// reserved space in the same ring before and fills it from this
     /// block). Were that reader held back by the waiting writer, which
     /// waits for `f`, none of them would go on. Writers only copy under the
-    /// lock, so a reader waits for at most one copy. A writer waits until
-    /// no reader holds the block.
+    /// lock, so a reader waits at most for the copies of writers that got
+    /// the lock before it. A writer (and [`MemBlock::close`]) waits until no
+    /// reader holds the block, also while reads overlap without a gap.
     pub fn with_bytes<R>(
         &self,
         offset: usize,
@@ -185,19 +186,19 @@ mod tests {
     #[test]
     fn a_reader_is_not_held_behind_a_waiting_writer() {
         let m = MemBlock::new(4096).unwrap();
-        let second_done = AtomicBool::new(false);
+        let (writing, second_done) = (AtomicBool::new(false), AtomicBool::new(false));
         std::thread::scope(|s| {
             let first = m
                 .with_bytes(0, 8, |_| {
-                    let writer = s.spawn(|| m.write(0, &[9; 8]).unwrap());
-                    // Give the writer time to queue. (A lock that holds
-                    // readers behind a waiting writer shows it by the
-                    // writer bit; this one admits readers first and does
-                    // not set it while readers hold the block.)
-                    let queued = Instant::now() + Duration::from_millis(200);
-                    while !m.lock.is_locked_exclusive() && Instant::now() < queued {
-                        std::thread::sleep(Duration::from_millis(1));
+                    let writer = s.spawn(|| {
+                        writing.store(true, Ordering::SeqCst);
+                        m.write(0, &[9; 8]).unwrap()
+                    });
+                    // The writer is about to lock: give it time to queue.
+                    while !writing.load(Ordering::SeqCst) {
+                        std::thread::yield_now();
                     }
+                    std::thread::sleep(Duration::from_millis(50));
                     let second = s.spawn(|| {
                         m.with_bytes(0, 8, |b| assert_eq!(b, &[0; 8])).unwrap();
                         second_done.store(true, Ordering::SeqCst);
