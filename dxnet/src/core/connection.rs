@@ -495,13 +495,12 @@ impl Connection {
             return 0;
         }
         let count = self.ring_count();
-        let fixed = thread_ring(count);
         // Without a cheap CPU number `cpu` only tells threads apart: the
         // fixed ring does that already.
         let want = if cfg!(all(target_os = "linux", not(loom))) {
             cpu % count
         } else {
-            fixed
+            thread_ring(count)
         };
         // The connection of a displaced entry, if `settled` found it alive:
         // dropped after the entry's borrow ends (its last reference may go
@@ -524,6 +523,7 @@ impl Connection {
             }
             // No entry: whatever this thread has not had written out yet
             // sits in its fixed ring (entries leave only when settled).
+            let fixed = thread_ring(count);
             if e.conn != 0 && !e.settled(&mut displaced) {
                 return fixed;
             }
@@ -542,7 +542,7 @@ impl Connection {
             ring
         });
         drop(displaced);
-        let r = r.unwrap_or_else(|_| self.ring_after_teardown(fixed));
+        let r = r.unwrap_or_else(|_| self.ring_after_teardown(thread_ring(count)));
         let bit = 1u32 << r;
         // Set before the thread's first reservation in the ring: the send
         // thread, woken by that message's write interest, finds it. A
