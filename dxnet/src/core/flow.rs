@@ -114,8 +114,7 @@ impl FlowControl {
     /// still lives.
     /// A message is admitted whenever the window is not full, so the
     /// in-flight total stays below window + one message. `cpu` is the
-    /// caller's CPU ([`crate::primitives::cpu::current`]), read once per
-    /// send.
+    /// caller's CPU ([`crate::primitives::cpu::current`]).
     pub fn acquire(
         &self,
         cpu: usize,

@@ -541,7 +541,7 @@ impl Core {
         // to answer a request, which only the other's blocked handler
         // could free.
         let flow_controlled = !kind.is_response();
-        // Read once for the flow-control credit and the ring.
+        // For the flow-control credit slot.
         let cpu = cpu::current();
         let window_back = |total: usize| {
             if flow_controlled {
@@ -610,7 +610,10 @@ impl Core {
                 conn.touch(self.tick(Instant::now()));
             }
         };
-        let ring = conn.ring_for_thread(cpu);
+        // Read again: a send that waited for window has often moved to
+        // another core meanwhile, and writing into the old core's ring
+        // would move that ring's lines between cores.
+        let ring = conn.ring_for_thread(cpu::current());
         let res = conn
             .ring(ring)
             .write_message(total, deadline, &notify, |w| match (fill, encoded_frame) {

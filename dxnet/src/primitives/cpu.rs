@@ -1,6 +1,5 @@
 //! The CPU the calling thread runs on, as a hint for structures kept per
-//! CPU (flow-control credit slots, a connection's outgoing rings). A send
-//! reads it once and hands it to each of them.
+//! CPU (flow-control credit slots, a connection's outgoing rings).
 //!
 //! A hint only: the thread may move right after. Every user must stay
 //! correct for any value (slower, never wrong).
