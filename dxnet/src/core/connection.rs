@@ -880,6 +880,18 @@ mod tests {
         r
     }
 
+    /// A connection with four rings of 4 KiB.
+    fn four_rings(id: u64) -> Arc<Connection> {
+        Connection::new(
+            NodeId(1),
+            id,
+            (4 * 4096, 4),
+            crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
+            1 << 20,
+            None,
+        )
+    }
+
     /// Takes everything written into ring `r` as written out.
     fn drain(c: &Connection, r: usize, cons: &mut crate::primitives::orb::Consumer) {
         let n = c.ring(r).unposted_len(cons);
@@ -907,16 +919,7 @@ mod tests {
         // A fresh thread: an empty table of ring entries, and pinning that
         // leaves the test harness alone.
         std::thread::spawn(move || {
-            let mk = |id| {
-                Connection::new(
-                    NodeId(1),
-                    id,
-                    (4 * 4096, 4),
-                    crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
-                    1 << 20,
-                    None,
-                )
-            };
+            let mk = four_rings;
             // Same entry slot: ids `RING_MEMORY` apart.
             let (a, b) = (mk(1), mk(1 + RING_MEMORY as u64));
             let mut consumers: Vec<_> = (0..4).map(|i| a.ring(i).consumer().unwrap()).collect();
@@ -963,16 +966,7 @@ mod tests {
             return;
         };
         std::thread::spawn(move || {
-            let mk = |id| {
-                Connection::new(
-                    NodeId(1),
-                    id,
-                    (4 * 4096, 4),
-                    crate::core::flow::FlowControl::new(1 << 20, 1 << 16),
-                    1 << 20,
-                    None,
-                )
-            };
+            let mk = four_rings;
             let fixed = thread_ring(4);
             // A CPU whose ring is not the fixed one: the entry then holds
             // data outside the fixed ring, unwritten.
