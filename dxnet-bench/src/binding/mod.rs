@@ -12,6 +12,7 @@
 //! programs or `mpirun` for them instead of node processes, and records
 //! their results in the same form.
 
+mod count;
 pub mod raw_tcp;
 pub mod raw_tcp_batched;
 
@@ -30,6 +31,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Mode, Operation, Params};
+use count::ArrivalCount;
 
 /// The bindings this build knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -493,11 +495,11 @@ impl WaitSlot {
 /// so that the waiter can poll lazily without skewing the measurement.
 pub struct Sink {
     mode: AtomicU8,
-    received: AtomicU64,
-    bytes: AtomicU64,
+    /// Messages and bytes received in this phase, against the expected
+    /// count.
+    arrivals: ArrivalCount,
     /// Requests answered (never reset; see [`Sink::requests`]).
     requests: AtomicU64,
-    expected: AtomicU64,
     done: Mutex<Option<Instant>>,
     done_cv: Condvar,
     slots: RwLock<Vec<Arc<WaitSlot>>>,
@@ -520,10 +522,8 @@ impl Sink {
     pub fn new() -> Self {
         Sink {
             mode: AtomicU8::new(SinkMode::Count as u8),
-            received: AtomicU64::new(0),
+            arrivals: ArrivalCount::new(u64::MAX),
             requests: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            expected: AtomicU64::new(u64::MAX),
             done: Mutex::new(None),
             done_cv: Condvar::new(),
             slots: RwLock::new(Vec::new()),
@@ -541,10 +541,8 @@ impl Sink {
     /// Resets the counters for a new phase. Only call while no traffic flows.
     pub fn reset(&self, mode: SinkMode, expected: u64) {
         self.mode.store(mode as u8, Ordering::SeqCst);
-        self.received.store(0, Ordering::SeqCst);
-        self.bytes.store(0, Ordering::SeqCst);
+        self.arrivals.reset(expected);
         self.errors.store(0, Ordering::SeqCst);
-        self.expected.store(expected, Ordering::SeqCst);
         *self.done.lock().unwrap() = None;
         self.slots.write().unwrap().clear();
     }
@@ -630,9 +628,7 @@ impl Sink {
         if block > 0 {
             std::thread::sleep(Duration::from_micros(block));
         }
-        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
-        let n = self.received.fetch_add(1, Ordering::AcqRel) + 1;
-        if n == self.expected.load(Ordering::Acquire) {
+        if self.arrivals.add(len) {
             let now = Instant::now();
             *self.done.lock().unwrap() = Some(now);
             self.done_cv.notify_all();
@@ -641,12 +637,12 @@ impl Sink {
 
     /// Messages received in this phase.
     pub fn received(&self) -> u64 {
-        self.received.load(Ordering::Acquire)
+        self.arrivals.messages()
     }
 
     /// Payload bytes received in this phase.
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Acquire)
+        self.arrivals.bytes()
     }
 
     /// Echo sends that failed in this phase.
@@ -666,7 +662,7 @@ impl Sink {
                 bail!(
                     "timed out: received {} of {} messages",
                     self.received(),
-                    self.expected.load(Ordering::Acquire)
+                    self.arrivals.expected()
                 );
             }
             g = self.done_cv.wait_timeout(g, deadline - now).unwrap().0;
