@@ -13,7 +13,9 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
-use parking_lot::RecursiveRwLock;
+use parking_lot::{Condvar, Mutex};
+
+use super::orb;
 
 /// Alignment of a block: a page, as RDMA registration prefers.
 const ALIGN: usize = 4096;
@@ -23,9 +25,9 @@ pub struct MemBlock {
     ptr: NonNull<u8>,
     len: usize,
     layout: Layout,
-    /// Serializes CPU accesses (see the module docs); true once closed.
-    /// Readers go first (see [`MemBlock::with_bytes`]).
-    lock: RecursiveRwLock<bool>,
+    /// Serializes CPU accesses (see the module docs) and knows whether the
+    /// block is closed.
+    lock: AccessLock,
 }
 
 /// Why an access to a [`MemBlock`] did nothing.
@@ -67,7 +69,7 @@ impl MemBlock {
             ptr,
             len,
             layout,
-            lock: RecursiveRwLock::new(false),
+            lock: AccessLock::default(),
         })
     }
 
@@ -102,10 +104,7 @@ impl MemBlock {
         if !self.contains(offset, len) {
             return Err(MemError::OutOfRange);
         }
-        let closed = self.lock.write();
-        if *closed {
-            return Err(MemError::Closed);
-        }
+        let _writing = self.lock.write()?;
         let mut at = offset;
         for p in parts {
             // SAFETY: `[offset, offset + len)` is inside the allocation
@@ -124,15 +123,17 @@ impl MemBlock {
     /// Runs `f` on the `len` bytes at `offset` under the shared lock (no CPU
     /// write meanwhile).
     ///
-    /// A reader does not queue behind a writer that waits for other
-    /// readers: `f` may copy the bytes into a ring buffer and wait there for
-    /// space, which may need another reader to finish first (one that
-    /// reserved space in the same ring before and fills it from this
-    /// block). Were that reader held back by the waiting writer, which
-    /// waits for `f`, none of them would go on. Writers only copy under the
-    /// lock, so a reader waits at most for the copies of writers that got
-    /// the lock before it. A writer (and [`MemBlock::close`]) waits until no
-    /// reader holds the block, also while reads overlap without a gap.
+    /// A reader queues behind a writer that waits for other readers, so a
+    /// stream of reads does not keep writers out, except a reader that is
+    /// filling a span it reserved in a ring buffer ([`orb::filling`]): it
+    /// goes before waiting writers. Its reservation holds back the ring's
+    /// later spans, and the reader already holding the block may be one
+    /// that waits for ring space behind it (copying this block into the
+    /// same ring); were the fill held back by a writer that waits for that
+    /// reader, none of them would go on. Writers only copy under the lock,
+    /// so such a reader waits at most for the copies of writers that got
+    /// the lock before it. A writer (and [`MemBlock::close`]) waits while
+    /// such fills overlap without a gap.
     pub fn with_bytes<R>(
         &self,
         offset: usize,
@@ -142,10 +143,7 @@ impl MemBlock {
         if !self.contains(offset, len) {
             return Err(MemError::OutOfRange);
         }
-        let closed = self.lock.read();
-        if *closed {
-            return Err(MemError::Closed);
-        }
+        let _reading = self.lock.read(orb::filling())?;
         // SAFETY: the range is inside the allocation; CPU writers need the
         // exclusive lock, so nothing the Rust model knows of writes these
         // bytes while `f` borrows them, and the borrow ends with the lock.
@@ -157,11 +155,120 @@ impl MemBlock {
     /// Closes the block: later accesses fail with [`MemError::Closed`].
     /// Returns once no access runs any more.
     pub fn close(&self) {
-        *self.lock.write() = true;
+        if let Ok(w) = self.lock.write() {
+            w.close();
+        }
     }
 
     fn contains(&self, offset: usize, len: usize) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+}
+
+/// The lock of a block's CPU accesses: shared for reads, exclusive for
+/// writes, with a choice per read of whether it queues behind waiting
+/// writers (see [`MemBlock::with_bytes`]; parking_lot's `RwLock` makes that
+/// choice per lock type, not per call). Waiting readers and writers take
+/// turns: plain readers waiting when a writer finishes go in before the
+/// next writer, so neither side keeps the other out.
+#[derive(Default)]
+struct AccessLock {
+    state: Mutex<AccessState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct AccessState {
+    readers: usize,
+    writing: bool,
+    writers_waiting: usize,
+    /// Readers queued behind waiting writers.
+    readers_waiting: usize,
+    /// A writer finished while readers were queued: they go first.
+    readers_turn: bool,
+    closed: bool,
+}
+
+impl AccessLock {
+    /// Shared access; `before_writers`: only a writer at work holds it
+    /// back, not waiting ones.
+    fn read(&self, before_writers: bool) -> Result<ReadGuard<'_>, MemError> {
+        let mut s = self.state.lock();
+        let queues = |s: &AccessState| s.writers_waiting > 0 && !s.readers_turn;
+        if !before_writers && (s.writing || queues(&s)) {
+            s.readers_waiting += 1;
+            while s.writing || queues(&s) {
+                self.changed.wait(&mut s);
+            }
+            s.readers_waiting -= 1;
+            if s.readers_waiting == 0 {
+                s.readers_turn = false;
+            }
+        } else {
+            while s.writing {
+                self.changed.wait(&mut s);
+            }
+        }
+        if s.closed {
+            return Err(MemError::Closed);
+        }
+        s.readers += 1;
+        Ok(ReadGuard(self))
+    }
+
+    /// Exclusive access, after the readers whose turn it is.
+    fn write(&self) -> Result<WriteGuard<'_>, MemError> {
+        let mut s = self.state.lock();
+        s.writers_waiting += 1;
+        while s.writing || s.readers > 0 || (s.readers_turn && s.readers_waiting > 0) {
+            self.changed.wait(&mut s);
+        }
+        s.writers_waiting -= 1;
+        if s.closed {
+            // Others queued behind this writer may go on.
+            drop(s);
+            self.changed.notify_all();
+            return Err(MemError::Closed);
+        }
+        s.writing = true;
+        Ok(WriteGuard(self))
+    }
+}
+
+/// Shared access to a block's bytes while it lives.
+struct ReadGuard<'a>(&'a AccessLock);
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        s.readers -= 1;
+        let last = s.readers == 0;
+        drop(s);
+        if last {
+            self.0.changed.notify_all();
+        }
+    }
+}
+
+/// Exclusive access to a block's bytes while it lives.
+struct WriteGuard<'a>(&'a AccessLock);
+
+impl WriteGuard<'_> {
+    /// Later accesses fail with [`MemError::Closed`].
+    fn close(self) {
+        self.0.state.lock().closed = true;
+    }
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        s.writing = false;
+        if s.readers_waiting > 0 {
+            s.readers_turn = true;
+        }
+        drop(s);
+        self.0.changed.notify_all();
     }
 }
 
@@ -175,17 +282,21 @@ impl Drop for MemBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use crate::primitives::deadline::Deadline;
+    use crate::primitives::orb::{Orb, MIN_CAPACITY};
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
     /// A reader that holds the block while it waits for a second reader
     /// (as one waiting for ring space that the second one's reservation
     /// holds) is not stuck when a writer queued between them: the second
-    /// reader gets in past the waiting writer, and the writer writes once
-    /// both are done.
+    /// reader, copying the block into a span it reserved in a ring, gets in
+    /// past the waiting writer, and the writer writes once both are done.
     #[test]
-    fn a_reader_is_not_held_behind_a_waiting_writer() {
+    fn a_reader_filling_a_ring_span_is_not_held_behind_a_waiting_writer() {
         let m = MemBlock::new(4096).unwrap();
+        let ring = Orb::new(MIN_CAPACITY);
         let (writing, second_done) = (AtomicBool::new(false), AtomicBool::new(false));
         std::thread::scope(|s| {
             let first = m
@@ -200,7 +311,15 @@ mod tests {
                     }
                     std::thread::sleep(Duration::from_millis(50));
                     let second = s.spawn(|| {
-                        m.with_bytes(0, 8, |b| assert_eq!(b, &[0; 8])).unwrap();
+                        let deadline = Deadline::at(Instant::now() + Duration::from_secs(30));
+                        ring.write_message(8, &deadline, &|| {}, |w| {
+                            m.with_bytes(0, 8, |b| {
+                                assert_eq!(b, &[0; 8]);
+                                w.write_all(b)
+                            })
+                            .unwrap()
+                        })
+                        .unwrap();
                         second_done.store(true, Ordering::SeqCst);
                     });
                     let give_up = Instant::now() + Duration::from_secs(20);
@@ -211,13 +330,94 @@ mod tests {
                 })
                 .unwrap();
             let (writer, second, got_in) = first;
-            assert!(got_in, "the second reader waited behind the writer");
+            assert!(got_in, "the filling reader waited behind the writer");
             second.join().unwrap();
             writer.join().unwrap();
         });
         let mut b = [0u8; 8];
         m.read(0, &mut b).unwrap();
         assert_eq!(b, [9; 8], "the writer wrote after the readers");
+    }
+
+    /// Readers that are not filling a ring span queue behind a waiting
+    /// writer: two readers that take turns so that one always holds the
+    /// block (each leaves once the other is back in, or after 200 ms
+    /// without it) do not keep a writer out.
+    #[test]
+    fn overlapping_plain_readers_do_not_keep_a_writer_out() {
+        let m = MemBlock::new(4096).unwrap();
+        let entries = AtomicUsize::new(0);
+        let (chaining, written) = (AtomicBool::new(false), AtomicBool::new(false));
+        let stop = Instant::now() + Duration::from_secs(20);
+        let written_in_time = std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !written.load(Ordering::SeqCst) && Instant::now() < stop {
+                        m.with_bytes(0, 8, |_| {
+                            let me = entries.fetch_add(1, Ordering::SeqCst);
+                            chaining.store(me > 0, Ordering::SeqCst);
+                            let leave = Instant::now() + Duration::from_millis(200);
+                            while entries.load(Ordering::SeqCst) == me + 1
+                                && !written.load(Ordering::SeqCst)
+                                && Instant::now() < leave
+                            {
+                                std::hint::spin_loop();
+                                std::thread::yield_now();
+                            }
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+            while !chaining.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let writer = s.spawn(|| {
+                m.write(0, &[5; 8]).unwrap();
+                let in_time = Instant::now() < stop;
+                written.store(true, Ordering::SeqCst);
+                in_time
+            });
+            writer.join().unwrap()
+        });
+        assert!(
+            written_in_time,
+            "the writer waited until the readers stopped"
+        );
+        let mut b = [0u8; 8];
+        m.read(0, &mut b).unwrap();
+        assert_eq!(b, [5; 8]);
+    }
+
+    /// Writers that keep one of them always waiting (two writing in turn)
+    /// do not keep a reader out: the readers waiting when a write ends go
+    /// before the next one.
+    #[test]
+    fn writers_in_turn_do_not_keep_a_reader_out() {
+        let m = MemBlock::new(1 << 22).unwrap();
+        let (writes, read) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let stop = Instant::now() + Duration::from_secs(20);
+        let read_in_time = std::thread::scope(|s| {
+            for w in 0..2u8 {
+                let (m, writes, read) = (&m, &writes, &read);
+                s.spawn(move || {
+                    let data = vec![w; 1 << 22];
+                    while !read.load(Ordering::SeqCst) && Instant::now() < stop {
+                        m.write(0, &data).unwrap();
+                        writes.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+            while writes.load(Ordering::SeqCst) < 4 {
+                std::thread::yield_now();
+            }
+            let mut first = [0u8; 1];
+            m.read(0, &mut first).unwrap();
+            let in_time = Instant::now() < stop;
+            read.store(true, Ordering::SeqCst);
+            in_time
+        });
+        assert!(read_in_time, "the reader waited until the writers stopped");
     }
 
     #[test]

@@ -113,6 +113,46 @@ const SPIN_ROUNDS: u32 = 64;
 #[cfg(not(loom))]
 const BACKOFF_ROUNDS: u32 = 80;
 
+#[cfg(not(loom))]
+thread_local! {
+    /// Fills of reserved spans running on this thread (see [`filling`]).
+    static FILLING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the calling thread is filling a span it reserved in a ring: its
+/// reservation holds back every later one in that ring until the fill
+/// ends, so the fill must not queue behind anything that may wait for one
+/// of them (see `region_mem::MemBlock::with_bytes`). Always false under
+/// loom, whose models never ask.
+pub fn filling() -> bool {
+    #[cfg(not(loom))]
+    {
+        FILLING.try_with(|f| f.get() > 0).unwrap_or(false)
+    }
+    #[cfg(loom)]
+    {
+        false
+    }
+}
+
+/// Marks the calling thread as filling a reserved span while it lives.
+struct Filling;
+
+impl Filling {
+    fn enter() -> Filling {
+        #[cfg(not(loom))]
+        let _ = FILLING.try_with(|f| f.set(f.get() + 1));
+        Filling
+    }
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        let _ = FILLING.try_with(|f| f.set(f.get() - 1));
+    }
+}
+
 /// Why a message could not be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OrbError {
@@ -404,7 +444,10 @@ impl Orb {
             w
         };
         let end = writer.msg_end();
-        let result = fill(&mut writer);
+        let result = {
+            let _filling = Filling::enter();
+            fill(&mut writer)
+        };
         writer.finish(result).map(|()| end)
     }
 
