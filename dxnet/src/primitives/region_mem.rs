@@ -124,16 +124,16 @@ impl MemBlock {
     /// write meanwhile).
     ///
     /// A reader queues behind a writer that waits for other readers, so a
-    /// stream of reads does not keep writers out, except a reader that is
-    /// filling a span it reserved in a ring buffer ([`orb::filling`]): it
-    /// goes before waiting writers. Its reservation holds back the ring's
-    /// later spans, and the reader already holding the block may be one
-    /// that waits for ring space behind it (copying this block into the
-    /// same ring); were the fill held back by a writer that waits for that
-    /// reader, none of them would go on. Writers only copy under the lock,
-    /// so such a reader waits at most for the copies of writers that got
-    /// the lock before it. A writer (and [`MemBlock::close`]) waits while
-    /// such fills overlap without a gap.
+    /// stream of reads does not keep writers out; readers waiting when a
+    /// write ends go before the next writer, so a stream of writes does not
+    /// keep readers out. A reader that is filling a span it reserved in a
+    /// ring buffer ([`orb::filling`]) goes before waiting writers too: its
+    /// reservation holds back the ring's later spans, and the reader already
+    /// holding the block may be one that waits for ring space behind it
+    /// (copying this block into the same ring); were the fill held back by
+    /// a writer that waits for that reader, none of them would go on. So a
+    /// writer (and [`MemBlock::close`]) waits while such fills overlap
+    /// without a gap.
     pub fn with_bytes<R>(
         &self,
         offset: usize,
@@ -194,19 +194,27 @@ impl AccessLock {
     /// back, not waiting ones.
     fn read(&self, before_writers: bool) -> Result<ReadGuard<'_>, MemError> {
         let mut s = self.state.lock();
-        let queues = |s: &AccessState| s.writers_waiting > 0 && !s.readers_turn;
-        if !before_writers && (s.writing || queues(&s)) {
+        let held_back = |s: &AccessState| {
+            s.writing || (!before_writers && s.writers_waiting > 0 && !s.readers_turn)
+        };
+        if held_back(&s) {
+            // Counted, so that the write ending now gives this reader a
+            // turn before the next writer (a filling one too: it holds
+            // ring space that later sends wait for).
             s.readers_waiting += 1;
-            while s.writing || queues(&s) {
+            while held_back(&s) {
                 self.changed.wait(&mut s);
             }
             s.readers_waiting -= 1;
-            if s.readers_waiting == 0 {
+            if s.readers_waiting == 0 && s.readers_turn {
                 s.readers_turn = false;
-            }
-        } else {
-            while s.writing {
-                self.changed.wait(&mut s);
+                // Writers held back by the turn: none is woken by this
+                // reader's end if it does not take the block (closed).
+                if s.closed {
+                    drop(s);
+                    self.changed.notify_all();
+                    return Err(MemError::Closed);
+                }
             }
         }
         if s.closed {
@@ -288,6 +296,60 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
+    fn waiting_writers(m: &MemBlock) -> usize {
+        m.lock.state.lock().writers_waiting
+    }
+
+    fn waiting_readers(m: &MemBlock) -> usize {
+        m.lock.state.lock().readers_waiting
+    }
+
+    /// Closing while a writer and then a reader queue behind the closer:
+    /// both are let go (with `Closed`), in whatever order they wake, and
+    /// later accesses fail at once. (The threads are not scoped: one that
+    /// never wakes is left behind and the test fails instead of hanging.)
+    #[test]
+    fn accesses_queued_behind_a_close_are_let_go() {
+        let m = std::sync::Arc::new(MemBlock::new(4096).unwrap());
+        let spawn = |f: fn(&MemBlock) -> Result<(), MemError>| {
+            let m = m.clone();
+            std::thread::spawn(move || f(&m))
+        };
+        let (closer, writer, reader) = m
+            .with_bytes(0, 8, |_| {
+                let closer = spawn(|m| {
+                    m.close();
+                    Ok(())
+                });
+                while waiting_writers(&m) < 1 {
+                    std::thread::yield_now();
+                }
+                let writer = spawn(|m| m.write(0, &[1; 8]));
+                while waiting_writers(&m) < 2 {
+                    std::thread::yield_now();
+                }
+                let reader = spawn(|m| m.read(0, &mut [0; 8]));
+                while waiting_readers(&m) < 1 {
+                    std::thread::yield_now();
+                }
+                (closer, writer, reader)
+            })
+            .unwrap();
+        closer.join().unwrap().unwrap();
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while !(writer.is_finished() && reader.is_finished()) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            writer.is_finished() && reader.is_finished(),
+            "an access queued behind the close never woke"
+        );
+        assert_eq!(writer.join().unwrap(), Err(MemError::Closed));
+        assert_eq!(reader.join().unwrap(), Err(MemError::Closed));
+        assert_eq!(m.write(0, &[1]), Err(MemError::Closed));
+        assert_eq!(m.read(0, &mut [0]), Err(MemError::Closed));
+    }
+
     /// A reader that holds the block while it waits for a second reader
     /// (as one waiting for ring space that the second one's reservation
     /// holds) is not stuck when a writer queued between them: the second
@@ -305,11 +367,10 @@ mod tests {
                         writing.store(true, Ordering::SeqCst);
                         m.write(0, &[9; 8]).unwrap()
                     });
-                    // The writer is about to lock: give it time to queue.
-                    while !writing.load(Ordering::SeqCst) {
+                    // The second reader comes once the writer queued.
+                    while !writing.load(Ordering::SeqCst) || waiting_writers(&m) == 0 {
                         std::thread::yield_now();
                     }
-                    std::thread::sleep(Duration::from_millis(50));
                     let second = s.spawn(|| {
                         let deadline = Deadline::at(Instant::now() + Duration::from_secs(30));
                         ring.write_message(8, &deadline, &|| {}, |w| {
@@ -341,7 +402,7 @@ mod tests {
 
     /// Readers that are not filling a ring span queue behind a waiting
     /// writer: two readers that take turns so that one always holds the
-    /// block (each leaves once the other is back in, or after 200 ms
+    /// block (each leaves once the other is back in, or after a second
     /// without it) do not keep a writer out.
     #[test]
     fn overlapping_plain_readers_do_not_keep_a_writer_out() {
@@ -356,7 +417,7 @@ mod tests {
                         m.with_bytes(0, 8, |_| {
                             let me = entries.fetch_add(1, Ordering::SeqCst);
                             chaining.store(me > 0, Ordering::SeqCst);
-                            let leave = Instant::now() + Duration::from_millis(200);
+                            let leave = Instant::now() + Duration::from_secs(1);
                             while entries.load(Ordering::SeqCst) == me + 1
                                 && !written.load(Ordering::SeqCst)
                                 && Instant::now() < leave
