@@ -149,22 +149,20 @@ impl ArrivalCount {
 
     /// Messages counted so far (exact once no thread is counting).
     pub fn messages(&self) -> u64 {
-        let pending: u64 = self
-            .stripes
-            .iter()
-            .map(|s| messages_of(s.pending.load(Ordering::Acquire)))
-            .sum();
-        self.total.load(Ordering::Acquire) + pending
+        self.total.load(Ordering::Acquire) + self.pending(messages_of)
     }
 
     /// Payload bytes counted so far (exact once no thread is counting).
     pub fn bytes(&self) -> u64 {
-        let pending: u64 = self
-            .stripes
+        self.total_bytes.load(Ordering::Acquire) + self.pending(bytes_of)
+    }
+
+    /// One part (`part` of each stripe's word) summed over the stripes.
+    fn pending(&self, part: fn(u64) -> u64) -> u64 {
+        self.stripes
             .iter()
-            .map(|s| bytes_of(s.pending.load(Ordering::Acquire)))
-            .sum();
-        self.total_bytes.load(Ordering::Acquire) + pending
+            .map(|s| part(s.pending.load(Ordering::Acquire)))
+            .sum()
     }
 
     /// The expected count.
