@@ -16,6 +16,8 @@
 //! - [`membership`]: discovery's join time and what joins and leaves cost
 //!   an existing connection (`dxnet-bench membership`).
 //! - [`netns`]: N nodes in network namespaces on one machine.
+//! - [`start_gate`]: the start line of worker threads, called off when a
+//!   spawn fails.
 
 pub mod binding;
 pub mod cli;
@@ -31,3 +33,4 @@ pub mod output;
 pub mod presets;
 pub mod proto;
 pub mod shuffle;
+pub mod start_gate;

@@ -16,7 +16,7 @@
 //! thread calls [`Binding::flush`] after its last message (and a latency
 //! initiator after every message), so buffering bindings deliver everything.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
@@ -186,21 +186,26 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
         .map(|ln| role(r.operation, r.mode, ln.id, ctx.n))
         .collect();
     let n_threads: usize = roles.iter().filter(|ro| !ro.dests.is_empty()).count() * ctx.threads;
-    let barrier = Barrier::new(n_threads + 1);
+    // Called off if a spawn fails (see `StartGate`).
+    let gate = crate::start_gate::StartGate::new();
     std::thread::scope(|scope| -> Result<Vec<NodeResult>> {
+        let opener = gate.opener();
         let mut handles = Vec::new();
         for (ln, ro) in nodes.iter().zip(&roles) {
             if ro.dests.is_empty() {
                 continue;
             }
             for j in 0..ctx.threads {
-                let barrier = &barrier;
+                let gate = &gate;
                 let op = r.operation;
-                handles.push(scope.spawn(move || -> Result<ThreadOut> {
+                let thread = std::thread::Builder::new().name(format!("sender-{j}"));
+                handles.push(thread.spawn_scoped(scope, move || -> Result<ThreadOut> {
                     let c = thread_count(count, ctx.threads, j);
                     let payload = &ctx.payloads[j];
                     let slot = (op == Operation::Latency).then(|| ln.sink.register_waiter(j));
-                    barrier.wait();
+                    if !gate.wait() {
+                        return Err(anyhow!("called off"));
+                    }
                     let deadline = Instant::now() + ctx.timeout;
                     let mut out = ThreadOut {
                         node: ln.id,
@@ -264,11 +269,11 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                     }
                     out.end = Instant::now();
                     Ok(out)
-                }));
+                })?);
             }
         }
         let t0 = Instant::now();
-        barrier.wait();
+        opener.open(n_threads);
         let deadline = t0 + ctx.timeout;
         let mut results: Vec<NodeResult> = nodes
             .iter()

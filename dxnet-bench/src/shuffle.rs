@@ -501,11 +501,12 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
     let payload = vec![0x5au8; a.size];
     // The workers start (threads spawned, their stacks and allocator
     // arenas set up) before the clock, as the MPI peer's ranks do, and wait
-    // for the go.
-    let go = std::sync::Barrier::new(2 * a.threads + 1);
+    // for the go (called off if a spawn fails: see `StartGate`).
+    let go = crate::start_gate::StartGate::new();
     let mut line = String::new();
     let (pushed, received, bytes, blocked, elapsed, cpu) = std::thread::scope(|s| -> Result<_> {
         let go = &go;
+        let opener = go.opener();
         let mut pushers = Vec::new();
         let mut pullers = Vec::new();
         for (t, (mut p, mut q)) in ends.drain(..).enumerate() {
@@ -514,7 +515,9 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             let pusher = std::thread::Builder::new().name(format!("pusher-{t}"));
             pushers.push(pusher.spawn_scoped(s, move || -> Result<(u64, Duration)> {
                 let mut x = (me + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                go.wait();
+                if !go.wait() {
+                    return Err(anyhow!("called off"));
+                }
                 for _ in 0..a.records {
                     x ^= x << 13;
                     x ^= x >> 7;
@@ -532,7 +535,9 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             let puller = std::thread::Builder::new().name(format!("puller-{t}"));
             pullers.push(puller.spawn_scoped(s, move || -> Result<(u64, u64)> {
                 let (mut n, mut b) = (0u64, 0u64);
-                go.wait();
+                if !go.wait() {
+                    return Err(anyhow!("called off"));
+                }
                 // The records' bytes lent, not copied (as the MPI peer
                 // parses in place).
                 while let Some(len) = q.next_with(|_, bytes| bytes.len())? {
@@ -548,11 +553,11 @@ pub fn node_main(n: &NodeArgs) -> Result<()> {
             std::io::stdin().read_line(&mut line)?;
             Ok(())
         })();
+        // On an error the opener, dropped, sends the workers home.
+        ready?;
         let cpu0 = process_cpu_s();
         let start = Instant::now();
-        // Released in any case: the scope joins the workers.
-        go.wait();
-        ready?;
+        opener.open(2 * a.threads);
         let (mut pushed, mut blocked) = (0, Duration::ZERO);
         for h in pushers {
             let (n, b) = h.join().map_err(|_| anyhow!("a pusher panicked"))??;
