@@ -159,7 +159,12 @@ fn argument_errors_are_typed() {
 /// after: shutdown waits (`limits.shutdown_linger_ms`) until the rings are
 /// written out, and TCP closes its sockets with a FIN, not a reset (which
 /// would make the peer's kernel drop what the peer has not read yet).
-fn sent_before_shutdown_is_delivered(kind: Kind) {
+///
+/// `per_message`: how long the receiver takes per message once it runs. A
+/// slow receiver keeps the sender's socket full to the end, so what the
+/// sender's engine took out of its ring but could not write yet (with
+/// TLS, records rustls holds) must go out before shutdown closes it too.
+fn sent_before_shutdown_is_delivered(kind: Kind, per_message: Duration) {
     // 24 MiB in all: more than the sockets and the receiver's incoming
     // queue hold while its handler is held back, so most of it is still in
     // the sender's ring when the sender shuts down.
@@ -186,6 +191,7 @@ fn sent_before_shutdown_is_delivered(kind: Kind) {
         }
         assert_eq!((src, t, pad.len()), (NodeId(0), 7, PAD));
         assert!(pad.iter().all(|&x| x == seq as u8), "payload of {seq}");
+        std::thread::sleep(per_message);
         g.lock().unwrap().push(seq);
     })
     .unwrap();
@@ -204,15 +210,25 @@ fn sent_before_shutdown_is_delivered(kind: Kind) {
 
 #[test]
 fn tcp_sent_before_shutdown_is_delivered() {
-    sent_before_shutdown_is_delivered(Kind::Tcp);
+    sent_before_shutdown_is_delivered(Kind::Tcp, Duration::ZERO);
+}
+
+#[test]
+fn tcp_sent_before_shutdown_to_a_slow_receiver_is_delivered() {
+    sent_before_shutdown_is_delivered(Kind::Tcp, Duration::from_millis(2));
 }
 
 #[test]
 fn tls_sent_before_shutdown_is_delivered() {
-    sent_before_shutdown_is_delivered(Kind::TcpTls);
+    sent_before_shutdown_is_delivered(Kind::TcpTls, Duration::ZERO);
+}
+
+#[test]
+fn tls_sent_before_shutdown_to_a_slow_receiver_is_delivered() {
+    sent_before_shutdown_is_delivered(Kind::TcpTls, Duration::from_millis(2));
 }
 
 #[test]
 fn loopback_sent_before_shutdown_is_delivered() {
-    sent_before_shutdown_is_delivered(Kind::Loopback);
+    sent_before_shutdown_is_delivered(Kind::Loopback, Duration::ZERO);
 }

@@ -674,14 +674,16 @@ impl Core {
     /// rings only drain): a message `send` accepted is not dropped just
     /// because the node stops right after.
     fn linger(&self, end: Instant) {
+        let transport = self.transport();
         let unsent = || {
-            self.connections
-                .all()
-                .iter()
-                .any(|c| c.state() == ConnState::Open && c.rings().any(|r| !r.is_empty()))
+            self.connections.all().iter().any(|c| {
+                c.state() == ConnState::Open
+                    && (c.rings().any(|r| !r.is_empty())
+                        || transport.as_ref().is_some_and(|t| t.holds_unsent(c)))
+            })
         };
         while unsent() && Instant::now() < end {
-            if let Some(t) = self.transport() {
+            if let Some(t) = &transport {
                 t.wake_sender();
             }
             std::thread::sleep(Duration::from_millis(1));

@@ -95,6 +95,12 @@ pub trait Transport: Send + Sync + 'static {
     }
     /// The write-interest manager got a new entry: wake the send thread.
     fn wake_sender(&self);
+    /// Whether the engine holds bytes of `conn` that it took out of the
+    /// rings but has not written out yet (TLS records rustls keeps while
+    /// the socket is full): shutdown waits for these as for the rings'.
+    fn holds_unsent(&self, _conn: &Connection) -> bool {
+        false
+    }
     /// Data for `peer` was just committed. An engine whose send thread is
     /// parked may write it out on the calling thread instead of waking that
     /// thread (one thread hop less on an idle node); returns true if it took

@@ -499,6 +499,11 @@ impl Transport for TcpEngine {
         }
     }
 
+    fn holds_unsent(&self, conn: &Connection) -> bool {
+        conn.engine::<TcpConn>()
+            .is_some_and(|tc| tc.tls.as_ref().is_some_and(|t| t.lock().wants_write()))
+    }
+
     fn wake_receiver(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
         let _ = self.recv_waker.wake();
