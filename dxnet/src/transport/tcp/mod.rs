@@ -329,9 +329,11 @@ fn bind_listener(
 
 impl TcpEngine {
     /// Another thread is writing to `tc`'s socket (a system call of a few
-    /// microseconds): one caller at a time polls for its end, up to
+    /// microseconds): one caller at a time looks for its end, up to
     /// [`FLUSH_WAIT`], rather than wake the send thread to write after it.
-    /// `None` if another caller waits already or the writer takes longer
+    /// Between looks it yields its core: the threads that write and that
+    /// answer (the peer's receive thread on loopback) may need it. `None`
+    /// if another caller waits already or the writer takes longer
     /// (preempted, or a full socket).
     fn wait_for_writer<'a>(&self, tc: &'a TcpConn) -> Option<MutexGuard<'a, SendState>> {
         if self.flush_waiter.swap(true, Ordering::Acquire) {
@@ -339,17 +341,15 @@ impl TcpEngine {
         }
         let until = Instant::now() + FLUSH_WAIT;
         let mut got = None;
-        'wait: loop {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-                if let Some(st) = tc.send.try_lock() {
-                    got = Some(st);
-                    break 'wait;
-                }
+        loop {
+            if let Some(st) = tc.send.try_lock() {
+                got = Some(st);
+                break;
             }
             if Instant::now() >= until {
                 break;
             }
+            std::thread::yield_now();
         }
         self.flush_waiter.store(false, Ordering::Release);
         got
