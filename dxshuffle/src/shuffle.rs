@@ -366,27 +366,30 @@ impl Shuffle {
         self.take(thread, true)?;
         let inner = self.inner.clone();
         let workers = self.workers();
-        let out = match inner.cfg.mode {
-            Mode::OneSided => Some(
+        let one_sided = inner.cfg.mode == Mode::OneSided;
+        let in_place = inner.node.config().transport == dxnet::TransportKind::Ib;
+        let out = match one_sided && in_place {
+            true => Some(
                 inner
                     .node
                     .expose(workers * inner.cfg.segment_bytes, Access::LocalOnly)?,
             ),
-            Mode::Messages => None,
+            false => None,
         };
         let me = self.worker(thread);
         Ok(Pusher {
             dests: (0..workers)
                 .map(|d| Dest {
-                    batch: match out {
-                        Some(_) => Vec::new(),
-                        None => batch_head(d, me),
+                    batch: match one_sided {
+                        true => Vec::new(),
+                        false => batch_head(d, me),
                     },
                     ..Dest::default()
                 })
                 .collect(),
             me,
             thread,
+            one_sided,
             out,
             finished: false,
             waker: Waker::from(Arc::new(PusherWaker {
@@ -505,7 +508,7 @@ impl Wake for PusherWaker {
 /// tail it reported.
 #[derive(Default)]
 struct Dest {
-    /// End of the last frame laid into the mirror.
+    /// End of the last frame laid into the mirror (or staged).
     head: u64,
     /// Written to the destination (or being written) up to here.
     posted: u64,
@@ -514,6 +517,7 @@ struct Dest {
     /// Writes in flight and the position each ends at.
     inflight: VecDeque<(WriteHandle, u64)>,
     /// Messages mode: the batch being filled (with its 8-byte head).
+    /// One-sided without a mirror: the frames of `[posted, head)`.
     batch: Vec<u8>,
 }
 
@@ -525,7 +529,13 @@ pub struct Pusher {
     /// This worker's id (the segment it writes at every destination).
     me: usize,
     dests: Vec<Dest>,
-    /// The outgoing mirror of every destination's segment (one-sided).
+    /// One-sided mode.
+    one_sided: bool,
+    /// The outgoing mirror of every destination's segment (one-sided on
+    /// InfiniBand, where writes go from it in place). Elsewhere a write's
+    /// bytes are copied into the connection's ring when it is posted, so
+    /// frames wait in `Dest::batch` instead: no lock per record, and no
+    /// pass over every byte into a mirror.
     out: Option<Region>,
     finished: bool,
     waker: Waker,
@@ -617,7 +627,7 @@ impl Pusher {
             None => frame::END,
         };
         let payload = record.unwrap_or(&[]);
-        if self.out.is_some() {
+        if self.one_sided {
             return self.append_to_segment(dest, header, payload);
         }
         let d = &mut self.dests[dest];
@@ -635,7 +645,8 @@ impl Pusher {
         Ok(())
     }
 
-    /// One-sided: [`Pusher::append`] into `dest`'s segment mirror.
+    /// One-sided: [`Pusher::append`] into `dest`'s segment mirror, or
+    /// staged for it.
     #[inline(never)]
     fn append_to_segment(&mut self, dest: usize, header: u32, payload: &[u8]) -> Result<()> {
         let batch_bytes = self.inner.cfg.batch_bytes.max(1);
@@ -646,8 +657,16 @@ impl Pusher {
             // The marker takes the rest of the segment, `[w, start)`.
             self.make_room(dest, start)?;
             let w = (self.dests[dest].head % seg as u64) as usize;
-            let out = self.out.as_ref().expect("one-sided");
-            out.write(dest * seg + w, &frame::WRAP.to_le_bytes())?;
+            match &self.out {
+                Some(out) => out.write(dest * seg + w, &frame::WRAP.to_le_bytes())?,
+                None => {
+                    // Staged bytes stand for positions one to one: the
+                    // skipped rest of the segment is staged too.
+                    let b = &mut self.dests[dest].batch;
+                    b.extend_from_slice(&frame::WRAP.to_le_bytes());
+                    b.resize(b.len() + (seg - w - frame::HEADER), 0);
+                }
+            }
             self.dests[dest].head = start;
         }
         let end = start + len as u64;
@@ -659,13 +678,22 @@ impl Pusher {
             self.post(dest)?;
         }
         self.make_room(dest, end)?;
-        // Straight into the registered mirror, header and payload under one
-        // lock: a staging batch copied in later would cost one more pass
-        // over every byte, about what the lock per record costs on a real
-        // CPU and far more where copies are dear (an emulated machine).
-        let at = dest * seg + (start % seg as u64) as usize;
-        let out = self.out.as_ref().expect("one-sided");
-        out.write_vectored(at, &[&header.to_le_bytes(), payload])?;
+        // With a mirror (InfiniBand) straight into it, header and payload
+        // under one lock: a staging batch copied in later would cost one
+        // more pass over every byte, which is dear where the device is
+        // emulated. Without one, staged: the post copies it into the ring.
+        match &self.out {
+            Some(out) => {
+                let at = dest * seg + (start % seg as u64) as usize;
+                out.write_vectored(at, &[&header.to_le_bytes(), payload])?;
+            }
+            None => {
+                let b = &mut self.dests[dest].batch;
+                b.extend_from_slice(&header.to_le_bytes());
+                b.extend_from_slice(payload);
+                b.resize(b.len() + len - frame::HEADER - payload.len(), 0);
+            }
+        }
         let d = &mut self.dests[dest];
         d.head = end;
         if d.head - d.posted >= batch_bytes as u64 {
@@ -727,22 +755,45 @@ impl Pusher {
         let seg = self.inner.cfg.segment_bytes;
         let workers = self.dests.len();
         let tail = self.inner.routes.tails[self.thread * workers + dest].load(Ordering::Acquire);
-        let out = self.out.as_ref().expect("one-sided");
         let d = &mut self.dests[dest];
         let end = d.head.min(tail + seg as u64);
+        let from = d.posted;
         while d.posted < end {
             let off = (d.posted % seg as u64) as usize;
             let n = ((end - d.posted) as usize).min(seg - off);
-            let h = self.inner.node.write_with_notify_from_async(
-                &self.inner.remotes[dest],
-                (self.me * seg + off) as u64,
-                out,
-                dest * seg + off,
-                n,
-                self.me as u32,
-            )?;
+            let remote = &self.inner.remotes[dest];
+            let at = (self.me * seg + off) as u64;
+            let h = match &self.out {
+                Some(out) => self.inner.node.write_with_notify_from_async(
+                    remote,
+                    at,
+                    out,
+                    dest * seg + off,
+                    n,
+                    self.me as u32,
+                )?,
+                None => {
+                    // Staged from `posted` on; copied into the ring here.
+                    let i = (d.posted - from) as usize;
+                    self.inner.node.write_with_notify_async(
+                        remote,
+                        at,
+                        &d.batch[i..i + n],
+                        self.me as u32,
+                    )?
+                }
+            };
             d.posted += n as u64;
             d.inflight.push_back((h, d.posted));
+        }
+        if self.out.is_none() {
+            // What was posted is copied; the rest waits for room there.
+            let n = (d.posted - from) as usize;
+            if n == d.batch.len() {
+                d.batch.clear();
+            } else {
+                d.batch.drain(..n);
+            }
         }
         Ok(())
     }
@@ -779,7 +830,7 @@ impl Pusher {
     }
 
     fn flush_dest(&mut self, dest: usize) -> Result<()> {
-        if self.out.is_none() {
+        if !self.one_sided {
             return self.send_batch(dest);
         }
         self.wait_dest(dest, |d| d.completed == d.head, "writes to finish")

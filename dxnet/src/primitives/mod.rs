@@ -20,6 +20,7 @@
 //!   consumer at a time).
 //! - [`write_interest`]: the queue of connections with data for the send
 //!   thread, each at most once, round-robin.
+//! - [`prefetch`]: cache hints for lines a thread is about to write.
 //! - [`pool`]: pooled, reusable receive buffers, the free ones in a
 //!   [`free_stack`] (lock-free, last in first out: the buffers still in
 //!   cache are used again first).
@@ -52,6 +53,7 @@ pub mod mailbox;
 pub mod orb;
 pub mod park;
 pub mod pool;
+pub mod prefetch;
 pub mod read_lease;
 pub mod region_mem;
 pub mod stats;

@@ -81,26 +81,6 @@ pub const GRANULE: usize = 1;
 /// granule could share its commit slot with the next one).
 pub const MIN_MESSAGE_LEN: usize = GRANULE;
 
-/// Whether the CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8); asked
-/// once.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
-fn prefetchw_supported() -> bool {
-    use std::sync::atomic::AtomicU8;
-    static KNOWN: AtomicU8 = AtomicU8::new(0);
-    match KNOWN.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            // Leaf 0x8000_0001 exists when the highest extended leaf
-            // reaches it.
-            let has = std::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
-                && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
-            KNOWN.store(if has { 2 } else { 1 }, Ordering::Relaxed);
-            has
-        }
-    }
-}
-
 /// Flag bit in `reserved`: a chunked writer owns the ring, nobody else may
 /// reserve until it clears the bit.
 const EXCLUSIVE: u64 = 1 << 63;
@@ -501,33 +481,19 @@ impl Orb {
     /// their lines owned. A hint: it never faults and changes no memory.
     #[inline]
     fn prefetch_ahead(&self, pos: u64) {
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
-        if prefetchw_supported() {
+        #[cfg(not(loom))]
+        {
             let base = self.base_ptr();
-            let lines = [128u64, 192]
-                .map(|ahead| base.wrapping_add(self.offset_of(pos + ahead)).cast_const())
-                .into_iter()
-                .chain(
-                    // A slot line covers 16 slots: 128 ring bytes.
-                    [128u64, 256].map(|ahead| {
-                        let s: *const AtomicU32 = self.slot(pos + ahead);
-                        s.cast::<u8>()
-                    }),
-                );
-            for line in lines {
-                // SAFETY: `prefetchw` reads and writes no memory and does not
-                // fault; the addresses lie inside the buffer and the slot
-                // array anyway.
-                unsafe {
-                    std::arch::asm!(
-                        "prefetchw [{0}]",
-                        in(reg) line,
-                        options(nostack, preserves_flags, readonly)
-                    );
-                }
-            }
+            let data = [128u64, 192]
+                .map(|ahead| base.wrapping_add(self.offset_of(pos + ahead)).cast_const());
+            // A slot line covers 16 slots: 128 ring bytes.
+            let slots = [128u64, 256].map(|ahead| {
+                let s: *const AtomicU32 = self.slot(pos + ahead);
+                s.cast::<u8>()
+            });
+            crate::primitives::prefetch::for_write(data.into_iter().chain(slots));
         }
-        #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+        #[cfg(loom)]
         let _ = pos;
     }
 
