@@ -758,12 +758,13 @@ impl Pusher {
         let d = &mut self.dests[dest];
         let end = d.head.min(tail + seg as u64);
         let from = d.posted;
+        let mut res = Ok(());
         while d.posted < end {
             let off = (d.posted % seg as u64) as usize;
             let n = ((end - d.posted) as usize).min(seg - off);
             let remote = &self.inner.remotes[dest];
             let at = (self.me * seg + off) as u64;
-            let h = match &self.out {
+            let started = match &self.out {
                 Some(out) => self.inner.node.write_with_notify_from_async(
                     remote,
                     at,
@@ -771,7 +772,7 @@ impl Pusher {
                     dest * seg + off,
                     n,
                     self.me as u32,
-                )?,
+                ),
                 None => {
                     // Staged from `posted` on; copied into the ring here.
                     let i = (d.posted - from) as usize;
@@ -780,14 +781,23 @@ impl Pusher {
                         at,
                         &d.batch[i..i + n],
                         self.me as u32,
-                    )?
+                    )
                 }
             };
-            d.posted += n as u64;
-            d.inflight.push_back((h, d.posted));
+            match started {
+                Ok(h) => {
+                    d.posted += n as u64;
+                    d.inflight.push_back((h, d.posted));
+                }
+                Err(e) => {
+                    res = Err(e.into());
+                    break;
+                }
+            }
         }
         if self.out.is_none() {
-            // What was posted is copied; the rest waits for room there.
+            // What was posted is copied (also when a later part failed);
+            // the rest waits for room there.
             let n = (d.posted - from) as usize;
             if n == d.batch.len() {
                 d.batch.clear();
@@ -795,7 +805,7 @@ impl Pusher {
                 d.batch.drain(..n);
             }
         }
-        Ok(())
+        res
     }
 
     /// Takes the writes to `dest` that are done, without waiting.
