@@ -368,10 +368,11 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
             "{what}: handler {} ns",
             peer.handler.sum_ns()
         );
-        assert!(
-            dxnet::breakdown::LatencyBreakdown::transport_ns(me, peer) > 0.0,
-            "{what}: {me:?} {peer:?}"
-        );
+        // Not asserted: `transport_ns(me, peer) > 0`. A thread preempted
+        // between a commit and its clock read stretches its own stage over
+        // the other side's (a responder's post past the response's
+        // arrival), so under load the difference of the means can go
+        // below zero: a matter of timing, not of what is recorded.
         // Arrival times reached both ends' dispatch (unstamped, these
         // stages would be 0 for every request).
         assert!(me.response_receive.sum_ns() > 0, "{what}");
