@@ -250,7 +250,9 @@ impl LatencyBreakdown {
     /// Mean time of engines and wire, both ways: the requesters'
     /// `awaiting` less the responders' stages. `requesters` and
     /// `responders` must cover the same requests (e.g. both sides of
-    /// nodes that only served each other).
+    /// nodes that only served each other). An estimate: a thread preempted
+    /// between a commit and its clock read stretches its stage over the
+    /// other side's, so under heavy load it can come out below zero.
     pub fn transport_ns(requesters: &LatencyBreakdown, responders: &LatencyBreakdown) -> f64 {
         requesters.awaiting.mean_ns() - responders.responder_mean_ns()
     }
