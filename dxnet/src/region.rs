@@ -425,6 +425,17 @@ impl Node {
             .wait()
     }
 
+    /// Whether [`Node::write_from`] and its forms send the bytes of the
+    /// local region to another node in place (InfiniBand: the device reads
+    /// the registered memory while the write runs) rather than copying
+    /// them out when the write is posted (TCP, loopback). Code that lays
+    /// out bytes only to write them to other nodes saves a copy by laying
+    /// them into a region when this is true and into plain memory (for
+    /// [`Node::write_async`]) when it is false.
+    pub fn writes_from_region_in_place(&self) -> bool {
+        self.core().writes_in_place()
+    }
+
     /// Starts [`Node::write_from`]. `local` may be dropped meanwhile (the
     /// access keeps its memory); the bytes written are those it holds
     /// until the handle reports the write done.

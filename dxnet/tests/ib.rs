@@ -867,6 +867,10 @@ fn ib_in_place_write_read() {
     cfg.limits.request_timeout_ms = 15_000;
     let node = Arc::new(Node::start(cfg).unwrap());
     until_reachable("owner", || node.read(&rw, 0, &mut [0u8; 1]));
+    assert!(
+        node.writes_from_region_in_place(),
+        "the device reads regions"
+    );
     const SLICE: usize = 2 << 20;
     const THREADS: u64 = 8;
     const OPS: u64 = 24;

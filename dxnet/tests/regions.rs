@@ -166,6 +166,8 @@ fn in_place(kind: Kind) {
         c.limits.send_timeout_ms = 60_000;
     }));
     let (a, b) = (&nodes[0], &nodes[1]);
+    // Emulated writes copy the bytes out when posted.
+    assert!(!a.writes_from_region_in_place() && !b.writes_from_region_in_place());
     let region = a
         .expose(THREADS as usize * SLICE, Access::ReadWrite)
         .unwrap();

@@ -39,13 +39,15 @@
 //! `segment_bytes` per sending worker (so each segment has one writer).
 //! A pusher lays records into its outgoing buffer for each destination
 //! and, once `batch_bytes` are pending (or at `flush`/`finish`), writes the
-//! pending range straight into the remote segment. On InfiniBand that
-//! buffer is a registered mirror of the destination's segment, and the
-//! write ([`dxnet::Node::write_with_notify_from_async`]) an RDMA WRITE
-//! from it, followed by a notification. Where writes are emulated (TCP,
-//! loopback) their bytes are copied into the connection's ring when
-//! posted, so records wait in a plain buffer instead
-//! ([`dxnet::Node::write_with_notify_async`]): no lock per record. The puller reads records out of its segments as
+//! pending range straight into the remote segment. Where writes leave a
+//! region in place ([`dxnet::Node::writes_from_region_in_place`]:
+//! InfiniBand) that buffer is a registered mirror of the destination's
+//! segment, and the write ([`dxnet::Node::write_with_notify_from_async`])
+//! an RDMA WRITE from it, followed by a notification. Where writes are
+//! emulated (TCP, loopback) their bytes are copied into the connection's
+//! ring when posted, so records wait in a plain buffer instead
+//! ([`dxnet::Node::write_with_notify_async`]): no lock per record. The
+//! puller reads records out of its segments as
 //! notifications arrive and tells each writer how far it has read (a small
 //! message), which frees remote room.
 //!

@@ -367,7 +367,7 @@ impl Shuffle {
         let inner = self.inner.clone();
         let workers = self.workers();
         let one_sided = inner.cfg.mode == Mode::OneSided;
-        let in_place = inner.node.config().transport == dxnet::TransportKind::Ib;
+        let in_place = inner.node.writes_from_region_in_place();
         let out = match one_sided && in_place {
             true => Some(
                 inner
@@ -531,9 +531,10 @@ pub struct Pusher {
     dests: Vec<Dest>,
     /// One-sided mode.
     one_sided: bool,
-    /// The outgoing mirror of every destination's segment (one-sided on
-    /// InfiniBand, where writes go from it in place). Elsewhere a write's
-    /// bytes are copied into the connection's ring when it is posted, so
+    /// The outgoing mirror of every destination's segment (one-sided where
+    /// writes go from it in place: `Node::writes_from_region_in_place`,
+    /// InfiniBand). Elsewhere a write's bytes are copied into the
+    /// connection's ring when it is posted, so
     /// frames wait in `Dest::batch` instead: no lock per record, and no
     /// pass over every byte into a mirror.
     out: Option<Region>,

@@ -650,6 +650,13 @@ impl Core {
 }
 
 impl Core {
+    /// Whether region writes to other nodes leave from the local bytes in
+    /// place: an engine with remote memory, whose device reads them.
+    pub fn writes_in_place(&self) -> bool {
+        self.transport()
+            .is_some_and(|t| t.remote_memory().is_some())
+    }
+
     /// Registers an application's buffer now (`Node::register_buffer`):
     /// false on an engine without registered memory.
     pub fn register_buffer(&self, mem: &Arc<BufferMem>) -> Result<bool> {
