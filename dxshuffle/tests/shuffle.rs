@@ -3,7 +3,8 @@
 //! destinations from more threads than cores, every record checked
 //! exactly once, intact and in per-pusher order; tiny segments force the
 //! full-remote, full-local and wrap paths; a dead peer ends the others'
-//! pushers and pullers with typed errors.
+//! pushers and pullers with typed errors, and hostile batches with a
+//! typed `Corrupt`.
 
 mod common;
 
@@ -445,4 +446,100 @@ fn push_in_background(
         flag.store(true, std::sync::atomic::Ordering::SeqCst);
     });
     (pushing, done)
+}
+
+/// Hostile batches (raw messages in the messages mode's wire format, sent
+/// straight from a peer's node) end the puller with a typed `Corrupt`
+/// error, never a panic or a hang; batches addressed to no worker of the
+/// receiving process, or from no worker at all, are dropped and the
+/// shuffle goes on.
+#[test]
+fn hostile_batches_are_typed_errors() {
+    // The wire format: message type 201, subtype 4; a head of [to u32]
+    // [from u32][batch number u64], then frames of [len u32][bytes].
+    const TYPE: u8 = 201;
+    const SUB: u8 = 4;
+    let batch = |to: u32, from: u32, n: u64, body: &[u8]| {
+        let mut b = Vec::new();
+        b.extend_from_slice(&to.to_le_bytes());
+        b.extend_from_slice(&from.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+        b.extend_from_slice(body);
+        b
+    };
+    let frame = |bytes: &[u8]| [&(bytes.len() as u32).to_le_bytes()[..], bytes].concat();
+    let past_end = [&1000u32.to_le_bytes()[..], &[0; 10]].concat();
+    let cases = [
+        (
+            "a record running past its batch",
+            vec![batch(1, 0, 0, &past_end)],
+            "runs past",
+        ),
+        (
+            "a batch ending inside a header",
+            vec![batch(1, 0, 0, &[1, 2])],
+            "inside a header",
+        ),
+        (
+            "a wrap marker in a batch",
+            vec![batch(1, 0, 0, &u32::MAX.to_le_bytes())],
+            "runs past",
+        ),
+        (
+            "a record after a good one running past the batch",
+            vec![batch(1, 0, 0, &[frame(b"good"), past_end.clone()].concat())],
+            "runs past",
+        ),
+        (
+            "a batch number twice",
+            vec![
+                batch(1, 0, 0, &frame(b"ok")),
+                batch(1, 0, 0, &frame(b"again")),
+            ],
+            "twice",
+        ),
+    ];
+    for (what, messages, why) in cases {
+        let nodes = nodes(Kind::Loopback, 2);
+        let (_a, b) = messages_pair(&nodes, 512);
+        for m in &messages {
+            nodes[0].send_raw(NodeId(1), TYPE, SUB, m).unwrap();
+        }
+        let mut q = b.puller(0).unwrap();
+        let mut good = 0;
+        let err = loop {
+            match q.next() {
+                Some(Ok(r)) => {
+                    assert_eq!(r.from, 0, "{what}");
+                    good += 1;
+                }
+                Some(Err(e)) => break e,
+                None => panic!("{what}: ended without an error"),
+            }
+        };
+        assert!(
+            matches!(&err, ShuffleError::Corrupt { from: 0, why: w } if w.contains(why)),
+            "{what}: {err:?}"
+        );
+        assert!(good <= 1, "{what}: {good} records");
+    }
+    // Addressed to a worker of the other process, to no worker, from no
+    // worker, too short for a head: dropped; the honest stream still ends.
+    let nodes = nodes(Kind::Loopback, 2);
+    let (a, b) = messages_pair(&nodes, 512);
+    for m in [
+        batch(0, 0, 0, &frame(b"x")),
+        batch(7, 0, 0, &frame(b"x")),
+        batch(1, 9, 0, &frame(b"x")),
+        vec![1, 0, 0],
+    ] {
+        nodes[0].send_raw(NodeId(1), TYPE, SUB, &m).unwrap();
+    }
+    let mut p = a.pusher(0).unwrap();
+    p.push_bytes(1, b"honest").unwrap();
+    p.finish().unwrap();
+    b.pusher(0).unwrap().finish().unwrap();
+    let got: Vec<_> = b.puller(0).unwrap().map(|r| r.unwrap()).collect();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].from, got[0].bytes()), (0, &b"honest"[..]));
 }
