@@ -534,9 +534,9 @@ pub struct Pusher {
     /// The outgoing mirror of every destination's segment (one-sided where
     /// writes go from it in place: `Node::writes_from_region_in_place`,
     /// InfiniBand). Elsewhere a write's bytes are copied into the
-    /// connection's ring when it is posted, so
-    /// frames wait in `Dest::batch` instead: no lock per record, and no
-    /// pass over every byte into a mirror.
+    /// connection's ring when it is posted, so frames wait in
+    /// `Dest::batch` instead: no lock per record, and no pass over every
+    /// byte into a mirror.
     out: Option<Region>,
     finished: bool,
     waker: Waker,
@@ -911,6 +911,14 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record of a copy of `bytes`, from worker `from`.
+    fn copied(from: usize, bytes: &[u8]) -> Record {
+        Record {
+            from,
+            bytes: bytes.to_vec(),
+        }
+    }
+
     /// The record's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
@@ -1001,13 +1009,7 @@ impl Puller {
     /// The next record; `None` once every worker finished. Waits up to the
     /// shuffle's timeout for one.
     pub fn next_record(&mut self) -> Result<Option<Record>> {
-        if let Some((from, bytes)) = self.front_record() {
-            return Ok(Some(Record {
-                from,
-                bytes: bytes.to_vec(),
-            }));
-        }
-        Ok(self.next_loc()?.map(|at| self.record(at)))
+        self.next_with(Record::copied)
     }
 
     /// Like [`Puller::next_record`], but lends the record's sender and
@@ -1021,9 +1023,9 @@ impl Puller {
     }
 
     /// The usual case, taken first: the next record of the front batch,
-    /// when it holds a whole one. The batch's bytes are looked up once
-    /// (not again through an [`At`]), which is a good part of a small
-    /// record's cost. `None` for anything else (the batch's end, a
+    /// when it holds a whole one, with the batch's bytes looked up once
+    /// (not again through an [`At`]: for small records that lookup costs
+    /// as much as the parse). `None` for anything else (the batch's end, a
     /// stream's end, a bad header, no batch): [`Puller::parse`] takes
     /// those.
     #[inline(always)]
@@ -1077,10 +1079,7 @@ impl Puller {
     /// [`Puller::is_finished`]).
     pub fn try_next(&mut self) -> Result<Option<Record>> {
         if let Some((from, bytes)) = self.front_record() {
-            return Ok(Some(Record {
-                from,
-                bytes: bytes.to_vec(),
-            }));
+            return Ok(Some(Record::copied(from, bytes)));
         }
         let mut r = self.parse()?;
         if r.is_none() && self.drain_inbox()? {
@@ -1103,10 +1102,7 @@ impl Puller {
 
     /// The record at `at`, copied out.
     fn record(&self, at: At) -> Record {
-        Record {
-            from: at.from,
-            bytes: self.bytes_at(&at).to_vec(),
-        }
+        Record::copied(at.from, self.bytes_at(&at))
     }
 
     /// Whether every worker finished and every record was read.
