@@ -1032,20 +1032,15 @@ impl Puller {
     fn front_record(&mut self) -> Option<(usize, &[u8])> {
         let (from, data, at) = self.batches.front_mut()?;
         let bytes = data.bytes();
-        let rest = bytes.get(*at..)?;
-        let h = u32::from_le_bytes(rest.get(..frame::HEADER)?.try_into().ok()?);
-        let n = h as usize;
-        if h > frame::MAX_LEN || rest.len() - frame::HEADER < n {
+        if *at >= bytes.len() {
             return None;
         }
-        let start = *at + frame::HEADER;
-        *at = start + n;
-        // Two lines: a small record's frame often ends in the line after
-        // the one it starts in, and one hint per record would leave every
-        // other line to the hardware.
-        prefetch(bytes, *at + PREFETCH_AHEAD);
-        prefetch(bytes, *at + PREFETCH_AHEAD + 64);
-        Some((*from, &bytes[start..start + n]))
+        let Ok(BatchItem::Record { start, len }) = batch_item(bytes, *at) else {
+            return None;
+        };
+        *at = start + len;
+        prefetch_batch(bytes, *at);
+        Some((*from, &bytes[start..start + len]))
     }
 
     /// Where the next record is, waiting for one (see `next_record`).
@@ -1194,29 +1189,22 @@ impl Puller {
                 }
                 continue;
             }
-            let rest = &bytes[*at..];
-            if rest.len() < frame::HEADER {
-                return Err(corrupt(from, "a batch ends inside a header"));
+            match batch_item(bytes, *at).map_err(|why| corrupt(from, why))? {
+                BatchItem::End => {
+                    *at += frame::HEADER;
+                    self.end_of(from)?;
+                }
+                BatchItem::Record { start, len } => {
+                    *at = start + len;
+                    prefetch_batch(bytes, *at);
+                    return Ok(Some(At {
+                        from,
+                        place: Place::Batch,
+                        start,
+                        len,
+                    }));
+                }
             }
-            let h = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
-            if h == frame::END {
-                *at += frame::HEADER;
-                self.end_of(from)?;
-                continue;
-            }
-            let n = h as usize;
-            if h > frame::MAX_LEN || rest.len() - frame::HEADER < n {
-                return Err(corrupt(from, "a record runs past its batch"));
-            }
-            let start = *at + frame::HEADER;
-            *at += frame::HEADER + n;
-            prefetch(bytes, *at + PREFETCH_AHEAD);
-            return Ok(Some(At {
-                from,
-                place: Place::Batch,
-                start,
-                len: n,
-            }));
         }
         while let Some(&seg) = self.ready.front() {
             match self.parse_segment(seg)? {
@@ -1366,6 +1354,46 @@ impl Puller {
         }
         Ok(())
     }
+}
+
+/// A frame of a messages-mode batch (after its head).
+enum BatchItem {
+    /// A record at `bytes[start..start + len]`.
+    Record { start: usize, len: usize },
+    /// The sender's stream ends.
+    End,
+}
+
+/// The frame at offset `at` (inside the batch) of a batch a peer sent:
+/// checked, never trusted.
+#[inline(always)]
+fn batch_item(bytes: &[u8], at: usize) -> std::result::Result<BatchItem, &'static str> {
+    let rest = &bytes[at..];
+    let Some(h) = rest.get(..frame::HEADER) else {
+        return Err("a batch ends inside a header");
+    };
+    let h = u32::from_le_bytes(h.try_into().expect("4 bytes"));
+    if h == frame::END {
+        return Ok(BatchItem::End);
+    }
+    let len = h as usize;
+    if h > frame::MAX_LEN || rest.len() - frame::HEADER < len {
+        return Err("a record runs past its batch");
+    }
+    Ok(BatchItem::Record {
+        start: at + frame::HEADER,
+        len,
+    })
+}
+
+/// Asks for the two lines `PREFETCH_AHEAD` past a batch's read offset `at`:
+/// a small record's frame often ends in the line after the one it starts
+/// in, and one hint per record would leave every other line to the
+/// hardware.
+#[inline(always)]
+fn prefetch_batch(bytes: &[u8], at: usize) {
+    prefetch(bytes, at + PREFETCH_AHEAD);
+    prefetch(bytes, at + PREFETCH_AHEAD + 64);
 }
 
 /// How far ahead of the record being parsed a puller asks for a batch's
