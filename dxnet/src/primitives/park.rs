@@ -10,9 +10,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::config::ParkConfig;
+use crate::primitives::sync;
 
 /// What an idle thread should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -391,34 +390,57 @@ impl Drop for RequestWait {
 
 /// A wake-up signal for threads that park while waiting for a condition.
 ///
-/// Protocol (no lost wake-ups): the waiter registers as sleeper, takes the
-/// lock, re-checks its condition, then waits; the notifier publishes its work
-/// first (SeqCst), then notifies only if a sleeper is registered, under the
-/// lock.
-#[derive(Debug, Default)]
+/// Protocol (no lost wake-ups; the loom models below check it): the waiter
+/// registers as sleeper (SeqCst, then a SeqCst fence), takes the lock,
+/// re-checks its condition, then waits; the notifier publishes its work
+/// first, then (after a SeqCst fence) notifies only if a sleeper is
+/// registered, under the lock. The two fences order each side's store
+/// before its load: either the notifier sees the sleeper or the waiter's
+/// re-check sees the work.
+///
+/// Atomics, lock and condition variable come from [`sync`]: std's and
+/// parking_lot's normally, loom's under `--cfg loom`.
 pub struct Signal {
-    sleepers: AtomicUsize,
-    lock: Mutex<()>,
-    cv: Condvar,
+    sleepers: sync::AtomicUsize,
+    lock: sync::SleepMutex<()>,
+    cv: sync::SleepCondvar,
+}
+
+impl std::fmt::Debug for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signal")
+            .field("sleepers", &self.sleepers())
+            .finish()
+    }
+}
+
+impl Default for Signal {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Signal {
     /// A signal nobody waits on yet.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            sleepers: sync::AtomicUsize::new(0),
+            lock: sync::SleepMutex::new(()),
+            cv: sync::SleepCondvar::new(),
+        }
     }
 
     /// Threads parked (or about to park) on this signal now.
     pub fn sleepers(&self) -> usize {
-        self.sleepers.load(Ordering::SeqCst)
+        self.sleepers.load(sync::Ordering::SeqCst)
     }
 
     /// Wakes one sleeping waiter, if any (one atomic load otherwise).
     #[inline]
     pub fn notify_one(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = self.lock.lock();
+        sync::fence(sync::Ordering::SeqCst);
+        if self.sleepers.load(sync::Ordering::SeqCst) > 0 {
+            let _g = sync::sleep_lock(&self.lock);
             self.cv.notify_one();
         }
     }
@@ -426,25 +448,30 @@ impl Signal {
     /// Wakes all sleeping waiters, if any.
     #[inline]
     pub fn notify_all(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = self.lock.lock();
+        sync::fence(sync::Ordering::SeqCst);
+        if self.sleepers.load(sync::Ordering::SeqCst) > 0 {
+            let _g = sync::sleep_lock(&self.lock);
             self.cv.notify_all();
         }
     }
 
-    /// Parks until `ready()` is true, a notify arrives, or `timeout` passes.
+    /// Parks until `ready()` is true, a notify arrives, or `timeout` passes
+    /// (no timeout under loom: a lost wake-up is a deadlock in the model).
     /// Returns `ready()` as seen last. Spurious returns are allowed: callers
     /// loop.
     pub fn park_unless(&self, ready: impl Fn() -> bool, timeout: Duration) -> bool {
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let mut g = self.lock.lock();
+        self.sleepers.fetch_add(1, sync::Ordering::SeqCst);
+        // Pairs with the notifier's fence (see the type's docs): the
+        // read-modify-write alone does not order the re-check below after
+        // it in the language's memory model (it does on x86).
+        sync::fence(sync::Ordering::SeqCst);
+        let mut g = sync::sleep_lock(&self.lock);
         let r = ready();
         if !r {
-            self.cv.wait_for(&mut g, timeout);
+            g = sync::sleep_until(&self.cv, g, Instant::now() + timeout);
         }
         drop(g);
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.sleepers.fetch_sub(1, sync::Ordering::SeqCst);
         r || ready()
     }
 
@@ -798,5 +825,77 @@ mod tests {
         let sig = Signal::new();
         let cfg = ParkConfig::default();
         assert!(!sig.wait_until(&cfg, Instant::now() + Duration::from_millis(5), || false));
+    }
+}
+
+/// Models of [`Signal`]'s wake-up protocol: in every interleaving the
+/// waiters end (a lost wake-up would leave one waiting forever, which loom
+/// reports as a deadlock; its condition variable has no timeout).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::Signal;
+    use crate::primitives::sync::{thread, Arc, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Waits as the runtime's threads do: park until the work is there.
+    fn wait_for(sig: &Signal, work: &AtomicUsize, at_least: usize) {
+        let ready = || work.load(Ordering::Relaxed) >= at_least;
+        while !sig.park_unless(ready, Duration::from_secs(1)) {}
+    }
+
+    /// One waiter, one notifier that publishes with a plain (Relaxed)
+    /// store: the fences alone order it against the sleeper count.
+    #[test]
+    fn loom_signal_notify_one_wakes_the_waiter() {
+        loom::model(|| {
+            let sig = Arc::new(Signal::new());
+            let work = Arc::new(AtomicUsize::new(0));
+            let (s, w) = (sig.clone(), work.clone());
+            let notifier = thread::spawn(move || {
+                w.store(1, Ordering::Relaxed);
+                s.notify_one();
+            });
+            wait_for(&sig, &work, 1);
+            notifier.join().unwrap();
+            assert_eq!(sig.sleepers(), 0);
+        });
+    }
+
+    /// Two waiters, one `notify_all` after the work both wait for.
+    #[test]
+    fn loom_signal_notify_all_wakes_every_waiter() {
+        loom::model(|| {
+            let sig = Arc::new(Signal::new());
+            let work = Arc::new(AtomicUsize::new(0));
+            let (s, w) = (sig.clone(), work.clone());
+            let other = thread::spawn(move || wait_for(&s, &w, 1));
+            work.store(1, Ordering::Relaxed);
+            sig.notify_all();
+            wait_for(&sig, &work, 1);
+            other.join().unwrap();
+        });
+    }
+
+    /// Two notifiers each publish a unit and `notify_one`; the waiter
+    /// needs both (each wake-up may find only part of the work).
+    #[test]
+    fn loom_signal_waiter_sees_every_notifier() {
+        loom::model(|| {
+            let sig = Arc::new(Signal::new());
+            let work = Arc::new(AtomicUsize::new(0));
+            let notifiers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (s, w) = (sig.clone(), work.clone());
+                    thread::spawn(move || {
+                        w.fetch_add(1, Ordering::Relaxed);
+                        s.notify_one();
+                    })
+                })
+                .collect();
+            wait_for(&sig, &work, 2);
+            for n in notifiers {
+                n.join().unwrap();
+            }
+        });
     }
 }
