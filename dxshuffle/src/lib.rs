@@ -172,7 +172,10 @@ pub enum ShuffleError {
     /// dxnet failed (a peer unreachable, a send timed out, ...).
     #[error(transparent)]
     Net(#[from] dxnet::Error),
-    /// A peer wrote something that is not a frame.
+    /// A peer sent what no worker's stream holds: a frame that is not one,
+    /// frames or batches after the stream's end, a batch twice or numbered
+    /// far ahead of the stream. (Batches and writes a peer sends for
+    /// workers of other processes are dropped.)
     #[error("bad data from worker {from}: {why}")]
     Corrupt {
         /// The writing worker.

@@ -120,6 +120,9 @@ struct Routes {
     workers: usize,
     seg: usize,
     me: usize,
+    /// The shuffle's processes (a worker `w` is on `nodes[w / threads]`):
+    /// a peer speaks only for its own workers.
+    nodes: Vec<NodeId>,
     inboxes: Vec<Sender<Note>>,
     /// Per local thread: the waker of its puller polled as a `Stream`.
     stream_wakers: Vec<Mutex<Option<Waker>>>,
@@ -149,9 +152,13 @@ impl Routes {
         };
         let seg = (w.offset / self.seg as u64) as usize;
         let off = (w.offset % self.seg as u64) as usize;
-        // A write straddling two segments is not ours: dropped (the
-        // puller times out on the sender whose data never comes).
-        if seg >= self.workers || off as u64 + w.len > self.seg as u64 {
+        // A write straddling two segments, or into another process's
+        // segment, is not ours: dropped (the puller times out on the
+        // sender whose data never comes).
+        if seg >= self.workers
+            || off as u64 + w.len > self.seg as u64
+            || self.nodes[seg / self.threads] != w.from
+        {
             return;
         }
         let _ = self.inboxes[t].send(Note::Written {
@@ -168,9 +175,12 @@ impl Routes {
         }
     }
 
-    fn on_tail(&self, u: TailUpdate) {
+    fn on_tail(&self, src: NodeId, u: TailUpdate) {
         let (sender, receiver) = (u.sender as usize, u.receiver as usize);
-        if sender / self.threads != self.me || receiver >= self.workers {
+        if sender / self.threads != self.me
+            || receiver >= self.workers
+            || self.nodes[receiver / self.threads] != src
+        {
             return;
         }
         let t = sender % self.threads;
@@ -180,13 +190,16 @@ impl Routes {
         c.notify_all();
     }
 
-    fn on_batch(&self, msg: HeldMessage) {
+    fn on_batch(&self, src: NodeId, msg: HeldMessage) {
         if msg.len() < BATCH_HEAD {
             return;
         }
         let to = u32::from_le_bytes(msg[..4].try_into().expect("4 bytes")) as usize;
         let from = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes")) as usize;
-        if to / self.threads != self.me || from >= self.workers {
+        if to / self.threads != self.me
+            || from >= self.workers
+            || self.nodes[from / self.threads] != src
+        {
             return;
         }
         let t = to % self.threads;
@@ -275,6 +288,7 @@ impl Shuffle {
             workers,
             seg,
             me,
+            nodes: cfg.nodes.clone(),
             inboxes: senders,
             stream_wakers: (0..cfg.threads).map(|_| Mutex::new(None)).collect(),
             spare_batches: (0..cfg.threads).map(|_| Mutex::new(Vec::new())).collect(),
@@ -304,11 +318,11 @@ impl Shuffle {
             },
         })?;
         let r = routes.clone();
-        node.register(move |_src: NodeId, u: TailUpdate| r.on_tail(u))?;
+        node.register(move |src: NodeId, u: TailUpdate| r.on_tail(src, u))?;
         let r = routes.clone();
         node.on_region_write(move |w| r.on_written(w))?;
         let r = routes.clone();
-        node.register_raw_held(MSG_TYPE, SUB_BATCH, move |_src, m| r.on_batch(m))?;
+        node.register_raw_held(MSG_TYPE, SUB_BATCH, move |src, m| r.on_batch(src, m))?;
         let own: Vec<RemoteRegion> = incoming.iter().map(Region::descriptor).collect();
         let _ = routes.descriptors.set(own.clone());
 
@@ -414,6 +428,9 @@ impl Shuffle {
             ready: VecDeque::new(),
             open: workers,
             batches: VecDeque::new(),
+            max_early: (self.inner.node.config().limits.flow_control_window
+                / (BATCH_HEAD + frame::HEADER))
+                .max(LOCAL_BATCHES) as u64,
         })
     }
 
@@ -977,6 +994,12 @@ pub struct Puller {
     /// Messages mode: batches not read to the end, with the read offset
     /// (each holds its sender back until it is dropped here).
     batches: VecDeque<(usize, BatchData, usize)>,
+    /// Messages mode: how far ahead of a sender's next batch one may be
+    /// numbered. Batches overtake one another only while in flight, and
+    /// a sending process has at most its flow-control window of them in
+    /// flight to this process (its own pushers: `LOCAL_BATCHES`); one
+    /// numbered further is a peer's error, not one to wait for.
+    max_early: u64,
 }
 
 /// Where a parsed record's bytes are, until the puller parses again.
@@ -1121,6 +1144,9 @@ impl Puller {
                 // In the order the sender made them; frames start after
                 // the batch's head.
                 let s = &mut self.segs[from];
+                if s.done {
+                    return Err(corrupt(from, "a batch after the end of stream"));
+                }
                 let n = batch_number(data.bytes());
                 if n == s.next_batch {
                     // The usual case: no map (a node allocated and freed
@@ -1129,6 +1155,8 @@ impl Puller {
                     self.batches.push_back((from, data, BATCH_HEAD));
                 } else if n < s.next_batch || s.early.contains_key(&n) {
                     return Err(corrupt(from, "a batch came twice"));
+                } else if n - s.next_batch > self.max_early {
+                    return Err(corrupt(from, "a batch numbered far ahead of the stream"));
                 } else {
                     s.early.insert(n, data);
                 }
@@ -1191,7 +1219,15 @@ impl Puller {
             }
             match batch_item(bytes, *at).map_err(|why| corrupt(from, why))? {
                 BatchItem::End => {
-                    *at += frame::HEADER;
+                    // The last frame of the sender's last batch.
+                    let later = |&(f, _, _): &(usize, BatchData, usize)| f == from;
+                    if *at + frame::HEADER != bytes.len() || self.batches.iter().skip(1).any(later)
+                    {
+                        return Err(corrupt(from, "frames after the end of stream"));
+                    }
+                    if let Some((_, _, at)) = self.batches.front_mut() {
+                        *at += frame::HEADER;
+                    }
                     self.end_of(from)?;
                 }
                 BatchItem::Record { start, len } => {
@@ -1319,6 +1355,12 @@ impl Puller {
         if s.done {
             return Err(corrupt(from, "a second end of stream"));
         }
+        if !s.early.is_empty() {
+            return Err(corrupt(
+                from,
+                "the end of stream before some of its batches",
+            ));
+        }
         s.done = true;
         self.open -= 1;
         Ok(())
@@ -1368,7 +1410,7 @@ enum BatchItem {
 /// checked, never trusted.
 #[inline(always)]
 fn batch_item(bytes: &[u8], at: usize) -> std::result::Result<BatchItem, &'static str> {
-    let rest = &bytes[at..];
+    let rest = bytes.get(at..).unwrap_or_default();
     let Some(h) = rest.get(..frame::HEADER) else {
         return Err("a batch ends inside a header");
     };
@@ -1376,8 +1418,11 @@ fn batch_item(bytes: &[u8], at: usize) -> std::result::Result<BatchItem, &'stati
     if h == frame::END {
         return Ok(BatchItem::End);
     }
+    if h > frame::MAX_LEN {
+        return Err("a frame header no batch holds (wrap marker or length over the limit)");
+    }
     let len = h as usize;
-    if h > frame::MAX_LEN || rest.len() - frame::HEADER < len {
+    if rest.len() - frame::HEADER < len {
         return Err("a record runs past its batch");
     }
     Ok(BatchItem::Record {
@@ -1412,7 +1457,9 @@ fn prefetch(bytes: &[u8], at: usize) {
 #[inline(always)]
 fn prefetch_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and changes nothing but the caches.
+    // SAFETY: SSE (which `_mm_prefetch` needs) is part of the x86_64
+    // baseline; a prefetch never faults, whatever the address, and changes
+    // nothing but the caches.
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
     };

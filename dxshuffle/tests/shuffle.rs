@@ -469,6 +469,7 @@ fn hostile_batches_are_typed_errors() {
     };
     let frame = |bytes: &[u8]| [&(bytes.len() as u32).to_le_bytes()[..], bytes].concat();
     let past_end = [&1000u32.to_le_bytes()[..], &[0; 10]].concat();
+    let end = (u32::MAX - 1).to_le_bytes();
     let cases = [
         (
             "a record running past its batch",
@@ -483,7 +484,30 @@ fn hostile_batches_are_typed_errors() {
         (
             "a wrap marker in a batch",
             vec![batch(1, 0, 0, &u32::MAX.to_le_bytes())],
-            "runs past",
+            "wrap marker",
+        ),
+        (
+            "a record after the end of stream in its batch",
+            vec![batch(1, 0, 0, &[&end[..], &frame(b"evil")].concat())],
+            "after the end of stream",
+        ),
+        (
+            "a batch after the end of stream",
+            vec![
+                batch(1, 0, 0, &[frame(b"ok"), end.to_vec()].concat()),
+                batch(1, 0, 1, &frame(b"late")),
+            ],
+            "after the end of stream",
+        ),
+        (
+            "the end of stream before a batch numbered earlier",
+            vec![batch(1, 0, 0, &end), batch(1, 0, 2, &frame(b"lost"))],
+            "end of stream",
+        ),
+        (
+            "a batch numbered far ahead",
+            vec![batch(1, 0, 1 << 40, &frame(b"far"))],
+            "far ahead",
         ),
         (
             "a record after a good one running past the batch",
@@ -524,13 +548,16 @@ fn hostile_batches_are_typed_errors() {
         assert!(good <= 1, "{what}: {good} records");
     }
     // Addressed to a worker of the other process, to no worker, from no
-    // worker, too short for a head: dropped; the honest stream still ends.
+    // worker, from a worker of another process than the sender (here the
+    // receiver's own), too short for a head: dropped; the honest stream
+    // still ends.
     let nodes = nodes(Kind::Loopback, 2);
     let (a, b) = messages_pair(&nodes, 512);
     for m in [
         batch(0, 0, 0, &frame(b"x")),
         batch(7, 0, 0, &frame(b"x")),
         batch(1, 9, 0, &frame(b"x")),
+        batch(1, 1, 0, &frame(b"x")),
         vec![1, 0, 0],
     ] {
         nodes[0].send_raw(NodeId(1), TYPE, SUB, &m).unwrap();

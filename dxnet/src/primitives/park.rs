@@ -587,7 +587,7 @@ impl RequestSpinPolicy {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
@@ -861,18 +861,24 @@ mod loom_tests {
         });
     }
 
-    /// Two waiters, one `notify_all` after the work both wait for.
+    /// Two waiters, one `notify_all` after the work both wait for (with
+    /// `notify_one` instead, the model deadlocks: both may be parked).
     #[test]
     fn loom_signal_notify_all_wakes_every_waiter() {
         loom::model(|| {
             let sig = Arc::new(Signal::new());
             let work = Arc::new(AtomicUsize::new(0));
-            let (s, w) = (sig.clone(), work.clone());
-            let other = thread::spawn(move || wait_for(&s, &w, 1));
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let (s, w) = (sig.clone(), work.clone());
+                    thread::spawn(move || wait_for(&s, &w, 1))
+                })
+                .collect();
             work.store(1, Ordering::Relaxed);
             sig.notify_all();
-            wait_for(&sig, &work, 1);
-            other.join().unwrap();
+            for w in waiters {
+                w.join().unwrap();
+            }
         });
     }
 
