@@ -7,17 +7,25 @@
 //! [`Node::send_buffer`], [`Node::write_buffer`], [`Node::read_buffer`]
 //! and their async forms. On InfiniBand a buffer that is reused often
 //! enough is registered with the device and its bytes go from or into it
-//! in place; until then, and on TCP and loopback, they are copied as for
-//! slices. When to register is the frequent-buffer policy of `[zero_copy]`
+//! in place; until then they are copied as for slices. On TCP a message
+//! from a buffer of at least `tcp.send_in_place_from` bytes (256 KiB by
+//! default) goes to the socket from the buffer itself; smaller ones, and
+//! one-sided accesses, are copied, as everything on loopback. When to register is the frequent-buffer policy of `[zero_copy]`
 //! ([`crate::config::ZeroCopyConfig`]): a cost model of registration
 //! against copying, speculative registration, a limit on pinned memory
 //! with eviction, and a fallback when buffers are not reused. `NodeStats`
 //! counts what happened.
 //!
 //! A send in place completes when the peer's device acknowledged it, about
-//! a round trip on the wire after the post: [`Node::send_buffer`] waits for
-//! that, [`Node::send_buffer_async`] lets the thread go on (e.g. to wait for
-//! the answer) and gives the buffer back once it is done.
+//! a round trip on the wire after the post (on TCP: once its bytes are
+//! written to the socket): [`Node::send_buffer`] waits for that,
+//! [`Node::send_buffer_async`] lets the thread go on (e.g. to wait for the
+//! answer) and gives the buffer back once it is done.
+//!
+//! A buffer's length ([`Buffer::set_len`], up to its
+//! [`Buffer::capacity`]) is what sends and writes take and reads fill: a
+//! buffer reused for messages of varying size is filled and sent with the
+//! length of this message.
 //!
 //! Safety holds in safe Rust without rules for the caller:
 //! - a blocking call borrows the buffer until the device is done with it;
@@ -60,9 +68,40 @@ impl Buffer {
         }
     }
 
-    /// Length in bytes.
+    /// A zeroed buffer of `capacity` bytes, none of them in use yet
+    /// (length 0; see [`Buffer::set_len`]).
+    pub fn with_capacity(capacity: usize) -> Buffer {
+        let b = Buffer::new(capacity);
+        b.mem.set_len(0);
+        b
+    }
+
+    /// Length in bytes: what sends and writes from the buffer take, and
+    /// what reads into it fill.
+    #[inline]
     pub fn len(&self) -> usize {
         self.mem.len()
+    }
+
+    /// Bytes allocated: the most [`Buffer::set_len`] allows. A
+    /// registration covers all of them, so a registered buffer stays
+    /// registered whatever its length.
+    pub fn capacity(&self) -> usize {
+        self.mem.capacity()
+    }
+
+    /// Sets the length to `len`, e.g. to send only the part of a reused
+    /// buffer filled this time. Bytes that come into view hold what they
+    /// held before (zeros at first). Panics if `len` is over the capacity.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(
+            len <= self.capacity(),
+            "length {len} over the buffer's capacity {}",
+            self.capacity()
+        );
+        // An access still reading the old memory keeps its length.
+        self.make_unique();
+        self.mem.set_len(len);
     }
 
     /// True if the buffer has no bytes.
@@ -89,6 +128,7 @@ impl Buffer {
 
     /// Makes the memory this handle's alone before a write: an access in
     /// flight keeps the old memory, this handle moves to a copy.
+    #[inline]
     fn make_unique(&mut self) {
         if self.mem.in_flight() > 0 {
             self.mem = Arc::new(self.mem.detach());
@@ -113,6 +153,7 @@ impl From<&[u8]> for Buffer {
 
 impl Deref for Buffer {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: a device writes a buffer's memory only while an
         // operation owns (or mutably borrows) its handle, and gives the
@@ -124,6 +165,7 @@ impl Deref for Buffer {
 }
 
 impl DerefMut for Buffer {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         self.make_unique();
         // SAFETY: `&mut self` excludes other users of the handle, and
@@ -384,9 +426,12 @@ impl Node {
     /// memory and the payload from `buf` (more for a payload larger than a
     /// receive), posted right behind the connection's ring data, and this
     /// waits for the device to complete the send (the message keeps its
-    /// order among this thread's other sends). Otherwise the bytes are
-    /// copied into the ring buffer and this returns at once, as
-    /// `send_raw` does.
+    /// order among this thread's other sends). On TCP a buffer of at least
+    /// `tcp.send_in_place_from` bytes is sent in place too: its header goes
+    /// into the ring, the send thread writes the payload to the socket
+    /// from `buf` right behind it, and this waits until it did. Otherwise
+    /// the bytes are copied into the ring buffer and this returns at once,
+    /// as `send_raw` does. Sends the first [`Buffer::len`] bytes.
     pub fn send_buffer(&self, dest: NodeId, msg_type: u8, subtype: u8, buf: &Buffer) -> Result<()> {
         self.core().send_buffer(dest, msg_type, subtype, &buf.mem)
     }

@@ -428,6 +428,16 @@ pub struct TcpConfig {
     /// with, in microseconds (see [`TcpConfig::coalesce_bytes`]); the send
     /// thread gives its core away meanwhile. At most 10 000. Default 30.
     pub coalesce_us: u64,
+    /// Messages from a [`crate::Buffer`] of at least this many bytes
+    /// (`Node::send_buffer`, `Node::send_buffer_async`) go to the socket
+    /// from the buffer itself instead of through a copy into the
+    /// connection's ring: only the message header goes into the ring, and
+    /// the send thread writes the payload right behind it in the same
+    /// chunk, so the message arrives as a copied one does. A send in place
+    /// holds the buffer until its bytes are written out and costs a
+    /// completion: smaller buffers are cheaper to copy. 0 turns it off.
+    /// Default 262144 (256 KiB).
+    pub send_in_place_from: usize,
 }
 
 impl Default for TcpConfig {
@@ -438,6 +448,7 @@ impl Default for TcpConfig {
             rings: 0,
             coalesce_bytes: 64 << 10,
             coalesce_us: 30,
+            send_in_place_from: 256 << 10,
         }
     }
 }

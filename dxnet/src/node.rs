@@ -72,6 +72,11 @@ pub struct NodeStats {
     /// Times speculative registration stopped because few buffers went on
     /// to be reused often (see [`crate::config::ZeroCopyConfig`]).
     pub speculation_stops: u64,
+    /// Messages from a [`crate::Buffer`] whose payload the engine wrote
+    /// to the peer from the buffer itself, with no copy and no
+    /// registration (TCP, buffers of at least `tcp.send_in_place_from`
+    /// bytes; see [`Node::send_buffer`]).
+    pub buffer_sends_lent: u64,
 }
 
 /// A message given to a receiver registered with

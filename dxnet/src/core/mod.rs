@@ -630,6 +630,7 @@ impl Core {
             buffer_evictions: z.evictions.load(Ordering::Relaxed),
             pinned_bytes: z.pinned_bytes.load(Ordering::Relaxed),
             speculation_stops: z.speculation_stops.load(Ordering::Relaxed),
+            buffer_sends_lent: z.lent.load(Ordering::Relaxed),
         }
     }
 

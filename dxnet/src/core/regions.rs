@@ -795,7 +795,7 @@ impl Core {
             }
             (_, Some(g)) => {
                 let keep: Keep = g.clone();
-                Some((&*g.pinned.handle, 0, keep))
+                Some((&*g.registration().handle, 0, keep))
             }
             _ => None,
         };

@@ -3,10 +3,10 @@
 //! data out.
 
 use super::*;
-use crate::primitives::buffer_mem::BufferMem;
+use crate::primitives::buffer_mem::{BufferMem, InFlight};
 use crate::primitives::cpu;
-use crate::primitives::in_order::Outcome as InOrder;
-use crate::transport::{Hold, LocalBytes, ResponseWait};
+use crate::primitives::in_order::{InOrderTrack, Outcome as InOrder};
+use crate::transport::{Hold, Lent, LocalBytes, ResponseWait, Transport};
 use std::task::{Context, Poll};
 
 impl Core {
@@ -145,6 +145,12 @@ impl Core {
         if t == 0 || mem.len() > self.config.limits.max_message_size || self.is_shut_down() {
             return copy(); // refused there, with the reason
         }
+        if let Some(engine) = self
+            .transport()
+            .filter(|e| dest != self.own && e.lends_from().is_some_and(|from| mem.len() >= from))
+        {
+            return self.lend_buffer(&**engine, dest, t, s, mem).map(Some);
+        }
         let rm = match self.transport() {
             Some(t) if dest != self.own => t.remote_memory(),
             _ => None,
@@ -184,7 +190,7 @@ impl Core {
         let guard = Arc::new(guard);
         let keep: Arc<dyn Hold> = guard.clone();
         let payload = LocalBytes {
-            registration: &*guard.pinned.handle,
+            registration: &*guard.registration().handle,
             offset: 0,
             len: mem.len(),
             keep: &keep,
@@ -204,27 +210,126 @@ impl Core {
         self.count_sent(&conn, total);
         Ok(Some(PendingSend {
             conn,
-            seq,
+            wait: SendWait::Device(seq),
             deadline,
         }))
+    }
+
+    /// [`Core::start_send_buffer`] on an engine that writes payloads from
+    /// the buffer in place ([`Transport::lend`], TCP): only the message
+    /// header goes into the ring; the engine writes the payload right
+    /// behind it and reports when it is out.
+    fn lend_buffer(
+        &self,
+        engine: &dyn Transport,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        mem: &Arc<BufferMem>,
+    ) -> Result<PendingSend> {
+        let header = MessageHeader {
+            msg_type: t,
+            subtype: s,
+            flags: MessageKind::Plain.flags(),
+            request_id: 0,
+            payload_len: mem.len() as u32,
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        header.encode(&mut hb);
+        let total = (HEADER_LEN + mem.len()) as u64;
+        let timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
+        let deadline = Instant::now() + timeout;
+        let conn = self.connection(dest, deadline)?;
+        let lost = |conn: &Connection| {
+            Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
+        };
+        let open = || conn.state() == ConnState::Open;
+        // The payload counts against the window as if it were in the ring.
+        conn.flow
+            .acquire(
+                cpu::current(),
+                total,
+                &Deadline::at(deadline),
+                &self.config.park,
+                open,
+            )
+            .map_err(|e| match e {
+                FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
+                FlowWaitError::Closed => lost(&conn),
+            })?;
+        let track = Arc::new(InOrderTrack::new());
+        // Left to the send thread, which writes many such payloads with
+        // one system call (a thread writing its own would make one each).
+        let notify = || {
+            self.on_write_interest(dest);
+        };
+        let ring = conn.ring_for_thread(cpu::current());
+        let res =
+            conn.ring(ring)
+                .write_message(HEADER_LEN, &Deadline::at(deadline), &notify, |w| {
+                    // Before the header's commit: the engine knows of the
+                    // payload before it can see the header.
+                    let lent = Lent::new(HEADER_LEN, InFlight::reading(mem.clone()), track.clone());
+                    let start = w.msg_end() - HEADER_LEN as u64;
+                    engine
+                        .lend(&conn, ring, start, lent)
+                        .map_err(|_| std::io::Error::other("the connection closed"))?;
+                    w.write_all(&hb)
+                });
+        match res {
+            Ok(end) => {
+                conn.note_written(ring, end);
+                self.count_sent(&conn, total);
+                self.zero_copy.stats.lent.fetch_add(1, Ordering::Relaxed);
+                Ok(PendingSend {
+                    conn,
+                    wait: SendWait::Lent(track),
+                    deadline,
+                })
+            }
+            Err(OrbError::Timeout) => {
+                conn.flow.on_confirm_bytes(total);
+                Err(Error::Timeout(Waited::RingBuffer))
+            }
+            Err(OrbError::Closed) => Err(lost(&conn)),
+            Err(OrbError::Corrupted) => {
+                // The engine refused the payload: the connection closed.
+                self.close_connection(&conn, "connection closed during a send", true);
+                Err(lost(&conn))
+            }
+        }
     }
 
     /// Blocks until the send in flight `p` completed (its buffer may
     /// change then).
     pub fn wait_send(self: &Arc<Self>, p: &PendingSend) -> Result<()> {
+        let seq = match &p.wait {
+            SendWait::Lent(track) => return send_outcome(p, track.wait(1, p.deadline)),
+            SendWait::Device(seq) => *seq,
+        };
         let Some(rm) = self.transport().and_then(|t| t.remote_memory()) else {
             return Err(Error::Shutdown);
         };
-        send_outcome(p, self.wait_device_part(rm, &p.conn, p.seq, p.deadline))
+        send_outcome(p, self.wait_device_part(rm, &p.conn, seq, p.deadline))
     }
 
     /// [`Core::wait_send`] for a future: registers `cx`'s waker while the
     /// send is in flight.
     pub fn poll_send(&self, p: &PendingSend, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let seq = match &p.wait {
+            SendWait::Lent(track) => {
+                let outcome = track.register(1, cx.waker());
+                if outcome == InOrder::Pending && Instant::now() < p.deadline {
+                    return Poll::Pending;
+                }
+                return Poll::Ready(send_outcome(p, outcome));
+            }
+            SendWait::Device(seq) => *seq,
+        };
         let Some(rm) = self.transport().and_then(|t| t.remote_memory()) else {
             return Poll::Ready(Err(Error::Shutdown));
         };
-        let outcome = p.conn.parts.register(p.seq, cx.waker());
+        let outcome = p.conn.parts.register(seq, cx.waker());
         if outcome == InOrder::Pending && Instant::now() < p.deadline {
             // Completions are retired by the engine now.
             rm.waiting();
@@ -784,8 +889,18 @@ pub(super) enum Flush {
 #[derive(Debug)]
 pub struct PendingSend {
     conn: Arc<Connection>,
-    seq: u64,
+    wait: SendWait,
     deadline: Instant,
+}
+
+/// Where a send in place reports its outcome.
+#[derive(Debug)]
+enum SendWait {
+    /// The device's send: its number in the connection's track of device
+    /// parts.
+    Device(u64),
+    /// A payload lent to the engine ([`Transport::lend`]).
+    Lent(Arc<InOrderTrack>),
 }
 
 fn send_outcome(p: &PendingSend, outcome: InOrder) -> Result<()> {

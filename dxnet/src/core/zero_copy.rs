@@ -112,6 +112,9 @@ pub struct ZeroCopyStats {
     pub evictions: AtomicU64,
     pub pinned_bytes: AtomicU64,
     pub speculation_stops: AtomicU64,
+    /// Buffer sends whose payload an engine wrote in place without a
+    /// registration (`Transport::lend`).
+    pub lent: AtomicU64,
 }
 
 /// A node's zero-copy policy and registration cache.
@@ -323,7 +326,7 @@ impl ZeroCopy {
                 .fetch_add(1, Ordering::Relaxed);
             Err(e)
         };
-        let len = mem.len() as u64;
+        let len = mem.capacity() as u64;
         if len > self.cfg.max_pinned_bytes {
             return fail(RegisterError::OverLimit);
         }
@@ -333,7 +336,7 @@ impl ZeroCopy {
         // SAFETY: the registration is dropped before the memory: the
         // buffer empties its slot first when it goes, and every access
         // that names it holds the memory too (`InFlight`).
-        let handle = match unsafe { rm.register_local(mem.as_ptr(), mem.len()) } {
+        let handle = match unsafe { rm.register_local(mem.as_ptr(), mem.capacity()) } {
             Ok(h) => h,
             Err(e) => {
                 self.stats.pinned_bytes.fetch_sub(len, Ordering::Relaxed);
@@ -429,7 +432,7 @@ fn measure<R: Registrar + ?Sized>(rm: &R) -> ZeroCopyCosts {
     let large = BufferMem::zeroed(64 * 4096);
     let reg = |m: &BufferMem| {
         // SAFETY: the handle is dropped at once, before the memory.
-        drop(unsafe { rm.register_local(m.as_ptr(), m.len()) });
+        drop(unsafe { rm.register_local(m.as_ptr(), m.capacity()) });
     };
     let r1 = best(5, || reg(&small));
     let r64 = best(5, || reg(&large));

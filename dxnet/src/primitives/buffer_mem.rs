@@ -80,7 +80,13 @@ pub trait Unreached: Send + Sync {
 /// An address-stable allocation of `len` bytes (see the module docs).
 pub struct BufferMem {
     ptr: NonNull<u8>,
-    len: usize,
+    /// Bytes allocated (and registered).
+    cap: usize,
+    /// Bytes in use: what accesses send, write or fill (at most `cap`).
+    /// Changed only by the owning handle while no access is in flight
+    /// (`Buffer::set_len` moves to a copy first otherwise), so accesses
+    /// read a length that stays put while they run.
+    len: std::sync::atomic::AtomicUsize,
     /// `Some`: allocated here with this layout; `None`: a `Box<[u8]>`.
     layout: Option<Layout>,
     /// Uses counted by the reuse policy.
@@ -142,7 +148,8 @@ impl BufferMem {
     fn with(ptr: NonNull<u8>, len: usize, layout: Option<Layout>) -> BufferMem {
         BufferMem {
             ptr,
-            len,
+            cap: len,
+            len: std::sync::atomic::AtomicUsize::new(len),
             layout,
             uses: AtomicU32::new(0),
             in_flight: AtomicUsize::new(0),
@@ -153,9 +160,26 @@ impl BufferMem {
         }
     }
 
-    /// Length in bytes.
+    /// Bytes in use.
+    #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes allocated.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Sets the bytes in use to the first `len` (at most the capacity).
+    /// For the owning handle while no access is in flight.
+    pub fn set_len(&self, len: usize) {
+        assert!(
+            len <= self.cap,
+            "length {len} over the capacity {}",
+            self.cap
+        );
+        self.len.store(len, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Address of the first byte (for registration).
@@ -168,10 +192,11 @@ impl BufferMem {
     /// # Safety
     /// No device may write them while the slice lives (the caller owns the
     /// buffer's handle, see the module docs).
+    #[inline]
     pub unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` bytes for as long as `self`;
-        // the caller rules out concurrent writers.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: `ptr` is valid for `cap >= len` bytes for as long as
+        // `self`; the caller rules out concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
     }
 
     /// The bytes, writable.
@@ -180,9 +205,10 @@ impl BufferMem {
     /// The caller is the only one reaching the bytes while the slice lives:
     /// it owns the handle exclusively and no device access is in flight.
     #[allow(clippy::mut_from_ref)]
+    #[inline]
     pub unsafe fn bytes_mut(&self) -> &mut [u8] {
         // SAFETY: as for `bytes`, with exclusivity from the caller.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
     }
 
     /// Counts a use; returns the count including it (saturating).
@@ -207,6 +233,7 @@ impl BufferMem {
     }
 
     /// Device accesses in flight.
+    #[inline]
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
@@ -249,12 +276,13 @@ impl BufferMem {
     /// Copies the bytes into new memory (no registration, no uses) for an
     /// owner that must not share them with a device access in flight.
     pub fn detach(&self) -> BufferMem {
-        let fresh = BufferMem::zeroed(self.len);
-        // SAFETY: both are valid for `len` bytes and do not overlap; a
+        let fresh = BufferMem::zeroed(self.cap);
+        // SAFETY: both are valid for `cap` bytes and do not overlap; a
         // device may still write the source (an access that failed while
         // in flight): a raw copy of plain bytes tolerates that, the copy
         // gets some mix of old and new bytes.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), fresh.as_ptr(), self.len) };
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), fresh.as_ptr(), self.cap) };
+        fresh.set_len(self.len());
         fresh
     }
 }
@@ -272,7 +300,7 @@ impl Drop for BufferMem {
             // SAFETY: allocated in `zeroed` with this layout.
             Some(layout) => unsafe { dealloc(self.ptr.as_ptr(), layout) },
             None => {
-                let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+                let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.cap);
                 // SAFETY: came from `Box::into_raw` of a `Box<[u8]>` of
                 // `len` bytes in `from_vec`.
                 drop(unsafe { Box::from_raw(raw) });
@@ -286,8 +314,9 @@ impl Drop for BufferMem {
 /// done with it), and tells the buffer's owner not to write meanwhile.
 pub struct InFlight {
     mem: Arc<BufferMem>,
-    /// The registration the access's work requests name.
-    pub pinned: Arc<Pinned>,
+    /// The registration the access's work requests name (`None`: an
+    /// engine reads the bytes with the CPU, see [`InFlight::reading`]).
+    pub pinned: Option<Arc<Pinned>>,
     /// [`InFlight::device_done`] ran.
     done: AtomicBool,
 }
@@ -295,6 +324,16 @@ pub struct InFlight {
 impl InFlight {
     /// Starts an access to `mem` through `pinned`.
     pub fn new(mem: Arc<BufferMem>, pinned: Arc<Pinned>) -> InFlight {
+        Self::start(mem, Some(pinned))
+    }
+
+    /// Starts an engine's read of `mem` without a registration (TCP
+    /// writes the bytes to its socket from the buffer).
+    pub fn reading(mem: Arc<BufferMem>) -> InFlight {
+        Self::start(mem, None)
+    }
+
+    fn start(mem: Arc<BufferMem>, pinned: Option<Arc<Pinned>>) -> InFlight {
         mem.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             mem,
@@ -306,7 +345,31 @@ impl InFlight {
     /// Another access (a further part) to the same buffer through the same
     /// registration.
     pub fn another(&self) -> InFlight {
-        InFlight::new(self.mem.clone(), self.pinned.clone())
+        Self::start(self.mem.clone(), self.pinned.clone())
+    }
+
+    /// The registration the access names; panics for [`InFlight::reading`]
+    /// guards, which name none.
+    pub fn registration(&self) -> &Pinned {
+        self.pinned
+            .as_deref()
+            .expect("an access through the device names a registration")
+    }
+
+    /// The buffer's length.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// The buffer's bytes.
+    ///
+    /// # Safety
+    /// Until [`InFlight::device_done`], the owner does not write them (the
+    /// access counts as in flight); after it, the caller must not read
+    /// them any more.
+    pub unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: the caller's promise; the memory lives as long as `self`.
+        unsafe { self.mem.bytes() }
     }
 
     /// The device is done with the memory (the guard may live on, holding

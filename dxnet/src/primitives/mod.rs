@@ -56,6 +56,7 @@ pub mod pool;
 pub mod prefetch;
 pub mod read_lease;
 pub mod region_mem;
+pub mod ring_notes;
 pub mod stats;
 pub mod sync;
 pub mod wait_queue;

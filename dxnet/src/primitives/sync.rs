@@ -1,11 +1,12 @@
 //! Synchronization shim.
 //!
 //! Everything in `orb/`, `write_interest.rs`, `credit.rs`, `wait_queue.rs`,
-//! `in_order.rs`, `free_stack.rs`, `park.rs` (its `Signal`) and (for its
-//! device-access count) `buffer_mem.rs` takes its atomics and threads from
+//! `in_order.rs`, `free_stack.rs`, `park.rs` (its `Signal`),
+//! `ring_notes.rs` and (for its device-access count) `buffer_mem.rs`
+//! takes its atomics and threads from
 //! here: the std primitives normally, loom's under `--cfg loom`, so the
 //! loom models check the real code rather than a copy. (Locks:
-//! `wait_queue.rs` and `Signal` use parking_lot's normally, loom's under
+//! `wait_queue.rs`, `Signal` and `RingNotes` use parking_lot's normally, loom's under
 //! loom; the loom-only helpers below serve them and the model queue.)
 
 #[cfg(loom)]

@@ -14,6 +14,8 @@ use std::time::Instant;
 use crate::config::TransportKind;
 use crate::core::connection::Connection;
 use crate::core::Core;
+use crate::primitives::buffer_mem::InFlight;
+use crate::primitives::in_order::InOrderTrack;
 use crate::{NodeId, Result};
 
 mod driver;
@@ -158,8 +160,85 @@ pub trait Transport: Send + Sync + 'static {
     fn remote_memory(&self) -> Option<&dyn RemoteMemory> {
         None
     }
+    /// From which payload size the engine writes a buffer's payload from
+    /// the buffer in place, behind its message header in a ring
+    /// ([`Transport::lend`]); `None`: never.
+    fn lends_from(&self) -> Option<usize> {
+        None
+    }
+    /// Takes `payload` (the payload of the message that starts at
+    /// position `at` of `conn`'s ring `ring` with its `payload.header`
+    /// bytes of header), to write right after that header. Called while the header's bytes are reserved and not
+    /// yet committed, so the engine knows of the payload before it can
+    /// see the header. Gives it back if the connection no longer takes
+    /// payloads (it closed).
+    fn lend(&self, _conn: &Connection, _ring: usize, _at: u64, payload: Lent) -> Result<(), Lent> {
+        Err(payload)
+    }
     /// Stops the engine's threads and closes its sockets/queue pairs.
     fn shutdown(&self);
+}
+
+/// A message payload lent to the engine in place ([`Transport::lend`]):
+/// the bytes stay in the application's buffer, which the guard keeps alive
+/// and unwritten until the engine wrote them. Its outcome goes to `track`
+/// (one item): done once every byte is written out, lost if the payload
+/// is dropped before (the connection closed).
+pub struct Lent {
+    /// Bytes of the message in the ring (its header), before the payload.
+    pub header: usize,
+    /// The buffer, held for reading.
+    pub guard: InFlight,
+    /// Where the outcome goes.
+    pub track: Arc<InOrderTrack>,
+    /// Set once done (the drop then reports nothing).
+    done: bool,
+}
+
+impl Lent {
+    /// `guard`'s buffer as the payload of a message with `header` bytes
+    /// in the ring; its outcome for `track`.
+    pub fn new(header: usize, guard: InFlight, track: Arc<InOrderTrack>) -> Lent {
+        Lent {
+            header,
+            guard,
+            track,
+            done: false,
+        }
+    }
+
+    /// The payload's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the guard counts a reading access in flight, so the
+        // buffer's owner does not write the bytes while it lives (it moves
+        // to a copy instead, see `buffer_mem`).
+        unsafe { self.guard.bytes() }
+    }
+
+    /// Every byte was written out: the buffer is free again, the outcome
+    /// done.
+    pub fn finish(mut self) {
+        self.done = true;
+        self.guard.device_done();
+        self.track.complete_through(1);
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if !self.done {
+            self.guard.device_done();
+            self.track.lose_pending();
+        }
+    }
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lent")
+            .field("len", &self.guard.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a part of a one-sided access goes in the peer's registered

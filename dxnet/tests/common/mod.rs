@@ -744,11 +744,27 @@ pub struct BufferSendLog {
 impl BufferSendLog {
     /// Registers the checking receiver on `node`.
     pub fn register(node: &Node) -> Arc<BufferSendLog> {
+        Self::register_slow(node, Duration::ZERO)
+    }
+
+    /// [`BufferSendLog::register`] with a receiver that takes `per_message`
+    /// for each message (the sender's socket fills up).
+    pub fn register_slow(node: &Node, per_message: Duration) -> Arc<BufferSendLog> {
         let log = Arc::new(BufferSendLog::default());
         let l = log.clone();
-        node.register_raw(BUFFER_MSG.0, BUFFER_MSG.1, move |src, p| l.check(src.0, p))
-            .unwrap();
+        node.register_raw(BUFFER_MSG.0, BUFFER_MSG.1, move |src, p| {
+            if !per_message.is_zero() {
+                std::thread::sleep(per_message);
+            }
+            l.check(src.0, p)
+        })
+        .unwrap();
         log
+    }
+
+    /// Checks one received message (for a test's own receiver).
+    pub fn check_message(&self, src: u16, p: &[u8]) {
+        self.check(src, p)
     }
 
     fn check(&self, src: u16, p: &[u8]) {
@@ -803,6 +819,17 @@ impl BufferSendLog {
 /// overwritten right after its send returns or hands it back, so a send
 /// that let go of it before the device read the bytes shows as corrupt
 /// at the receiver.
+/// Message `seq` of thread `t` of node `own` for [`BufferSendLog`], `len`
+/// bytes (at least 16).
+pub fn buffer_message(own: u16, t: u32, seq: u64, len: usize) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(len);
+    msg.extend_from_slice(&t.to_le_bytes());
+    msg.extend_from_slice(&seq.to_le_bytes());
+    msg.extend_from_slice(&(len as u32).to_le_bytes());
+    msg.extend_from_slice(&pattern(own, t as u16, seq, len - 16));
+    msg
+}
+
 pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
     use dxnet::Buffer;
     let own = node.id().0;
@@ -821,11 +848,7 @@ pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
             pool[at] = back;
         }
         let len = pool[k].len();
-        let mut msg = Vec::with_capacity(len);
-        msg.extend_from_slice(&t.to_le_bytes());
-        msg.extend_from_slice(&seq.to_le_bytes());
-        msg.extend_from_slice(&(len as u32).to_le_bytes());
-        msg.extend_from_slice(&pattern(own, t as u16, seq, len - 16));
+        let msg = buffer_message(own, t, seq, len);
         if seq % 5 == 4 {
             node.send_raw(dest, BUFFER_MSG.0, BUFFER_MSG.1, &msg)
                 .unwrap();

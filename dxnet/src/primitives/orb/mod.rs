@@ -693,6 +693,13 @@ impl Orb {
         }
     }
 
+    /// The position of the first byte not yet handed to the transport.
+    pub fn posted(&self, c: &mut Consumer) -> u64 {
+        self.check_consumer(c);
+        // Only the consumer writes front_posted.
+        self.front_posted.load(Ordering::Relaxed)
+    }
+
     /// Number of committed bytes not yet handed to the transport (the
     /// consumer's: it collects new commits).
     pub fn unposted_len(&self, c: &mut Consumer) -> usize {

@@ -65,7 +65,7 @@ impl<'a> OrbWriter<'a> {
     }
 
     /// The position after the message.
-    pub(super) fn msg_end(&self) -> u64 {
+    pub(crate) fn msg_end(&self) -> u64 {
         self.msg_end
     }
 

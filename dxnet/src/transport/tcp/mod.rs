@@ -40,6 +40,7 @@ use crate::primitives::orb::Consumer;
 use crate::primitives::park::{self, Idle};
 use crate::primitives::pool::RecvBuffer;
 use crate::primitives::read_lease::ReadLease;
+use crate::primitives::ring_notes::RingNotes;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
 use crate::proto::wire::{
     encode_chunk_header, ChunkParser, HandshakeError, Hello, Status, CHUNK_HEADER_LEN,
@@ -48,7 +49,7 @@ use crate::proto::wire::{
 use crate::transport::cannot_connect;
 use crate::transport::driver::run_send_loop;
 use crate::transport::tls::{self, TlsContext, TlsStream};
-use crate::transport::{resolve, EngineThreads, ResponseWait, Transport};
+use crate::transport::{resolve, EngineThreads, Lent, ResponseWait, Transport};
 use crate::{Error, NodeId, Result};
 
 mod lease;
@@ -119,6 +120,17 @@ struct SendState {
     data_left: usize,
     /// The socket buffer was full; wait for a writable event.
     blocked: bool,
+    /// Lent payloads ([`Transport::lend`]) of the current chunk, in ring
+    /// order, each with the ring position it follows (its message
+    /// header's end): the chunk's data is the ring's bytes with each
+    /// payload spliced in after its header. The first may have been
+    /// started in an earlier chunk; a payload too large for one chunk goes
+    /// on in chunks of its own, before anything else.
+    lent: VecDeque<(u64, Lent)>,
+    /// Bytes of the first of `lent` written out.
+    lent_off: usize,
+    /// Bytes of `lent` in the current chunk not yet written.
+    lent_left: usize,
     /// When data was last written, and how much the last `write_locked`
     /// call wrote (kept only with write coalescing on).
     last_write: Option<Instant>,
@@ -162,6 +174,9 @@ struct TcpConn {
     /// TLS state when the node uses TLS; locked by the send path (after
     /// `send`) and by the receive thread.
     tls: Option<Mutex<tls::Session>>,
+    /// Payloads lent in place, per ring, at the position of their message
+    /// header's end (see `send.rs`).
+    lent: RingNotes<Lent>,
     /// Held by the one thread reading the socket: a receive thread for one
     /// read, or a requester for its wait (see `lease.rs`).
     read: ReadLease,
@@ -182,6 +197,9 @@ pub struct TcpEngine {
     /// bytes: off.
     coalesce_bytes: usize,
     coalesce_wait: Duration,
+    /// Buffers from this size on are sent in place (`tcp.send_in_place_from`;
+    /// 0: never).
+    send_in_place_from: usize,
     /// Handshake threads at once (each counted until the listener joined
     /// it, evicted ones too); connections beyond it are refused.
     max_handshake_threads: usize,
@@ -245,6 +263,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             .min(ring_capacity(cfg.limits.orb_size, rings) / 2)
             .min(cfg.limits.flow_control_window / 2),
         coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
+        send_in_place_from: cfg.tcp.send_in_place_from,
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
@@ -440,6 +459,10 @@ impl Transport for TcpEngine {
     fn close(&self, conn: &Arc<Connection>) {
         let tc = self.by_token.lock().remove(&(conn.id as usize));
         if let Some(tc) = tc {
+            // Lent payloads not started end lost (their senders learn that
+            // the connection closed); one being written ends with the send
+            // state, which the send path drops once it sees the close.
+            drop(tc.lent.close());
             self.close_poll(&tc);
             let fd = tc.stream.as_raw_fd();
             let _ = self.send_registry.deregister(&mut SourceFd(&fd));
@@ -500,8 +523,20 @@ impl Transport for TcpEngine {
     }
 
     fn holds_unsent(&self, conn: &Connection) -> bool {
-        conn.engine::<TcpConn>()
-            .is_some_and(|tc| tc.tls.as_ref().is_some_and(|t| t.lock().wants_write()))
+        conn.engine::<TcpConn>().is_some_and(|tc| {
+            tc.lent.pending() || tc.tls.as_ref().is_some_and(|t| t.lock().wants_write())
+        })
+    }
+
+    fn lends_from(&self) -> Option<usize> {
+        (self.send_in_place_from > 0).then_some(self.send_in_place_from)
+    }
+
+    fn lend(&self, conn: &Connection, ring: usize, at: u64, payload: Lent) -> Result<(), Lent> {
+        match conn.engine::<TcpConn>() {
+            Some(tc) => tc.lent.add(ring, at, payload),
+            None => Err(payload),
+        }
     }
 
     fn wake_receiver(&self) {

@@ -161,6 +161,8 @@ impl TcpEngine {
             && st.header_off == CHUNK_HEADER_LEN
             && st.data_left == 0
             && !st.blocked
+            && st.lent.is_empty()
+            && !tc.lent.pending()
             && conn.state() == ConnState::Open
             && conn.flow.pending_units() == 0
             && !tc.poke.load(Ordering::Acquire)
@@ -184,7 +186,12 @@ impl TcpEngine {
         coalesce: bool,
     ) -> bool {
         let conn = &tc.conn;
-        if conn.state() != ConnState::Open || st.blocked {
+        if conn.state() != ConnState::Open {
+            // Its sender learns that the connection closed.
+            drop_lent(tc, st);
+            return false;
+        }
+        if st.blocked {
             return false;
         }
         // With TLS, chunks are copied from the ring buffer into rustls
@@ -200,12 +207,23 @@ impl TcpEngine {
                     return false;
                 }
             }
-            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 {
+            if st.header_off == CHUNK_HEADER_LEN && st.data_left == 0 && st.lent_left == 0 {
                 if round > 0 && coalesce && self.coalesces(tc, st) {
                     return true;
                 }
                 let units = conn.flow.take_units(u32::MAX);
-                let avail = next_chunk_ring(conn, st);
+                // The rest of a lent payload too large for its chunk, or
+                // the next ring chunk with the payloads lent behind its
+                // headers spliced in (the receiver gets those messages
+                // whole, in one chunk).
+                let (ring, lent) = match lent_rest(st) {
+                    Some(len) => (0, len),
+                    None => {
+                        let take = next_chunk_ring(tc, st);
+                        splice_lent(tc, st, take)
+                    }
+                };
+                let avail = ring + lent;
                 let poke = tc.poke.swap(false, Ordering::AcqRel);
                 if avail == 0 && units == 0 && !poke {
                     // All written, so whatever `urgent` was set for went
@@ -221,14 +239,15 @@ impl TcpEngine {
                 }
                 st.header = encode_chunk_header(avail as u32, units);
                 st.header_off = 0;
-                st.data_left = avail;
+                st.data_left = ring;
+                st.lent_left = lent;
             }
             // Chunks of the connection's other rings go out in the same
             // call behind the current one (one system call however many
             // rings have data), unless the current chunk is cut.
             let mut plan = [(0usize, 0usize, false); MAX_GATHER];
             let mut headers = [[0u8; CHUNK_HEADER_LEN]; MAX_GATHER];
-            let planned = plan_gather(conn, st, &mut plan);
+            let planned = plan_gather(tc, st, &mut plan);
             for (h, &(_, len, _)) in headers.iter_mut().zip(&plan[..planned]) {
                 *h = encode_chunk_header(len as u32, 0);
             }
@@ -248,16 +267,50 @@ impl TcpEngine {
                     };
                     parts[r] = conn.ring(r).unposted(c, len);
                 }
-                let mut iov = [IoSlice::new(&[]); 3 * (1 + MAX_GATHER)];
+                let mut iov = [IoSlice::new(&[]); MAX_IOV];
                 iov[0] = IoSlice::new(&st.header[st.header_off..]);
-                iov[1] = IoSlice::new(parts[st.ring].0);
-                iov[2] = IoSlice::new(parts[st.ring].1);
-                for (k, (&(r, _, _), h)) in plan[..planned].iter().zip(&headers).enumerate() {
-                    iov[3 + 3 * k] = IoSlice::new(h);
-                    iov[4 + 3 * k] = IoSlice::new(parts[r].0);
-                    iov[5 + 3 * k] = IoSlice::new(parts[r].1);
+                let mut used = 1;
+                let mut ring_left = st.data_left;
+                let (mut a, mut b) = parts[st.ring];
+                let mut lent_left = st.lent_left;
+                let mut posted = conn.ring(st.ring).positions().front_posted;
+                for (k, (at, l)) in st.lent.iter().enumerate() {
+                    if lent_left == 0 {
+                        break;
+                    }
+                    // The ring's bytes up to this payload's place, then
+                    // as much of it as the chunk holds.
+                    let before = (at - posted) as usize;
+                    let (a1, b1);
+                    (a1, b1, a, b) = split_parts(a, b, before);
+                    for p in [a1, b1] {
+                        if !p.is_empty() {
+                            iov[used] = IoSlice::new(p);
+                            used += 1;
+                        }
+                    }
+                    ring_left -= before;
+                    posted = *at;
+                    let off = if k == 0 { st.lent_off } else { 0 };
+                    let take = (l.bytes().len() - off).min(lent_left);
+                    iov[used] = IoSlice::new(&l.bytes()[off..off + take]);
+                    used += 1;
+                    lent_left -= take;
                 }
-                let iov = &iov[..3 * (1 + planned)];
+                debug_assert!(a.len() + b.len() == ring_left);
+                for p in [a, b] {
+                    if !p.is_empty() {
+                        iov[used] = IoSlice::new(p);
+                        used += 1;
+                    }
+                }
+                for (&(r, _, _), h) in plan[..planned].iter().zip(&headers) {
+                    iov[used] = IoSlice::new(h);
+                    iov[used + 1] = IoSlice::new(parts[r].0);
+                    iov[used + 2] = IoSlice::new(parts[r].1);
+                    used += 3;
+                }
+                let iov = &iov[..used];
                 match tls.as_deref_mut() {
                     None => (&tc.stream).write_vectored(iov),
                     Some(t) => t.writer().write_vectored(iov),
@@ -265,27 +318,48 @@ impl TcpEngine {
             };
             match written {
                 Ok(mut n) => {
-                    // The current chunk first; bytes past it went to the
-                    // planned chunks in turn, and the last one they reached
-                    // becomes the current chunk.
+                    // The current chunk first (its ring data, then its lent
+                    // payload); bytes past it went to the planned chunks in
+                    // turn, and the last one they reached becomes the
+                    // current chunk.
                     let mut next = plan[..planned].iter().zip(&headers);
                     loop {
                         let h = n.min(CHUNK_HEADER_LEN - st.header_off);
                         st.header_off += h;
                         n -= h;
-                        let d = n.min(st.data_left);
-                        if d > 0 {
+                        // The chunk's data in order: ring bytes up to the
+                        // next payload's place, the payload's part in this
+                        // chunk, and so on; the ring's rest.
+                        while n > 0 && (st.data_left > 0 || st.lent_left > 0) {
                             let consumer = &mut st.consumers[st.ring];
                             let orb = conn.ring(st.ring);
-                            orb.mark_posted(consumer, d);
-                            orb.mark_completed(consumer, d);
-                            st.data_left -= d;
-                            n -= d;
-                            wrote += d;
-                            if self.coalesce_bytes > 0 {
-                                st.last_write = Some(Instant::now());
-                                st.last_len = wrote;
+                            let next_at = st.lent.front().map(|&(at, _)| at);
+                            let ring_part = match next_at {
+                                Some(at) if st.lent_left > 0 => {
+                                    (at - orb.posted(consumer)) as usize
+                                }
+                                _ => st.data_left,
+                            };
+                            let d = n.min(ring_part);
+                            if d > 0 {
+                                orb.mark_posted(consumer, d);
+                                orb.mark_completed(consumer, d);
+                                st.data_left -= d;
+                                n -= d;
+                                wrote += d;
+                                continue;
                             }
+                            let Some((_, l)) = st.lent.front() else { break };
+                            let e = n.min(st.lent_left).min(l.bytes().len() - st.lent_off);
+                            st.lent_off += e;
+                            st.lent_left -= e;
+                            n -= e;
+                            wrote += e;
+                            finish_lent(tc, st);
+                        }
+                        if self.coalesce_bytes > 0 && wrote > 0 {
+                            st.last_write = Some(Instant::now());
+                            st.last_len = wrote;
                         }
                         if n == 0 {
                             break;
@@ -315,7 +389,9 @@ impl TcpEngine {
         }
         // Budget used: come back after the other connections.
         st.data_left > 0
+            || st.lent_left > 0
             || st.header_off < CHUNK_HEADER_LEN
+            || !st.lent.is_empty()
             || has_sendable(conn, st)
             || conn.flow.pending_units() > 0
     }
@@ -357,9 +433,9 @@ pub(super) fn flush_tls(t: &mut tls::Session, mut stream: &TcpStream) -> std::io
 /// `MAX_CHUNK`, or part of a message written into the ring in chunks) is
 /// followed by the rest of its ring first, so the receiver's stream never
 /// switches rings inside a message.
-fn next_chunk_ring(conn: &Connection, st: &mut SendState) -> usize {
-    for r in candidate_rings(conn, st) {
-        if let Some((take, cut)) = chunk_of(conn, st, r) {
+fn next_chunk_ring(tc: &TcpConn, st: &mut SendState) -> usize {
+    for r in candidate_rings(&tc.conn, st) {
+        if let Some((take, cut)) = chunk_of(tc, st, r) {
             st.ring = r;
             st.cut = cut;
             return take;
@@ -373,8 +449,8 @@ const MAX_GATHER: usize = 7;
 
 /// The chunk ring `r` would send next, if it has published data: its
 /// length (at most `MAX_CHUNK`) and whether it may end inside a message.
-fn chunk_of(conn: &Connection, st: &mut SendState, r: usize) -> Option<(usize, bool)> {
-    let ring = conn.ring(r);
+fn chunk_of(tc: &TcpConn, st: &mut SendState, r: usize) -> Option<(usize, bool)> {
+    let ring = tc.conn.ring(r);
     let len = ring.unposted_len(&mut st.consumers[r]);
     if len == 0 {
         return None;
@@ -386,12 +462,133 @@ fn chunk_of(conn: &Connection, st: &mut SendState, r: usize) -> Option<(usize, b
     ))
 }
 
+/// Where ring `r`'s next `take` bytes must end for a chunk without lent
+/// payloads (gathered behind the current chunk): before the first message
+/// with one (`unposted_len` acquired its header's commit, so its payload
+/// is queued).
+fn before_lent(tc: &TcpConn, st: &mut SendState, r: usize, take: usize) -> usize {
+    match tc.lent.next_at(r) {
+        Some(start) => {
+            let posted = tc.conn.ring(r).posted(&mut st.consumers[r]);
+            take.min(start.saturating_sub(posted) as usize)
+        }
+        None => take,
+    }
+}
+
+/// Most payloads spliced into one chunk (bounds the `writev` vector).
+const MAX_SPLICED: usize = 32;
+/// Entries of one `writev`: the chunk header, each payload and the ring
+/// pieces around them (two where the ring wraps), the gathered chunks.
+const MAX_IOV: usize = 1 + 2 * (MAX_SPLICED + 1) + MAX_SPLICED + 3 * MAX_GATHER;
+
+/// The current chunk is ring `st.ring`'s next `take` bytes: takes the
+/// payloads lent to messages among them (`st.lent`), the chunk to carry
+/// each right after its header, as many as one chunk holds; shortens the
+/// ring bytes to end before a message whose payload does not fit (it
+/// starts the next chunk). Returns the chunk's ring and payload bytes.
+fn splice_lent(tc: &TcpConn, st: &mut SendState, take: usize) -> (usize, usize) {
+    if take == 0 {
+        return (0, 0);
+    }
+    let posted = tc.conn.ring(st.ring).posted(&mut st.consumers[st.ring]);
+    let mut ring = take;
+    let mut lent = 0;
+    while let Some((start, end, len)) = tc.lent.peek(st.ring, |start, l| {
+        (start, start + l.header as u64, l.bytes().len())
+    }) {
+        if start >= posted + ring as u64 {
+            break; // a later chunk's
+        }
+        let before = (end - posted) as usize;
+        let full = st.lent.len() == MAX_SPLICED || (lent > 0 && before + lent + len > MAX_CHUNK);
+        if (full || end > posted + ring as u64) && start > posted {
+            // The next chunk starts with this message (a boundary): its
+            // header is not split from its payload.
+            ring = (start - posted) as usize;
+            st.cut = false;
+            break;
+        }
+        if end > posted + ring as u64 {
+            break; // the rest of a header sent in part: its payload next
+        }
+        let Some(l) = tc.lent.take_at(st.ring, start) else {
+            break;
+        };
+        st.lent.push_back((end, l));
+        if before + lent + len > MAX_CHUNK {
+            // Larger than a chunk: its first part here, the rest in chunks
+            // of its own before anything else.
+            ring = before;
+            lent += MAX_CHUNK.saturating_sub(before).max(1);
+            st.cut = true;
+            break;
+        }
+        lent += len;
+    }
+    if !st.lent.is_empty() {
+        st.lent_off = 0;
+    }
+    (ring, lent)
+}
+
+/// The next chunk of a lent payload too large for the chunk of its
+/// header, if one is being written.
+fn lent_rest(st: &mut SendState) -> Option<usize> {
+    let (_, l) = st.lent.front()?;
+    st.cut = true;
+    Some((l.bytes().len() - st.lent_off).min(MAX_CHUNK))
+}
+
+/// If the first lent payload is written out, it is done (its buffer free
+/// again); once none is left in progress the rings take turns again.
+fn finish_lent(tc: &TcpConn, st: &mut SendState) {
+    let Some((_, l)) = st.lent.front() else {
+        return;
+    };
+    if st.lent_off < l.bytes().len() {
+        return;
+    }
+    if let Some((_, l)) = st.lent.pop_front() {
+        l.finish();
+        tc.lent.finished();
+    }
+    st.lent_off = 0;
+    if st.lent.is_empty() && st.data_left == 0 {
+        st.cut = false;
+    }
+}
+
+/// Drops the lent payloads being written (the connection closed): their
+/// senders learn that they were lost.
+fn drop_lent(tc: &TcpConn, st: &mut SendState) {
+    for (_, l) in st.lent.drain(..) {
+        drop(l);
+        tc.lent.finished();
+    }
+    st.lent_off = 0;
+    st.lent_left = 0;
+}
+
+/// Splits the two slices `a`, `b` (one span) after `n` bytes: the first
+/// part's two slices, then the rest's.
+#[allow(clippy::type_complexity)]
+fn split_parts<'a>(a: &'a [u8], b: &'a [u8], n: usize) -> (&'a [u8], &'a [u8], &'a [u8], &'a [u8]) {
+    if n <= a.len() {
+        let (a1, a2) = a.split_at(n);
+        (a1, &[], a2, b)
+    } else {
+        let (b1, b2) = b.split_at(n - a.len());
+        (a, b1, &[], b2)
+    }
+}
+
 /// Fills `plan` with the chunks (ring, length, cut) of the other rings to
 /// write behind the current chunk, in turn after the current ring, and
 /// returns how many. None if the current chunk is cut (its ring goes on
 /// first); the plan ends with a cut chunk, for the same reason.
 fn plan_gather(
-    conn: &Connection,
+    tc: &TcpConn,
     st: &mut SendState,
     plan: &mut [(usize, usize, bool); MAX_GATHER],
 ) -> usize {
@@ -401,11 +598,22 @@ fn plan_gather(
     let mut planned = 0;
     let current = st.ring;
     // The rings in use after the current one (it comes last: skipped).
-    for r in candidate_rings(conn, st).filter(|&r| r != current) {
+    for r in candidate_rings(&tc.conn, st).filter(|&r| r != current) {
         if planned == MAX_GATHER {
             break;
         }
-        if let Some((len, cut)) = chunk_of(conn, st, r) {
+        if let Some((len, cut)) = chunk_of(tc, st, r) {
+            let plain = before_lent(tc, st, r, len);
+            if plain < len {
+                // Messages with lent payloads are spliced when the ring's
+                // turn comes as the current chunk: the bytes before them
+                // now, then that ring next.
+                if plain > 0 {
+                    plan[planned] = (r, plain, false);
+                    planned += 1;
+                }
+                break;
+            }
             plan[planned] = (r, len, cut);
             planned += 1;
             if cut {

@@ -266,6 +266,7 @@ impl TcpEngine {
             .map(|r| r.consumer())
             .collect::<Option<Box<[Consumer]>>>()
             .ok_or("the connection's ring buffer already has a consumer")?;
+        let lent = RingNotes::new(consumers.len());
         let token = Token(conn.id as usize);
         let tc = Arc::new(TcpConn {
             conn: conn.clone(),
@@ -280,12 +281,16 @@ impl TcpEngine {
                 blocked: false,
                 last_write: None,
                 last_len: 0,
+                lent: VecDeque::new(),
+                lent_off: 0,
+                lent_left: 0,
             }),
             recv: Mutex::new(RecvState::default()),
             poke: AtomicBool::new(false),
             urgent: AtomicBool::new(false),
             read_closed: AtomicBool::new(false),
             tls: tls_conn.map(Mutex::new),
+            lent,
             read: ReadLease::new(),
             polled: Mutex::new(lease::Polled::default()),
         });
