@@ -251,6 +251,9 @@ impl TcpEngine {
             for (h, &(_, len, _)) in headers.iter_mut().zip(&plan[..planned]) {
                 *h = encode_chunk_header(len as u32, 0);
             }
+            // Where the current chunk's ring data starts (the payloads'
+            // places are relative to it).
+            let mut posted = conn.ring(st.ring).posted(&mut st.consumers[st.ring]);
             let written = {
                 // The slices are written out (or copied into rustls) before
                 // `mark_completed` frees them (they borrow the consumers).
@@ -273,7 +276,6 @@ impl TcpEngine {
                 let mut ring_left = st.data_left;
                 let (mut a, mut b) = parts[st.ring];
                 let mut lent_left = st.lent_left;
-                let mut posted = conn.ring(st.ring).positions().front_posted;
                 for (k, (at, l)) in st.lent.iter().enumerate() {
                     if lent_left == 0 {
                         break;
