@@ -95,39 +95,61 @@ fn buffers_tcp() {
     buffers(Kind::Tcp);
 }
 
+/// `threads` threads of node 1 send `per` messages each to node 0 with
+/// [`buffer_sends`] (buffers up to `max` bytes, in place from 8 KiB on
+/// TCP), node 0 taking `per_message` for each; every message exactly
+/// once, intact and in per-thread order. Returns node 1's statistics.
+fn checked_buffer_sends(
+    kind: Kind,
+    threads: u32,
+    per: u64,
+    max: usize,
+    per_message: std::time::Duration,
+) -> dxnet::NodeStats {
+    let nodes = start_all(cluster_configs(kind, 2, |c| {
+        c.limits.send_timeout_ms = 60_000;
+        c.tcp.send_in_place_from = 8192;
+    }));
+    let log = BufferSendLog::register_slow(&nodes[0], per_message);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let b = nodes[1].clone();
+            s.spawn(move || buffer_sends(&b, dxnet::NodeId(0), t, per, max));
+        }
+    });
+    log.expect(threads as u64 * per, 90);
+    nodes[1].stats()
+}
+
 /// Messages from reused buffers (`send_buffer`) mixed with `send_raw` in
 /// one stream: 24 threads on 2 cores, each message exactly once, intact
 /// and in per-thread order, although every buffer is overwritten as soon
 /// as its send returns.
 fn buffer_messages(kind: Kind) {
-    const THREADS: u32 = 24;
-    const PER: u64 = 150;
-    let nodes = start_all(cluster_configs(kind, 2, |c| {
-        c.limits.send_timeout_ms = 60_000;
-        c.tcp.send_in_place_from = 8192;
-    }));
-    let log = BufferSendLog::register(&nodes[0]);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let b = nodes[1].clone();
-            s.spawn(move || buffer_sends(&b, dxnet::NodeId(0), t, PER, 100_000));
-        }
-    });
-    log.expect(THREADS as u64 * PER, 60);
-    let st = nodes[1].stats();
+    let st = checked_buffer_sends(kind, 24, 150, 100_000, std::time::Duration::ZERO);
     assert_eq!(st.zero_copy_in_place, 0);
     assert!(st.zero_copy_copied > 0);
     expect_lent(kind, st.buffer_sends_lent);
 }
 
-/// TCP (and TLS) lends the payloads of buffers of 8 KiB and more to the
-/// send thread; loopback copies them.
+/// TCP (and TLS) sends buffers in place from `tcp.send_in_place_from`
+/// bytes on; loopback copies them.
 fn expect_lent(kind: Kind, lent: u64) {
     if kind == Kind::Loopback {
         assert_eq!(lent, 0);
     } else {
         assert!(lent > 0, "no payload went from its buffer in place");
     }
+}
+
+#[test]
+fn buffer_messages_loopback() {
+    buffer_messages(Kind::Loopback);
+}
+
+#[test]
+fn buffer_messages_tcp() {
+    buffer_messages(Kind::Tcp);
 }
 
 #[test]
@@ -139,21 +161,8 @@ fn buffer_messages_tls() {
 /// chunks right behind its header, with other threads' messages in the
 /// other rings; every message intact and in per-thread order.
 fn large_buffer_messages(kind: Kind) {
-    const THREADS: u32 = 6;
-    const PER: u64 = 15;
-    let nodes = start_all(cluster_configs(kind, 2, |c| {
-        c.limits.send_timeout_ms = 60_000;
-        c.tcp.send_in_place_from = 8192;
-    }));
-    let log = BufferSendLog::register(&nodes[0]);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let b = nodes[1].clone();
-            s.spawn(move || buffer_sends(&b, dxnet::NodeId(0), t, PER, (2 << 20) + 77));
-        }
-    });
-    log.expect(THREADS as u64 * PER, 60);
-    expect_lent(kind, nodes[1].stats().buffer_sends_lent);
+    let st = checked_buffer_sends(kind, 6, 15, (2 << 20) + 77, std::time::Duration::ZERO);
+    expect_lent(kind, st.buffer_sends_lent);
 }
 
 #[test]
@@ -170,21 +179,9 @@ fn large_buffer_messages_tls() {
 /// in place are written in pieces as it drains (partial writes resumed
 /// inside a payload and inside its chunk header).
 fn buffer_messages_to_a_slow_receiver(kind: Kind) {
-    const THREADS: u32 = 4;
-    const PER: u64 = 40;
-    let nodes = start_all(cluster_configs(kind, 2, |c| {
-        c.limits.send_timeout_ms = 60_000;
-        c.tcp.send_in_place_from = 8192;
-    }));
-    let log = BufferSendLog::register_slow(&nodes[0], std::time::Duration::from_millis(1));
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let b = nodes[1].clone();
-            s.spawn(move || buffer_sends(&b, dxnet::NodeId(0), t, PER, 300_001));
-        }
-    });
-    log.expect(THREADS as u64 * PER, 90);
-    expect_lent(kind, nodes[1].stats().buffer_sends_lent);
+    let slow = std::time::Duration::from_millis(1);
+    let st = checked_buffer_sends(kind, 4, 40, 300_001, slow);
+    expect_lent(kind, st.buffer_sends_lent);
 }
 
 #[test]
@@ -290,16 +287,6 @@ fn lent_sends_go_out_before_shutdown() {
     assert!(sender.stats().buffer_sends_lent >= SENDS);
     drop(sender);
     log.expect(SENDS, 60);
-}
-
-#[test]
-fn buffer_messages_loopback() {
-    buffer_messages(Kind::Loopback);
-}
-
-#[test]
-fn buffer_messages_tcp() {
-    buffer_messages(Kind::Tcp);
 }
 
 /// One buffer reused for messages of many lengths (`Buffer::set_len`):

@@ -159,34 +159,12 @@ impl Core {
             return copy();
         };
         let rm = rm.expect("a registration implies the device");
-        let header = MessageHeader {
-            msg_type: t,
-            subtype: s,
-            flags: MessageKind::Plain.flags(),
-            request_id: 0,
-            payload_len: mem.len() as u32,
-        };
-        let mut hb = [0u8; HEADER_LEN];
-        header.encode(&mut hb);
-        let total = (HEADER_LEN + mem.len()) as u64;
-        let timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
-        let deadline = Instant::now() + timeout;
-        let conn = self.connection(dest, deadline)?;
-        let open = || conn.state() == ConnState::Open;
-        conn.flow
-            .acquire(
-                cpu::current(),
-                total,
-                &Deadline::at(deadline),
-                &self.config.park,
-                open,
-            )
-            .map_err(|e| match e {
-                FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
-                FlowWaitError::Closed => {
-                    Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
-                }
-            })?;
+        let InPlace {
+            conn,
+            header: hb,
+            total,
+            deadline,
+        } = self.start_in_place(dest, t, s, mem)?;
         let guard = Arc::new(guard);
         let keep: Arc<dyn Hold> = guard.clone();
         let payload = LocalBytes {
@@ -215,18 +193,10 @@ impl Core {
         }))
     }
 
-    /// [`Core::start_send_buffer`] on an engine that writes payloads from
-    /// the buffer in place ([`Transport::lend`], TCP): only the message
-    /// header goes into the ring; the engine writes the payload right
-    /// behind it and reports when it is out.
-    fn lend_buffer(
-        &self,
-        engine: &dyn Transport,
-        dest: NodeId,
-        t: u8,
-        s: u8,
-        mem: &Arc<BufferMem>,
-    ) -> Result<PendingSend> {
+    /// What a send of `mem` in place starts with: its message header, the
+    /// connection, and the window for header and payload (the payload
+    /// counts as if it were in the ring).
+    fn start_in_place(&self, dest: NodeId, t: u8, s: u8, mem: &BufferMem) -> Result<InPlace> {
         let header = MessageHeader {
             msg_type: t,
             subtype: s,
@@ -240,11 +210,7 @@ impl Core {
         let timeout = Duration::from_millis(self.config.limits.send_timeout_ms);
         let deadline = Instant::now() + timeout;
         let conn = self.connection(dest, deadline)?;
-        let lost = |conn: &Connection| {
-            Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
-        };
         let open = || conn.state() == ConnState::Open;
-        // The payload counts against the window as if it were in the ring.
         conn.flow
             .acquire(
                 cpu::current(),
@@ -255,8 +221,39 @@ impl Core {
             )
             .map_err(|e| match e {
                 FlowWaitError::Timeout => Error::Timeout(Waited::FlowControl),
-                FlowWaitError::Closed => lost(&conn),
+                FlowWaitError::Closed => {
+                    Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
+                }
             })?;
+        Ok(InPlace {
+            conn,
+            header: hb,
+            total,
+            deadline,
+        })
+    }
+
+    /// [`Core::start_send_buffer`] on an engine that writes payloads from
+    /// the buffer in place ([`Transport::lend`], TCP): only the message
+    /// header goes into the ring; the engine writes the payload right
+    /// behind it and reports when it is out.
+    fn lend_buffer(
+        &self,
+        engine: &dyn Transport,
+        dest: NodeId,
+        t: u8,
+        s: u8,
+        mem: &Arc<BufferMem>,
+    ) -> Result<PendingSend> {
+        let InPlace {
+            conn,
+            header: hb,
+            total,
+            deadline,
+        } = self.start_in_place(dest, t, s, mem)?;
+        let lost = |conn: &Connection| {
+            Error::Unreachable(dest, Unreachable::ConnectionLost(conn.close_reason()))
+        };
         let track = Arc::new(InOrderTrack::new());
         // Left to the send thread, which writes many such payloads with
         // one system call (a thread writing its own would make one each).
@@ -890,6 +887,15 @@ pub(super) enum Flush {
 pub struct PendingSend {
     conn: Arc<Connection>,
     wait: SendWait,
+    deadline: Instant,
+}
+
+/// A send in place, started (see [`Core::start_in_place`]).
+struct InPlace {
+    conn: Arc<Connection>,
+    header: [u8; HEADER_LEN],
+    /// Header and payload bytes, taken from the window.
+    total: u64,
     deadline: Instant,
 }
 
