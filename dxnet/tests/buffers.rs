@@ -196,7 +196,7 @@ fn buffer_messages_to_a_slow_receiver_tls() {
 
 /// The peer goes while payloads lent from buffers wait to be written (its
 /// handler holds the socket full): every send ends, with success or a
-/// lost connection, well before its timeout, and hands its buffer back.
+/// lost connection (none with its timeout), and hands its buffer back.
 #[test]
 fn lent_sends_end_when_the_peer_goes() {
     const SENDS: usize = 24;
@@ -212,7 +212,6 @@ fn lent_sends_end_when_the_peer_goes() {
         .register_raw(BUFFER_MSG.0, BUFFER_MSG.1, move |_, _| drop(g.lock()))
         .unwrap();
     let sender = nodes[1].clone();
-    let started = std::time::Instant::now();
     let sends = std::thread::spawn(move || {
         let mut handles = Vec::new();
         for k in 0..SENDS {
@@ -241,10 +240,7 @@ fn lent_sends_end_when_the_peer_goes() {
     drop(held);
     closer.join().unwrap();
     let results = sends.join().unwrap();
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(30),
-        "sends waited for their timeout"
-    );
+    // A send that waited for its timeout would end with `Timeout`.
     for r in &results {
         match r {
             Ok(()) | Err(Error::Unreachable(_, _)) | Err(Error::Shutdown) => {}

@@ -61,7 +61,8 @@ impl Default for InOrderTrack {
     }
 }
 
-// The reporting side is the InfiniBand engine's.
+// The reporting side is the InfiniBand engine's (and, through
+// `transport::Lent`, TCP's sends in place, which use only part of it).
 #[cfg_attr(not(feature = "ib"), allow(dead_code))]
 impl InOrderTrack {
     /// A track with nothing finished.

@@ -69,13 +69,7 @@ impl<T> RingNotes<T> {
     /// after it acquired the ring's commits: notes of the messages it sees
     /// are there.
     pub fn next_at(&self, ring: usize) -> Option<u64> {
-        if self.count.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        sleep_lock(&self.queues[ring])
-            .queued
-            .front()
-            .map(|&(p, _)| p)
+        self.peek(ring, |at, _| at)
     }
 
     /// `f` of ring `ring`'s first note and its position, if any (the

@@ -283,9 +283,9 @@ impl TcpEngine {
                     // The ring's bytes up to this payload's place, then
                     // as much of it as the chunk holds.
                     let before = (at - posted) as usize;
-                    let (a1, b1);
-                    (a1, b1, a, b) = split_parts(a, b, before);
-                    for p in [a1, b1] {
+                    let head;
+                    (head, (a, b)) = split_parts((a, b), before);
+                    for p in [head.0, head.1] {
                         if !p.is_empty() {
                             iov[used] = IoSlice::new(p);
                             used += 1;
@@ -572,16 +572,19 @@ fn drop_lent(tc: &TcpConn, st: &mut SendState) {
     st.lent_left = 0;
 }
 
-/// Splits the two slices `a`, `b` (one span) after `n` bytes: the first
-/// part's two slices, then the rest's.
-#[allow(clippy::type_complexity)]
-fn split_parts<'a>(a: &'a [u8], b: &'a [u8], n: usize) -> (&'a [u8], &'a [u8], &'a [u8], &'a [u8]) {
+/// A span of ring bytes as its two slices (the second non-empty where the
+/// span wraps at the ring's end).
+type Span<'a> = (&'a [u8], &'a [u8]);
+
+/// Splits `span` after `n` bytes: the first part, then the rest.
+fn split_parts(span: Span<'_>, n: usize) -> (Span<'_>, Span<'_>) {
+    let (a, b) = span;
     if n <= a.len() {
         let (a1, a2) = a.split_at(n);
-        (a1, &[], a2, b)
+        ((a1, &[]), (a2, b))
     } else {
         let (b1, b2) = b.split_at(n - a.len());
-        (a, b1, &[], b2)
+        ((a, b1), (&[], b2))
     }
 }
 
