@@ -66,6 +66,13 @@ impl Core {
         self.wim.pop()
     }
 
+    /// Threads of this node blocked for a response now (see
+    /// [`crate::core::requests::RequestTable::blocked`]).
+    #[inline]
+    pub fn blocked_requesters(&self) -> usize {
+        self.requests.blocked()
+    }
+
     /// Whether no connection waits for the send thread.
     #[inline]
     pub fn write_interest_is_empty(&self) -> bool {

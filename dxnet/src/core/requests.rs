@@ -7,7 +7,7 @@
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::{JoinHandle, Thread};
@@ -167,6 +167,9 @@ impl Slot {
 #[derive(Debug)]
 pub struct RequestTable {
     next_id: AtomicU32,
+    /// Threads blocked in [`crate::core::Core::wait_response`] (beside
+    /// `next_id`: a request touches both, so one line moves, not two).
+    blocked: AtomicUsize,
     shards: Box<[Shard]>,
     closed: AtomicBool,
     timer: Timer,
@@ -180,6 +183,7 @@ impl RequestTable {
     pub fn new(breakdown: Option<Arc<Breakdown>>) -> Arc<Self> {
         let table = Arc::new(Self {
             next_id: AtomicU32::new(1),
+            blocked: AtomicUsize::new(0),
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
@@ -194,6 +198,20 @@ impl RequestTable {
             .expect("spawn request timer thread");
         *table.timer.thread.lock() = Some(handle);
         table
+    }
+
+    /// Counts the calling thread as blocked for a response until the
+    /// guard drops (see [`RequestTable::blocked`]).
+    pub fn block(&self) -> Blocked<'_> {
+        self.blocked.fetch_add(1, Ordering::Relaxed);
+        Blocked(&self.blocked)
+    }
+
+    /// Threads of this node blocked for a response now: each sends its
+    /// next request soon after its response comes (a closed loop), which
+    /// tells the send path that more requests are due.
+    pub fn blocked(&self) -> usize {
+        self.blocked.load(Ordering::Relaxed)
     }
 
     fn shard(&self, id: u32) -> &Shard {
@@ -619,6 +637,15 @@ impl Drop for PendingResponse {
                 });
             }
         }
+    }
+}
+
+/// A thread blocked for a response (see [`RequestTable::block`]).
+pub struct Blocked<'a>(&'a AtomicUsize);
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

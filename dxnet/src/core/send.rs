@@ -413,6 +413,7 @@ impl Core {
             return p.wait();
         }
         let mut waiting = park::RequestWait::enter(park);
+        let _blocked = self.requests.block();
         // More requesters blocked than `park.max_request_spinners` allows
         // (no limit by default): this one neither waits without parking
         // nor reads its connection; it parks at once.

@@ -68,6 +68,10 @@ const SEND_ROUNDS: usize = 4;
 /// Longest poll for the end of another thread's write to a socket
 /// (`TcpEngine::wait_for_writer`): a small write on loopback takes 5–7 µs.
 const FLUSH_WAIT: Duration = Duration::from_micros(15);
+/// With this many of a node's threads blocked for responses or more, its
+/// send thread stays awake to gather their next requests
+/// (`TcpSender::idle`).
+const GATHER_REQUESTERS: usize = 2;
 /// With this many requesters of the process blocked or more, a thread
 /// leaves its urgent data to the send thread, which aggregates.
 const FLUSH_WAIT_MAX_REQUESTERS: usize = 4;
@@ -310,6 +314,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
                     deferred: Vec::new(),
                     round_over: false,
                     awake_until: None,
+                    gather_idle_since: None,
                 };
                 run_send_loop(&mut side, &c);
             })?;

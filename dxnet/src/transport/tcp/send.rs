@@ -26,9 +26,26 @@ pub(super) struct TcpSender {
     /// that carried [`COALESCE_FROM`] bytes or more (traffic that keeps
     /// coming; see [`SendSide::idle`] below).
     pub(super) awake_until: Option<Instant>,
+    /// Since when the thread, awake for blocked requesters, found nothing
+    /// to write: it parks after `park.yield_us` of that (responses that
+    /// take long, e.g. a slow handler, must not keep it busy).
+    pub(super) gather_idle_since: Option<Instant>,
 }
 
 impl TcpSender {
+    /// Whether the thread stays awake for the node's blocked requesters
+    /// (see [`SendSide::idle`] below): while [`GATHER_REQUESTERS`] or more
+    /// wait, up to `park.yield_us` after its last write.
+    fn gathering(&mut self, core: &Core) -> bool {
+        if core.blocked_requesters() < GATHER_REQUESTERS {
+            self.gather_idle_since = None;
+            return false;
+        }
+        let now = Instant::now();
+        let since = *self.gather_idle_since.get_or_insert(now);
+        now.saturating_duration_since(since) < Duration::from_micros(core.config().park.yield_us)
+    }
+
     /// Waits up to `timeout` for sockets that turned writable and writes
     /// the ones that had been full; true if there were any.
     fn poll_writable(&mut self, core: &Core, timeout: Duration) -> bool {
@@ -99,6 +116,12 @@ impl SendSide for TcpSender {
         self.round_over
     }
 
+    fn busy(&mut self, busy: bool) {
+        if busy {
+            self.gather_idle_since = None;
+        }
+    }
+
     fn after_work(&mut self, core: &Core) -> bool {
         if !self.deferred.is_empty() {
             // Data waits to coalesce: the core goes to the threads that
@@ -115,10 +138,21 @@ impl SendSide for TcpSender {
         // while it is awake, requests and responses go through it, with
         // what else is ready, instead of a system call each on their
         // threads.
-        let awake = self.awake_until.is_some_and(|t| Instant::now() < t);
+        //
+        // So too while several of the node's threads wait for responses:
+        // each sends its next request soon after its response comes, and
+        // with the send thread awake those requests leave together (one
+        // `writev`, the flush left to this thread: see `try_flush`)
+        // instead of a system call each on the requesters' threads,
+        // which would take turns at the socket.
+        let awake = self.awake_until.is_some_and(|t| Instant::now() < t) || self.gathering(core);
         if park.is_some() && awake {
             std::thread::yield_now();
-            return self.poll_writable(core, Duration::ZERO);
+            let found = self.poll_writable(core, Duration::ZERO);
+            if found {
+                self.gather_idle_since = None;
+            }
+            return found;
         }
         let Some(max) = park else {
             return self.poll_writable(core, Duration::ZERO);
