@@ -16,15 +16,6 @@ struct A(u32);
 dxnet::message!(A, 40, 1);
 dxnet::request!(Q, 40, 0 => A);
 
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage struct.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 #[test]
 fn idle_nodes_park_their_threads() {
     // Connected nodes with default parking, then idle for a second: the

@@ -18,15 +18,6 @@ struct Done(u32);
 dxnet::message!(Done, 41, 1);
 dxnet::request!(Slow, 41, 0 => Done);
 
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage struct.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 #[test]
 fn requesters_blocked_on_slow_responses_leave_the_cores_idle() {
     // Four requesters wait about 1.5 s for handlers that sleep: no thread

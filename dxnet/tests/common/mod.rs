@@ -871,3 +871,14 @@ pub fn buffer_sends(node: &Node, dest: NodeId, t: u32, count: u64, max: usize) {
         h.wait().0.unwrap();
     }
 }
+
+/// CPU time (user and system) used by this process so far: for tests that
+/// check that idle or waiting threads park (alone in their binary).
+pub fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage struct.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
