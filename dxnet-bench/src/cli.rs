@@ -38,6 +38,9 @@ enum Sub {
         /// Logical node ids this process hosts.
         #[arg(long, value_delimiter = ',', required = true)]
         ids: Vec<u16>,
+        /// CPUs this process runs on (`--bind-nodes`); default: any.
+        #[arg(long, value_delimiter = ',')]
+        cpus: Vec<usize>,
     },
     /// Create or remove the network namespaces by hand (`--netns` does both
     /// around a run by itself).
@@ -381,6 +384,11 @@ pub struct RunArgs {
     /// for one connection (`register_parallel`).
     #[arg(long)]
     parallel_handlers: bool,
+    /// Node processes on this host run on disjoint shares of its cores, as
+    /// nodes on separate machines would (MPI ranks: `--bind-to core` when
+    /// they fit); default: every thread on any core.
+    #[arg(long)]
+    bind_nodes: bool,
     /// Interface whose tx_bytes count the wire bytes (default: the one that
     /// carries the node's address).
     #[arg(long)]
@@ -590,6 +598,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
     if a.parallel_handlers {
         p.parallel_handlers = true;
     }
+    if a.bind_nodes {
+        p.bind_nodes = true;
+    }
     if let Some(v) = a.spin_us {
         p.spin_us = v;
     }
@@ -638,7 +649,18 @@ fn is_root() -> bool {
 pub fn main() -> Result<i32> {
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Sub::Node { coord, ids }) => {
+        Some(Sub::Node { coord, ids, cpus }) => {
+            if !cpus.is_empty() {
+                // Before any thread starts: they all inherit it.
+                crate::affinity::bind(&cpus)?;
+                let mut want = cpus.clone();
+                want.sort_unstable();
+                want.dedup();
+                let got = crate::affinity::allowed_cpus()?;
+                if got != want {
+                    bail!("bound to CPUs {want:?}, but runs on {got:?}");
+                }
+            }
             crate::node::run(&coord, ids)?;
             Ok(0)
         }

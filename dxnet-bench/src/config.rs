@@ -330,6 +330,12 @@ pub struct Params {
     /// (`Node::register_raw_parallel`, `register_request_parallel`), so the
     /// handler threads share one connection's messages.
     pub parallel_handlers: bool,
+    /// Node processes on one host run on disjoint shares of its cores
+    /// (see [`crate::affinity::share`]), as nodes on separate machines
+    /// would; MPI ranks are bound to cores (`--bind-to core`) when there
+    /// are no more of them than cores. Off: the kernel places every thread
+    /// of every node on any core.
+    pub bind_nodes: bool,
     /// dxnet bindings: request/response (`pingpong`) sends each request
     /// and its echo as a raw message from a reused `dxnet::Buffer`
     /// (`Node::send_buffer`, which the zero-copy policy may send in place)
@@ -476,6 +482,7 @@ impl Default for Params {
             handler_work_ns: 0,
             handler_block_us: 0,
             parallel_handlers: false,
+            bind_nodes: false,
             mpi_window: 64,
             perftest: PerftestParams::default(),
             mpirun_options: String::new(),

@@ -243,9 +243,23 @@ impl Coordinator {
                 } else {
                     (0..n as u16).map(|i| vec![i]).collect()
                 };
-                for ids in &plan {
+                let cpus = if self.cfg.params.bind_nodes {
+                    Some(crate::affinity::allowed_cpus()?)
+                } else {
+                    None
+                };
+                for (i, ids) in plan.iter().enumerate() {
                     let ns = layout.as_ref().map(|l| l.namespace(ids[0] as usize));
-                    children.push(spawn_node(&self.exe, &addr, ids, ns.as_deref())?);
+                    let share = cpus
+                        .as_ref()
+                        .map(|c| crate::affinity::share(c, i, plan.len()));
+                    children.push(spawn_node(
+                        &self.exe,
+                        &addr,
+                        ids,
+                        ns.as_deref(),
+                        share.as_deref(),
+                    )?);
                 }
                 for _ in 0..plan.len() {
                     let mut ch = listener.accept(Duration::from_secs(30), || {
@@ -413,7 +427,15 @@ fn broadcast(procs: &mut [Proc], cmd: &Command, timeout: Duration) -> Result<Vec
     Ok(replies)
 }
 
-fn spawn_node(exe: &PathBuf, coord: &str, ids: &[u16], netns: Option<&str>) -> Result<Child> {
+/// Starts a node process hosting `ids`, in namespace `netns` and on
+/// `cpus` if given.
+fn spawn_node(
+    exe: &PathBuf,
+    coord: &str,
+    ids: &[u16],
+    netns: Option<&str>,
+    cpus: Option<&[usize]>,
+) -> Result<Child> {
     let ids_arg = ids
         .iter()
         .map(|i| i.to_string())
@@ -427,8 +449,11 @@ fn spawn_node(exe: &PathBuf, coord: &str, ids: &[u16], netns: Option<&str>) -> R
         }
         None => std::process::Command::new(exe),
     };
-    cmd.args(["node", "--coord", coord, "--ids", &ids_arg])
-        .stdin(Stdio::null())
+    cmd.args(["node", "--coord", coord, "--ids", &ids_arg]);
+    if let Some(c) = cpus {
+        cmd.args(["--cpus", &crate::affinity::to_arg(c)]);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     cmd.spawn()
@@ -454,7 +479,7 @@ fn reap(c: &mut Child, grace: Duration) {
 pub fn gather_hosts(hosts: Vec<String>, control: &str, exe: &PathBuf) -> Result<Placement> {
     let listener = Listener::tcp(control)?;
     let port = control.rsplit_once(':').map(|(_, p)| p).unwrap_or("0");
-    let mut child = spawn_node(exe, &format!("tcp:127.0.0.1:{port}"), &[0], None)?;
+    let mut child = spawn_node(exe, &format!("tcp:127.0.0.1:{port}"), &[0], None, None)?;
     let mut slots: Vec<Option<Channel>> = (0..hosts.len()).map(|_| None).collect();
     eprintln!(
         "waiting for {} node processes on {control} ...",

@@ -18,7 +18,10 @@
 //! - [`netns`]: N nodes in network namespaces on one machine.
 //! - [`start_gate`]: the start line of worker threads, called off when a
 //!   spawn fails.
+//! - [`affinity`]: disjoint shares of the host's cores for node processes
+//!   (`--bind-nodes`).
 
+pub mod affinity;
 pub mod binding;
 pub mod cli;
 pub mod config;

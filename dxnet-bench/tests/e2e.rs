@@ -227,6 +227,33 @@ fn raw_tcp_batched_counts_every_message() {
     }
 }
 
+/// `--bind-nodes`: each node process runs on its own share of the cores
+/// (the node process checks its binding and fails otherwise), and every
+/// message and request still arrives.
+#[test]
+fn bound_nodes_count_every_message() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "bindings": ["dxnet-tcp", "raw-tcp"],
+        "benchmarks": [
+            {"operation": "throughput", "modes": ["uni"], "sizes": [64], "count": 2000, "warmup": 10, "repetitions": 1, "threads": [1, 3]},
+            {"operation": "pingpong", "sizes": [64], "count": 300, "warmup": 30, "repetitions": 1, "threads": [2]}
+        ],
+        "params": {"base_port": 15100, "timeout_s": 60, "halve_count_from": 0, "bind_nodes": true}
+    });
+    let (stdout, recs) = run_config(&dir.path().join("bound"), &cfg);
+    // 2 bindings x (throughput at 2 thread counts + pingpong).
+    assert_eq!(recs.len(), 6, "{stdout}");
+    for r in &recs {
+        if r["operation"] == "throughput" {
+            assert_eq!(r["messages"], 2000, "{r}");
+        } else {
+            assert_eq!(r["messages"], 300, "{r}");
+        }
+    }
+}
+
 /// The one-sided operations (Observatory's RDMA benchmarks) on the dxnet
 /// bindings: every access counted (windowed with 1 and 3 threads, sizes
 /// around and above the 256 KiB part size, one at a time for latency);

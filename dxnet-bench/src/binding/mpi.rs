@@ -207,6 +207,20 @@ pub fn mpirun_for(mpi: Mpi, ranks: usize) -> Command {
     cmd
 }
 
+/// The launcher's options that bind each rank to a core, as `--bind-nodes`
+/// binds dxnet's node processes; none without it or with more ranks than
+/// cores (the ranks then share the cores, unbound, as the node processes
+/// share theirs).
+fn bind_options(mpi: Mpi, ranks: usize, params: &Params) -> Result<Vec<&'static str>> {
+    if !params.bind_nodes || ranks > crate::affinity::allowed_cpus()?.len() {
+        return Ok(Vec::new());
+    }
+    Ok(match mpi {
+        Mpi::Open => vec!["--bind-to", "core"],
+        Mpi::Mpich => vec!["-bind-to", "core"],
+    })
+}
+
 /// Whether the MPI program runs `op` (its point-to-point operations).
 pub fn supports(op: Operation) -> bool {
     matches!(
@@ -307,6 +321,7 @@ pub fn measure(key: &GroupKey, run: &RunSpec, repetition: u32, params: &Params) 
     let mut cmd = mpirun_for(mpi, key.nodes);
     cmd.envs(transport_env(kind, &iface))
         .args(transport_options(kind)?)
+        .args(bind_options(mpi, key.nodes, params)?)
         .args(params.mpirun_options.split_whitespace())
         .arg(&exe)
         .args([
