@@ -843,9 +843,19 @@ fn run_suite(a: RunArgs) -> Result<i32> {
         cfg.bindings.join(", "),
         a.out.display()
     );
+    if cfg.params.bind_nodes {
+        eprintln!("dxnet-bench: node processes bound to disjoint shares of the cores");
+    }
+    // The run's effective configuration beside its results: what produced
+    // them (bindings, counts, every parameter such as `bind_nodes`).
+    let effective = serde_json::to_string_pretty(&cfg)?;
     let outcome = Coordinator::new(cfg, placement, exe, a.quiet).run()?;
     drop(_guard);
-    let files = output::write_all(&outcome.records, &a.out, !a.no_plots)?;
+    let mut files = output::write_all(&outcome.records, &a.out, !a.no_plots)?;
+    let config_file = a.out.join("config.json");
+    std::fs::write(&config_file, effective)
+        .with_context(|| format!("cannot write {}", config_file.display()))?;
+    files.push(config_file);
     println!();
     print!("{}", output::table::render(&outcome.records));
     if let Some(figs) = &a.figures {
@@ -854,7 +864,7 @@ fn run_suite(a: RunArgs) -> Result<i32> {
         print!("{text}");
     }
     println!(
-        "\n{} records; wrote {} files to {} (results.json, *.csv, summary.txt{})",
+        "\n{} records; wrote {} files to {} (results.json, config.json, *.csv, summary.txt{})",
         outcome.records.len(),
         files.len(),
         a.out.display(),

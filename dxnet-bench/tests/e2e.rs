@@ -242,9 +242,18 @@ fn bound_nodes_count_every_message() {
         ],
         "params": {"base_port": 15100, "timeout_s": 60, "halve_count_from": 0, "bind_nodes": true}
     });
-    let (stdout, recs) = run_config(&dir.path().join("bound"), &cfg);
+    let out = dir.path().join("bound");
+    let (stdout, recs) = run_config(&out, &cfg);
     // 2 bindings x (throughput at 2 thread counts + pingpong).
     assert_eq!(recs.len(), 6, "{stdout}");
+    // The results say that the nodes were bound.
+    let effective: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(effective["params"]["bind_nodes"], true, "{effective}");
+    assert_eq!(
+        effective["bindings"],
+        serde_json::json!(["dxnet-tcp", "raw-tcp"])
+    );
     for r in &recs {
         if r["operation"] == "throughput" {
             assert_eq!(r["messages"], 2000, "{r}");
