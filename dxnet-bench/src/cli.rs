@@ -384,9 +384,10 @@ pub struct RunArgs {
     /// for one connection (`register_parallel`).
     #[arg(long)]
     parallel_handlers: bool,
-    /// Node processes on this host run on disjoint shares of its cores, as
-    /// nodes on separate machines would (MPI ranks: `--bind-to core` when
-    /// they fit); default: every thread on any core.
+    /// Node processes on this host run on their own shares of its cores
+    /// (disjoint while there are no more processes than cores), as nodes
+    /// on separate machines would; MPI ranks are bound likewise when they
+    /// fit. Default: every thread on any core (MPI: `--bind-to none`).
     #[arg(long)]
     bind_nodes: bool,
     /// Interface whose tx_bytes count the wire bytes (default: the one that
@@ -653,7 +654,7 @@ pub fn main() -> Result<i32> {
             if !cpus.is_empty() {
                 // Before any thread starts: they all inherit it.
                 crate::affinity::bind(&cpus)?;
-                let mut want = cpus.clone();
+                let mut want = cpus;
                 want.sort_unstable();
                 want.dedup();
                 let got = crate::affinity::allowed_cpus()?;
@@ -844,17 +845,28 @@ fn run_suite(a: RunArgs) -> Result<i32> {
         a.out.display()
     );
     if cfg.params.bind_nodes {
-        eprintln!("dxnet-bench: node processes bound to disjoint shares of the cores");
+        match placement {
+            Placement::Hosts { .. } => eprintln!(
+                "dxnet-bench: --bind-nodes binds the node processes one host starts; \
+                 with --node-file each host runs its node on all its cores"
+            ),
+            _ => eprintln!(
+                "dxnet-bench: node processes bound to their shares of the cores \
+                 (MPI ranks too; perftest unbound)"
+            ),
+        }
     }
-    // The run's effective configuration beside its results: what produced
-    // them (bindings, counts, every parameter such as `bind_nodes`).
-    let effective = serde_json::to_string_pretty(&cfg)?;
+    // The run's effective configuration beside its results (written first,
+    // so a run cut short says what it was): bindings, counts and every
+    // parameter such as `bind_nodes`.
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let config_file = a.out.join("config.json");
+    std::fs::write(&config_file, serde_json::to_string_pretty(&cfg)?)
+        .with_context(|| format!("cannot write {}", config_file.display()))?;
     let outcome = Coordinator::new(cfg, placement, exe, a.quiet).run()?;
     drop(_guard);
     let mut files = output::write_all(&outcome.records, &a.out, !a.no_plots)?;
-    let config_file = a.out.join("config.json");
-    std::fs::write(&config_file, effective)
-        .with_context(|| format!("cannot write {}", config_file.display()))?;
     files.push(config_file);
     println!();
     print!("{}", output::table::render(&outcome.records));

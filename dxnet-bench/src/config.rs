@@ -330,11 +330,12 @@ pub struct Params {
     /// (`Node::register_raw_parallel`, `register_request_parallel`), so the
     /// handler threads share one connection's messages.
     pub parallel_handlers: bool,
-    /// Node processes on one host run on disjoint shares of its cores
-    /// (see [`crate::affinity::share`]), as nodes on separate machines
-    /// would; MPI ranks are bound to cores (`--bind-to core`) when there
-    /// are no more of them than cores. Off: the kernel places every thread
-    /// of every node on any core.
+    /// Node processes on one host run on their own shares of its cores
+    /// (whole cores, disjoint while there are no more processes than
+    /// cores; see [`crate::affinity::share`]), as nodes on separate
+    /// machines would; MPI ranks get the same shares when there are no
+    /// more of them than cores. Off: the kernel places every thread of
+    /// every node on any core, MPI ranks too (`--bind-to none`).
     pub bind_nodes: bool,
     /// dxnet bindings: request/response (`pingpong`) sends each request
     /// and its echo as a raw message from a reused `dxnet::Buffer`

@@ -243,16 +243,20 @@ impl Coordinator {
                 } else {
                     (0..n as u16).map(|i| vec![i]).collect()
                 };
-                let cpus = if self.cfg.params.bind_nodes {
-                    Some(crate::affinity::allowed_cpus()?)
+                let cores = if self.cfg.params.bind_nodes {
+                    Some(crate::affinity::cores_of(&crate::affinity::allowed_cpus()?))
                 } else {
                     None
                 };
-                for (i, ids) in plan.iter().enumerate() {
+                let shares: Vec<Option<Vec<usize>>> = (0..plan.len())
+                    .map(|i| {
+                        cores
+                            .as_ref()
+                            .map(|c| crate::affinity::share(c, i, plan.len()))
+                    })
+                    .collect();
+                for (ids, share) in plan.iter().zip(&shares) {
                     let ns = layout.as_ref().map(|l| l.namespace(ids[0] as usize));
-                    let share = cpus
-                        .as_ref()
-                        .map(|c| crate::affinity::share(c, i, plan.len()));
                     children.push(spawn_node(
                         &self.exe,
                         &addr,
@@ -271,7 +275,21 @@ impl Coordinator {
                         Ok(())
                     })?;
                     match ch.recv::<Reply>(Some(Duration::from_secs(30)))? {
-                        Reply::Hello { ids, .. } => procs.push(Proc { ch, ids }),
+                        Reply::Hello { ids, cpus, .. } => {
+                            // Bound: each process runs on the share it was
+                            // given (it checks that itself too).
+                            let given = plan
+                                .iter()
+                                .position(|p| *p == ids)
+                                .and_then(|i| shares[i].clone());
+                            if let Some(mut want) = given {
+                                want.sort_unstable();
+                                if cpus != want {
+                                    bail!("nodes {ids:?} run on CPUs {cpus:?}, not on their share {want:?}");
+                                }
+                            }
+                            procs.push(Proc { ch, ids })
+                        }
                         other => bail!("expected hello, got {other:?}"),
                     }
                 }

@@ -248,6 +248,7 @@ pub fn run(coord: &str, ids: Vec<u16>) -> Result<()> {
     ch.send(&Reply::Hello {
         ids: ids.clone(),
         pid: std::process::id(),
+        cpus: crate::affinity::allowed_cpus().unwrap_or_default(),
     })?;
     let mut w = Worker::new(ids);
     loop {

@@ -61,6 +61,9 @@ pub enum Reply {
         ids: Vec<u16>,
         /// Process id.
         pid: u32,
+        /// The CPUs the process may run on (`--bind-nodes`: its share).
+        #[serde(default)]
+        cpus: Vec<usize>,
     },
     /// The phase is done.
     Ok,
@@ -281,6 +284,7 @@ mod tests {
             c.send(&Reply::Hello {
                 ids: vec![3],
                 pid: 1,
+                cpus: vec![0, 1],
             })
             .unwrap();
             let cmd: Command = c.recv(None).unwrap();
@@ -293,7 +297,8 @@ mod tests {
             hello,
             Reply::Hello {
                 ids: vec![3],
-                pid: 1
+                pid: 1,
+                cpus: vec![0, 1],
             }
         );
         c.send(&Command::Measure { repetition: 2 }).unwrap();

@@ -207,18 +207,33 @@ pub fn mpirun_for(mpi: Mpi, ranks: usize) -> Command {
     cmd
 }
 
-/// The launcher's options that bind each rank to a core, as `--bind-nodes`
-/// binds dxnet's node processes; none without it or with more ranks than
-/// cores (the ranks then share the cores, unbound, as the node processes
-/// share theirs).
-fn bind_options(mpi: Mpi, ranks: usize, params: &Params) -> Result<Vec<&'static str>> {
-    if !params.bind_nodes || ranks > crate::affinity::allowed_cpus()?.len() {
+/// The launcher's binding of ranks, as dxnet's node processes are placed:
+/// with `--bind-nodes` and no more ranks than cores, each rank on its own
+/// share of the cores (`cores / ranks` cores, as
+/// [`crate::affinity::share`] gives a node process); otherwise unbound
+/// (Open MPI binds up to two ranks to a core each by default). Nothing when
+/// `mpirun_options` name a binding themselves.
+fn bind_options(mpi: Mpi, ranks: usize, params: &Params) -> Result<Vec<String>> {
+    if params.mpirun_options.contains("bind-to") {
         return Ok(Vec::new());
     }
-    Ok(match mpi {
-        Mpi::Open => vec!["--bind-to", "core"],
-        Mpi::Mpich => vec!["-bind-to", "core"],
-    })
+    let cores = crate::affinity::cores_of(&crate::affinity::allowed_cpus()?).len();
+    let per_rank = cores / ranks.max(1);
+    let opts: &[&str] = match (mpi, params.bind_nodes && per_rank >= 1) {
+        (Mpi::Open, false) => &["--bind-to", "none"],
+        (Mpi::Mpich, false) => &["-bind-to", "none"],
+        (Mpi::Open, true) if per_rank == 1 => &["--bind-to", "core"],
+        (Mpi::Open, true) => {
+            return Ok(vec![
+                "--map-by".into(),
+                format!("slot:PE={per_rank}"),
+                "--bind-to".into(),
+                "core".into(),
+            ])
+        }
+        (Mpi::Mpich, true) => return Ok(vec!["-bind-to".into(), format!("core:{per_rank}")]),
+    };
+    Ok(opts.iter().map(|o| o.to_string()).collect())
 }
 
 /// Whether the MPI program runs `op` (its point-to-point operations).
