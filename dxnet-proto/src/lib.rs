@@ -9,6 +9,8 @@
 //! - [`codec`]: message payloads (bincode via serde, size computed first).
 //! - [`depth`]: a nesting-depth limit for decoding untrusted payloads.
 //! - [`decoder`]: reassembly of messages across received buffers.
+//! - [`bounds`]: where messages begin and end in a stream, from their
+//!   headers' lengths (so a receiver can keep a message in one buffer).
 //! - [`handshake`]: the connection handshake's state machine (dialer and
 //!   acceptor roles), driven over a TCP stream or UDP datagrams.
 //! - [`wire`]: handshake messages, the handshake datagram header, the TCP
@@ -22,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bounds;
 pub mod codec;
 pub mod decoder;
 pub mod depth;

@@ -211,3 +211,102 @@ fn lent_payloads_stay_intact_tcp() {
 fn lent_payloads_stay_intact_loopback() {
     lent_payloads(Kind::Loopback);
 }
+
+/// Payload `seq` of sender thread `t` in the whole-message test: `len`
+/// bytes derived from both.
+fn threaded_payload(t: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut p: Vec<u8> = (0..len)
+        .map(|k| (t * 7 + seq * 13 + k as u64) as u8)
+        .collect();
+    p[..8].copy_from_slice(&t.to_le_bytes());
+    p[8..16].copy_from_slice(&seq.to_le_bytes());
+    p
+}
+
+/// Messages of up to half a receive buffer arrive whole in one buffer over
+/// TCP, wherever the stream's reads cut them: every such payload is lent
+/// (none reassembled), intact and in per-thread order, while small
+/// messages of another type shift where the large ones fall.
+fn whole_messages(kind: Kind) {
+    const THREADS: u64 = 4;
+    const COUNT: u64 = 400;
+    const BUF: usize = 64 << 10;
+    // The largest message (header included) that is kept whole.
+    const MAX_PAYLOAD: usize = BUF / 2 - 12;
+    let cluster = start_all(cluster_configs(kind, 2, |c| {
+        c.limits.recv_buffer_size = BUF;
+        c.handler_threads = 2;
+    }));
+    let next: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; THREADS as usize]));
+    let copies = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (next, copies) = (next.clone(), copies.clone());
+        cluster[0]
+            .register_raw_held(53, 0, move |src, m| {
+                assert_eq!(src, NodeId(1));
+                let t = u64::from_le_bytes(m[..8].try_into().unwrap());
+                let seq = u64::from_le_bytes(m[8..16].try_into().unwrap());
+                let mut next = next.lock().unwrap();
+                assert_eq!(seq, next[t as usize], "thread {t}: in order");
+                assert_eq!(&m[..], &threaded_payload(t, seq, m.len())[..], "intact");
+                next[t as usize] += 1;
+                if !m.is_lent() {
+                    copies.lock().unwrap().push(m.len());
+                }
+            })
+            .unwrap();
+    }
+    let small = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let small = small.clone();
+        cluster[0]
+            .register_raw(54, 0, move |_, b| {
+                assert!(b.iter().all(|&x| x == b.len() as u8));
+                small.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            })
+            .unwrap();
+    }
+    let senders: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let node = cluster[1].clone();
+            std::thread::spawn(move || {
+                let mut rng = 0x2545_f491_4f6c_dd1du64 ^ (t + 1).wrapping_mul(0x9e37_79b9);
+                for seq in 0..COUNT {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let len = 4096 + rng as usize % (MAX_PAYLOAD - 4096 + 1);
+                    node.send_raw(NodeId(0), 53, 0, &threaded_payload(t, seq, len))
+                        .unwrap();
+                    let n = 1 + (rng >> 32) as usize % 200;
+                    node.send_raw(NodeId(0), 54, 0, &vec![n as u8; n]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    wait_for(30, "every message", || {
+        next.lock().unwrap().iter().all(|&n| n == COUNT)
+            && small.load(std::sync::atomic::Ordering::Relaxed) == THREADS * COUNT
+    });
+    let copies = copies.lock().unwrap();
+    assert!(
+        copies.is_empty(),
+        "{} of {} payloads were copies (lengths {:?}...)",
+        copies.len(),
+        THREADS * COUNT,
+        &copies[..copies.len().min(8)]
+    );
+}
+
+#[test]
+fn messages_up_to_half_a_buffer_arrive_whole_tcp() {
+    whole_messages(Kind::Tcp);
+}
+
+#[test]
+fn messages_up_to_half_a_buffer_arrive_whole_tls() {
+    whole_messages(Kind::TcpTls);
+}

@@ -2,11 +2,14 @@
 //! reassembly across receive buffers): never panics, every emitted payload
 //! has its header's length and respects the limit, and the cut stream
 //! yields exactly what the uncut stream yields (messages and error).
+//! `MessageBounds` walking the same pieces ends between messages exactly
+//! when the decoder is idle.
 //!
 //! Input: [max payload: u24 LE][n: u8][n × u16 cut offsets][stream].
 #![no_main]
 
 use dxnet_fuzz::{pieces, split_input};
+use dxnet_proto::bounds::MessageBounds;
 use dxnet_proto::decoder::Decoder;
 use dxnet_proto::header::MessageHeader;
 use libfuzzer_sys::fuzz_target;
@@ -35,6 +38,7 @@ fuzz_target!(|data: &[u8]| {
     let mut split: Vec<(MessageHeader, Vec<u8>)> = Vec::new();
     let mut d = Decoder::new(max);
     let mut r_split = Ok(());
+    let mut bounds = MessageBounds::new();
     for piece in pieces(stream, &cuts) {
         r_split = d.feed(piece, |h, p| {
             check(h, p);
@@ -43,6 +47,12 @@ fuzz_target!(|data: &[u8]| {
         if r_split.is_err() {
             break;
         }
+        bounds.feed(piece);
+        assert_eq!(
+            bounds.open().is_none(),
+            d.is_idle(),
+            "message bounds disagree with the decoder"
+        );
     }
     assert_eq!(whole, split, "cutting the stream changed the messages");
     assert_eq!(r_whole, r_split, "cutting the stream changed the outcome");

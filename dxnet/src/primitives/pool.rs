@@ -114,6 +114,34 @@ impl RecvBuffer {
             .map(|r| &self.data()[r.start as usize..r.end as usize])
     }
 
+    #[cfg_attr(not(feature = "tcp"), allow(dead_code))]
+    /// Keeps the first `keep` message-stream bytes and returns the ranges
+    /// of the rest (in stream order), which are no longer marked.
+    pub fn truncate_stream(&mut self, keep: usize) -> SmallVec<[Range<usize>; 2]> {
+        let mut cut = SmallVec::new();
+        let mut left = keep;
+        let mut i = 0;
+        while i < self.segments.len() {
+            let r = self.segments[i].clone();
+            let len = (r.end - r.start) as usize;
+            if left >= len {
+                left -= len;
+                i += 1;
+                continue;
+            }
+            let at = r.start as usize + left;
+            cut.push(at..r.end as usize);
+            if left == 0 {
+                self.segments.remove(i);
+            } else {
+                self.segments[i].end = at as u32;
+                i += 1;
+            }
+            left = 0;
+        }
+        cut
+    }
+
     /// Number of message-stream bytes.
     pub fn data_len(&self) -> usize {
         self.segments
@@ -273,5 +301,28 @@ mod tests {
         assert!(!p.put(b));
         let a = p.get().unwrap();
         assert_eq!(a.data_len(), 0);
+    }
+
+    #[test]
+    fn truncating_the_stream_keeps_its_first_bytes() {
+        let p = BufferPool::new(1, 1024);
+        let mut a = p.get().unwrap();
+        for keep in 0..=32 {
+            a.clear();
+            // Stream bytes 0..10, 18..30 and 38..48 (chunk headers between).
+            a.push_segment(0..10);
+            a.push_segment(18..30);
+            a.push_segment(38..48);
+            let cut = a.truncate_stream(keep);
+            assert_eq!(a.data_len(), keep);
+            let kept: Vec<usize> = a
+                .segments
+                .iter()
+                .flat_map(|r| r.start as usize..r.end as usize)
+                .collect();
+            let gone: Vec<usize> = cut.iter().flat_map(|r| r.clone()).collect();
+            let all: Vec<usize> = (0..10).chain(18..30).chain(38..48).collect();
+            assert_eq!([kept, gone].concat(), all, "keep {keep}");
+        }
     }
 }

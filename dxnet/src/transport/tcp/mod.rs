@@ -41,6 +41,7 @@ use crate::primitives::park::{self, Idle};
 use crate::primitives::pool::RecvBuffer;
 use crate::primitives::read_lease::ReadLease;
 use crate::primitives::ring_notes::RingNotes;
+use crate::proto::bounds::MessageBounds;
 use crate::proto::handshake::{Credentials, Event, Handshake, Progress};
 use crate::proto::wire::{
     encode_chunk_header, ChunkParser, HandshakeError, Hello, Status, CHUNK_HEADER_LEN,
@@ -155,11 +156,38 @@ struct Receiver {
 }
 
 /// Receive-side state (receive thread only).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RecvState {
     parser: ChunkParser,
+    /// Where messages begin in the stream (to keep each in one buffer);
+    /// `None` once the stream showed itself a stream of small messages
+    /// (see `TcpEngine::parse_and_deliver`).
+    bounds: Option<MessageBounds>,
+    /// The buffer the next read continues: it begins with a message the
+    /// stream ended inside, so that message arrives whole in one buffer.
+    carry: Option<Carry>,
     /// Queued in the receive thread's readable list.
     readable: bool,
+}
+
+impl Default for RecvState {
+    fn default() -> Self {
+        Self {
+            parser: ChunkParser::default(),
+            bounds: Some(MessageBounds::new()),
+            carry: None,
+            readable: false,
+        }
+    }
+}
+
+/// A receive buffer holding the first part of a message, for the next read
+/// to go on filling.
+#[derive(Debug)]
+struct Carry {
+    buf: RecvBuffer,
+    /// Bytes of `buf` in use (stream bytes and chunk headers).
+    filled: usize,
 }
 
 /// The engine's half of one connection.
@@ -204,6 +232,10 @@ pub struct TcpEngine {
     /// Buffers from this size on are sent in place (`tcp.send_in_place_from`;
     /// 0: never).
     send_in_place_from: usize,
+    /// A message the stream ends inside is carried to the start of the next
+    /// buffer only while more buffers than this are free (half the pool):
+    /// the buffers connections hold for their next read stay bounded.
+    carry_min_free: usize,
     /// Handshake threads at once (each counted until the listener joined
     /// it, evicted ones too); connections beyond it are refused.
     max_handshake_threads: usize,
@@ -268,6 +300,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             .min(cfg.limits.flow_control_window / 2),
         coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
         send_in_place_from: cfg.tcp.send_in_place_from,
+        carry_min_free: cfg.limits.recv_pool_size / 2,
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
@@ -468,6 +501,12 @@ impl Transport for TcpEngine {
             // the connection closed); one being written ends with the send
             // state, which the send path drops once it sees the close.
             drop(tc.lent.close());
+            // The connection is closed already, so no read puts a carried
+            // buffer back after this (`TcpEngine::put_back`).
+            let carried = tc.recv.lock().carry.take();
+            if let (Some(c), Some(core)) = (carried, self.core.upgrade()) {
+                core.return_recv_buffer(c.buf);
+            }
             self.close_poll(&tc);
             let fd = tc.stream.as_raw_fd();
             let _ = self.send_registry.deregister(&mut SourceFd(&fd));

@@ -146,14 +146,19 @@ impl TcpEngine {
         if core.incoming_over_share(&tc.conn) {
             return ReadOutcome::Paused;
         }
-        let Some(mut buf) = core.take_recv_buffer() else {
-            return ReadOutcome::Starved;
+        let carried = tc.recv.lock().carry.take();
+        let (mut buf, from) = match carried {
+            Some(c) => (c.buf, c.filled),
+            None => match core.take_recv_buffer() {
+                Some(b) => (b, 0),
+                None => return ReadOutcome::Starved,
+            },
         };
         if let Some(tls) = &tc.tls {
-            return self.read_tls(core, tc, tls, buf, inline);
+            return self.read_tls(core, tc, tls, buf, from, inline);
         }
         let cap = buf.capacity();
-        let n = match (&tc.stream).read(buf.space()) {
+        let n = match (&tc.stream).read(&mut buf.space()[from..]) {
             Ok(0) => {
                 core.return_recv_buffer(buf);
                 core.close_connection(&tc.conn, "peer closed the connection", true);
@@ -161,11 +166,11 @@ impl TcpEngine {
             }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                core.return_recv_buffer(buf);
+                self.put_back(core, tc, buf, from);
                 return ReadOutcome::Drained;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                core.return_recv_buffer(buf);
+                self.put_back(core, tc, buf, from);
                 return ReadOutcome::More;
             }
             Err(e) => {
@@ -174,8 +179,8 @@ impl TcpEngine {
                 return ReadOutcome::Closed;
             }
         };
-        self.parse_and_deliver(core, tc, buf, n, inline);
-        if n < cap && !tc.read_closed.load(Ordering::Relaxed) {
+        self.parse_and_deliver(core, tc, buf, from, n, inline);
+        if from + n < cap && !tc.read_closed.load(Ordering::Relaxed) {
             // A short read of a stream socket means its queue is empty now;
             // with edge-triggered polling new data raises a new event, so
             // the extra read that would only return EAGAIN is skipped. Not
@@ -188,23 +193,121 @@ impl TcpEngine {
         }
     }
 
-    /// Marks the message data among the first `n` bytes of `buf` and hands
-    /// the buffer to the incoming queue, or to `inline` (at most one buffer
-    /// per turn of the receive role).
+    /// A buffer taken for a read that got nothing: back to the connection
+    /// if it carries a message's first part (`filled` bytes), else to the
+    /// pool.
+    fn put_back(&self, core: &Core, tc: &TcpConn, buf: RecvBuffer, filled: usize) {
+        if filled == 0 {
+            core.return_recv_buffer(buf);
+            return;
+        }
+        let mut rs = tc.recv.lock();
+        // Checked under the lock `close` takes the carried buffer with
+        // (after the connection is marked closed): a buffer put back later
+        // would never return to the pool.
+        if tc.conn.is_alive() {
+            rs.carry = Some(Carry { buf, filled });
+        } else {
+            drop(rs);
+            core.return_recv_buffer(buf);
+        }
+    }
+
+    /// Marks the message data among bytes `from..from + n` of `buf` (those
+    /// before are a carried message's first part, marked already) and
+    /// hands the buffer to the incoming queue, or to `inline` (at most one
+    /// buffer per turn of the receive role).
+    ///
+    /// A message the stream now ends inside, if it is at most half a buffer
+    /// long, is kept whole for its receiver: the buffer stays with the
+    /// connection for the next read if the message is all it holds, else
+    /// the message's first part moves to a fresh buffer that the next read
+    /// goes on filling. Its receiver then gets it in one buffer (lent, not
+    /// reassembled: for messages of kilobytes the copy of one part saves an
+    /// allocation and a copy of all of it). Finding that message means
+    /// walking every message header, a few nanoseconds each; a stream
+    /// that fills a buffer with messages of under [`WALK_MIN_AVG`] bytes on
+    /// average stops the walk for good (its split messages are small and
+    /// cheap to reassemble).
     pub(super) fn parse_and_deliver(
         &self,
         core: &Arc<Core>,
         tc: &TcpConn,
         mut buf: RecvBuffer,
+        from: usize,
         n: usize,
         inline: Option<&mut Option<InlineWork>>,
     ) {
+        let cap = buf.capacity();
+        let end = from + n;
         {
             let mut rs = tc.recv.lock();
-            let (data, mut segs) = buf.space_and_segments();
-            rs.parser
-                .parse(&data[..n], |r| segs.push(r), |u| tc.conn.flow.on_confirm(u));
+            let RecvState { parser, bounds, .. } = &mut *rs;
+            let Some(walk) = bounds else {
+                let (data, mut segs) = buf.space_and_segments();
+                parser.parse(
+                    &data[from..end],
+                    |r| segs.push(from + r.start..from + r.end),
+                    |u| tc.conn.flow.on_confirm(u),
+                );
+                drop(rs);
+                return self.deliver(core, tc, buf, inline);
+            };
+            // Stream position of the buffer's first message byte.
+            let first = walk.pos() - buf.data_len() as u64;
+            let mut begun = 0;
+            {
+                let (data, mut segs) = buf.space_and_segments();
+                parser.parse(
+                    &data[from..end],
+                    |r| {
+                        let r = from + r.start..from + r.end;
+                        begun += walk.feed(&data[r.clone()]);
+                        segs.push(r);
+                    },
+                    |u| tc.conn.flow.on_confirm(u),
+                );
+            }
+            let open = walk
+                .open()
+                .filter(|m| m.start >= first && m.len.map_or(true, |l| l <= cap as u64 / 2));
+            if end == cap && n < begun * WALK_MIN_AVG {
+                // A full read (the stream is busy) of small messages.
+                *bounds = None;
+            }
+            if let Some(m) = open {
+                if core.recv_buffers_available() > self.carry_min_free {
+                    let keep = (m.start - first) as usize;
+                    if keep == 0 {
+                        if end < cap {
+                            rs.carry = Some(Carry { buf, filled: end });
+                            return;
+                        }
+                    } else if let Some(mut next) = core.take_recv_buffer() {
+                        let mut filled = 0;
+                        for r in buf.truncate_stream(keep) {
+                            let len = r.len();
+                            next.space()[filled..filled + len].copy_from_slice(&buf.bytes()[r]);
+                            filled += len;
+                        }
+                        next.push_segment(0..filled);
+                        rs.carry = Some(Carry { buf: next, filled });
+                    }
+                }
+            }
         }
+        self.deliver(core, tc, buf, inline);
+    }
+
+    /// Hands `buf` to the incoming queue, or to `inline` (at most one
+    /// buffer per turn of the receive role).
+    fn deliver(
+        &self,
+        core: &Arc<Core>,
+        tc: &TcpConn,
+        buf: RecvBuffer,
+        inline: Option<&mut Option<InlineWork>>,
+    ) {
         match inline {
             Some(slot) if slot.is_none() => *slot = core.deliver_or_inline(&tc.conn, buf),
             _ => core.deliver(&tc.conn, buf),
@@ -219,6 +322,7 @@ impl TcpEngine {
         tc: &TcpConn,
         tls: &Mutex<tls::Session>,
         mut buf: RecvBuffer,
+        from: usize,
         inline: Option<&mut Option<InlineWork>>,
     ) -> ReadOutcome {
         let mut t = tls.lock();
@@ -230,7 +334,7 @@ impl TcpEngine {
             ReadOutcome::Closed
         };
         loop {
-            match t.reader().read(buf.space()) {
+            match t.reader().read(&mut buf.space()[from..]) {
                 Ok(0) => {
                     return fail(&mut t, buf, "peer closed the connection (TLS)".into());
                 }
@@ -242,7 +346,7 @@ impl TcpEngine {
                         tc.urgent.store(true, Ordering::Release);
                         core.on_write_interest(tc.conn.peer);
                     }
-                    self.parse_and_deliver(core, tc, buf, n, inline);
+                    self.parse_and_deliver(core, tc, buf, from, n, inline);
                     return ReadOutcome::More;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -258,7 +362,7 @@ impl TcpEngine {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     let wants_write = t.wants_write();
                     drop(t);
-                    core.return_recv_buffer(buf);
+                    self.put_back(core, tc, buf, from);
                     if wants_write {
                         tc.urgent.store(true, Ordering::Release);
                         core.on_write_interest(tc.conn.peer);
@@ -271,6 +375,11 @@ impl TcpEngine {
         }
     }
 }
+
+/// Smallest average message size (bytes, over a read that filled its
+/// buffer) for which a connection goes on walking message headers to keep
+/// messages whole in one buffer (`TcpEngine::parse_and_deliver`).
+const WALK_MIN_AVG: usize = 1024;
 
 pub(super) enum ReadOutcome {
     /// Read a buffer; there may be more.
