@@ -276,7 +276,10 @@ impl TcpEngine {
                 *bounds = None;
             }
             if let Some(m) = open {
-                if core.recv_buffers_available() > self.carry_min_free {
+                // Alive checked under the lock `close` takes the carried
+                // buffer with: a buffer carried after it would be lost to
+                // the pool.
+                if core.recv_buffers_available() > self.carry_min_free && tc.conn.is_alive() {
                     let keep = (m.start - first) as usize;
                     if keep == 0 {
                         if end < cap {
