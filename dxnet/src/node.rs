@@ -88,9 +88,9 @@ pub struct NodeStats {
 /// (`limits.recv_buffer_size`) and that buffer is lent already or fewer
 /// than half of the node's receive buffers (`limits.recv_pool_size`) are;
 /// otherwise it is a copy (or the reassembled bytes of a message that
-/// spanned buffers; over TCP a message of at most half a receive buffer
-/// is kept in one, unless its connection carries mostly messages under
-/// 1 KiB). A lent payload keeps its whole receive buffer out of
+/// spanned buffers; over TCP without TLS a message of at most half a
+/// receive buffer is kept in one, unless its connection carries mostly
+/// messages under 1 KiB). A lent payload keeps its whole receive buffer out of
 /// the pool until every message lent from it dropped, so messages held
 /// for long take at most half of the receive buffers, and receiving goes
 /// on. A message to the own node holds no window.

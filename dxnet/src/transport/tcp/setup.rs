@@ -285,7 +285,7 @@ impl TcpEngine {
                 lent_off: 0,
                 lent_left: 0,
             }),
-            recv: Mutex::new(RecvState::default()),
+            recv: Mutex::new(RecvState::new(tls_conn.is_some())),
             poke: AtomicBool::new(false),
             urgent: AtomicBool::new(false),
             read_closed: AtomicBool::new(false),
