@@ -104,14 +104,6 @@ pub fn bind(cpus: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// `cpus` as the node subcommand's `--cpus` argument (`0,1,2`).
-pub fn to_arg(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,7 +277,8 @@ impl Coordinator {
                     match ch.recv::<Reply>(Some(Duration::from_secs(30)))? {
                         Reply::Hello { ids, cpus, .. } => {
                             // Bound: each process runs on the share it was
-                            // given (it checks that itself too).
+                            // given (this is the only check: it covers a
+                            // missing `--cpus` and a binding that failed).
                             let given = plan
                                 .iter()
                                 .position(|p| *p == ids)
@@ -447,6 +448,14 @@ fn broadcast(procs: &mut [Proc], cmd: &Command, timeout: Duration) -> Result<Vec
 
 /// Starts a node process hosting `ids`, in namespace `netns` and on
 /// `cpus` if given.
+/// `xs` as one argument of the node subcommand (`0,1,2`).
+fn comma_list<T: std::fmt::Display>(xs: &[T]) -> String {
+    xs.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn spawn_node(
     exe: &PathBuf,
     coord: &str,
@@ -454,11 +463,6 @@ fn spawn_node(
     netns: Option<&str>,
     cpus: Option<&[usize]>,
 ) -> Result<Child> {
-    let ids_arg = ids
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = std::process::Command::new("ip");
@@ -467,9 +471,9 @@ fn spawn_node(
         }
         None => std::process::Command::new(exe),
     };
-    cmd.args(["node", "--coord", coord, "--ids", &ids_arg]);
+    cmd.args(["node", "--coord", coord, "--ids", &comma_list(ids)]);
     if let Some(c) = cpus {
-        cmd.args(["--cpus", &crate::affinity::to_arg(c)]);
+        cmd.args(["--cpus", &comma_list(c)]);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
