@@ -238,67 +238,54 @@ impl TcpEngine {
         n: usize,
         inline: Option<&mut Option<InlineWork>>,
     ) {
-        let cap = buf.capacity();
         let end = from + n;
+        let mut rs = tc.recv.lock();
+        let RecvState { parser, bounds, .. } = &mut *rs;
+        // Stream position of the buffer's first message byte.
+        let first = bounds.as_ref().map(|w| w.pos() - buf.data_len() as u64);
+        let mut begun = 0;
         {
-            let mut rs = tc.recv.lock();
-            let RecvState { parser, bounds, .. } = &mut *rs;
-            let Some(walk) = bounds else {
-                let (data, mut segs) = buf.space_and_segments();
-                parser.parse(
-                    &data[from..end],
-                    |r| segs.push(from + r.start..from + r.end),
-                    |u| tc.conn.flow.on_confirm(u),
-                );
-                drop(rs);
-                return self.deliver(core, tc, buf, inline);
-            };
-            // Stream position of the buffer's first message byte.
-            let first = walk.pos() - buf.data_len() as u64;
-            let mut begun = 0;
-            {
-                let (data, mut segs) = buf.space_and_segments();
-                parser.parse(
-                    &data[from..end],
-                    |r| {
-                        let r = from + r.start..from + r.end;
-                        begun += walk.feed(&data[r.clone()]);
-                        segs.push(r);
-                    },
-                    |u| tc.conn.flow.on_confirm(u),
-                );
-            }
-            let open = walk
+            let (data, mut segs) = buf.space_and_segments();
+            parser.parse(
+                &data[from..end],
+                |r| {
+                    let r = from + r.start..from + r.end;
+                    if let Some(w) = bounds.as_mut() {
+                        begun += w.feed(&data[r.clone()]);
+                    }
+                    segs.push(r);
+                },
+                |u| tc.conn.flow.on_confirm(u),
+            );
+        }
+        if let (Some(w), Some(first)) = (bounds.as_ref(), first) {
+            let cap = buf.capacity();
+            let open = w
                 .open()
                 .filter(|m| m.start >= first && m.len.map_or(true, |l| l <= cap as u64 / 2));
             if end == cap && n < begun * WALK_MIN_AVG {
                 // A full read (the stream is busy) of small messages.
                 *bounds = None;
             }
-            if let Some(m) = open {
-                // Alive checked under the lock `close` takes the carried
-                // buffer with: a buffer carried after it would be lost to
-                // the pool.
-                if core.recv_buffers_available() > self.carry_min_free && tc.conn.is_alive() {
-                    let keep = (m.start - first) as usize;
-                    if keep == 0 {
-                        if end < cap {
-                            rs.carry = Some(Carry { buf, filled: end });
-                            return;
-                        }
-                    } else if let Some(mut next) = core.take_recv_buffer() {
-                        let mut filled = 0;
-                        for r in buf.truncate_stream(keep) {
-                            let len = r.len();
-                            next.space()[filled..filled + len].copy_from_slice(&buf.bytes()[r]);
-                            filled += len;
-                        }
-                        next.push_segment(0..filled);
-                        rs.carry = Some(Carry { buf: next, filled });
+            // Alive checked under the lock `close` takes the carried buffer
+            // with: a buffer carried after it would be lost to the pool.
+            if let Some(m) = open.filter(|_| {
+                core.recv_buffers_available() > self.carry_min_free && tc.conn.is_alive()
+            }) {
+                let keep = (m.start - first) as usize;
+                match carry(core, buf, keep, end) {
+                    Carried::Kept(c) => {
+                        rs.carry = Some(c);
+                        return;
+                    }
+                    Carried::Moved(b, c) => {
+                        rs.carry = c;
+                        buf = b;
                     }
                 }
             }
         }
+        drop(rs);
         self.deliver(core, tc, buf, inline);
     }
 
@@ -377,6 +364,39 @@ impl TcpEngine {
             }
         }
     }
+}
+
+/// What [`carry`] did with a buffer.
+enum Carried {
+    /// The buffer holds nothing but the open message: kept for the next
+    /// read, nothing to deliver.
+    Kept(Carry),
+    /// The buffer to deliver, and the fresh buffer holding the open
+    /// message's first part (`None`: none free, or no room left to keep
+    /// it; the decoder reassembles the message).
+    Moved(RecvBuffer, Option<Carry>),
+}
+
+/// Keeps the message that `buf`'s first `end` bytes end inside in one
+/// buffer: `keep` stream bytes of `buf` come before it.
+fn carry(core: &Core, mut buf: RecvBuffer, keep: usize, end: usize) -> Carried {
+    if keep == 0 {
+        if end < buf.capacity() {
+            return Carried::Kept(Carry { buf, filled: end });
+        }
+        return Carried::Moved(buf, None);
+    }
+    let Some(mut next) = core.take_recv_buffer() else {
+        return Carried::Moved(buf, None);
+    };
+    let mut filled = 0;
+    for r in buf.truncate_stream(keep) {
+        let len = r.len();
+        next.space()[filled..filled + len].copy_from_slice(&buf.bytes()[r]);
+        filled += len;
+    }
+    next.push_segment(0..filled);
+    Carried::Moved(buf, Some(Carry { buf: next, filled }))
 }
 
 /// Smallest average message size (bytes, over a read that filled its
