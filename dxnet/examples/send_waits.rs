@@ -19,7 +19,7 @@ use dxnet::{Config, Node, NodeId};
 fn config(id: u16, base: u16) -> Config {
     let mut c = Config::tcp_localhost(id, 2, base);
     c.limits.orb_size = 64 << 10;
-    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.recv_buffer_size = Some(16 << 10);
     c.limits.flow_control_window = 512 << 10;
     c.limits.send_timeout_ms = 120_000;
     c

@@ -319,10 +319,12 @@ pub struct Limits {
     /// Outgoing ring buffer size per connection in bytes (rounded up to a
     /// power of two). Default 2 MiB.
     pub orb_size: usize,
-    /// Size of one pooled receive buffer in bytes. Default 64 KiB.
-    pub recv_buffer_size: usize,
-    /// Number of pooled receive buffers. Default 512.
-    pub recv_pool_size: usize,
+    /// Size of one pooled receive buffer in bytes. Default (`None`): the
+    /// transport's, see [`Config::recv_buffer_size`].
+    pub recv_buffer_size: Option<usize>,
+    /// Number of pooled receive buffers. Default (`None`): as many as make
+    /// 32 MiB, see [`Config::recv_pool_size`].
+    pub recv_pool_size: Option<usize>,
     /// Incoming buffer queue limit in buffers (all connections). Default 256.
     pub incoming_max_buffers: usize,
     /// Incoming buffer queue limit in bytes (all connections). Default 16 MiB.
@@ -359,8 +361,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             orb_size: 2 << 20,
-            recv_buffer_size: 64 << 10,
-            recv_pool_size: 512,
+            recv_buffer_size: None,
+            recv_pool_size: None,
             incoming_max_buffers: 256,
             incoming_max_bytes: 16 << 20,
             flow_control_window: 4 << 20,
@@ -628,7 +630,37 @@ impl Default for Config {
     }
 }
 
+/// Receive memory a node's pool has by default (`limits.recv_pool_size`
+/// unset): 512 buffers of 64 KiB, or 128 of 256 KiB.
+const DEFAULT_RECV_POOL_BYTES: usize = 32 << 20;
+
 impl Config {
+    /// Size of one pooled receive buffer: `limits.recv_buffer_size`, or by
+    /// default 256 KiB over TCP and 64 KiB over InfiniBand and loopback.
+    ///
+    /// TCP reads a busy connection's stream one buffer per system call and
+    /// hands each buffer to the handler threads: larger buffers mean fewer
+    /// reads, hand-overs and messages cut at a buffer's end per byte (the
+    /// README's configuration table has the measurement). InfiniBand posts
+    /// each buffer as one receive work request (a message of any size
+    /// takes one), so more, smaller buffers keep more receives posted.
+    pub fn recv_buffer_size(&self) -> usize {
+        self.limits
+            .recv_buffer_size
+            .unwrap_or(match self.transport {
+                TransportKind::Tcp => 256 << 10,
+                _ => 64 << 10,
+            })
+    }
+
+    /// Number of pooled receive buffers: `limits.recv_pool_size`, or by
+    /// default as many as make 32 MiB (at least 2).
+    pub fn recv_pool_size(&self) -> usize {
+        self.limits
+            .recv_pool_size
+            .unwrap_or((DEFAULT_RECV_POOL_BYTES / self.recv_buffer_size()).max(2))
+    }
+
     /// This node's identity (`identity_key` and the node map's public
     /// keys), if configured.
     pub(crate) fn identity(&self) -> Result<Option<crate::proto::identity::Identity>> {
@@ -748,17 +780,17 @@ impl Config {
                 self.limits.orb_size
             ));
         }
-        if self.limits.recv_buffer_size < 1024 || self.limits.recv_buffer_size > (1 << 30) {
+        let recv_buffer_size = self.recv_buffer_size();
+        if !(1024..=(1 << 30)).contains(&recv_buffer_size) {
             return bad(format!(
-                "limits.recv_buffer_size {} must be within 1 KiB..=1 GiB",
-                self.limits.recv_buffer_size
+                "limits.recv_buffer_size {recv_buffer_size} must be within 1 KiB..=1 GiB"
             ));
         }
-        if self.limits.recv_pool_size < 2 {
+        if self.recv_pool_size() < 2 {
             return bad("limits.recv_pool_size must be at least 2".into());
         }
         if self.limits.incoming_max_buffers == 0
-            || self.limits.incoming_max_bytes < self.limits.recv_buffer_size
+            || self.limits.incoming_max_bytes < recv_buffer_size
         {
             return bad(
                 "limits.incoming_max_buffers must be > 0 and limits.incoming_max_bytes >= limits.recv_buffer_size"
@@ -918,6 +950,33 @@ mod tests {
         .unwrap();
         assert_eq!(j.park.request_spin_max_us, 300);
         assert_eq!(j.ib.max_inline_data, 0);
+    }
+
+    #[test]
+    fn receive_buffers_by_transport_unless_set() {
+        let tcp = Config::from_toml("transport = \"tcp\"").unwrap();
+        assert_eq!(
+            (tcp.recv_buffer_size(), tcp.recv_pool_size()),
+            (256 << 10, 128)
+        );
+        for kind in ["ib", "loopback"] {
+            let c = Config::from_toml(&format!("transport = \"{kind}\"")).unwrap();
+            assert_eq!((c.recv_buffer_size(), c.recv_pool_size()), (64 << 10, 512));
+        }
+        // A size alone: the pool keeps its memory; both set: as given.
+        let c = Config::from_toml("[limits]\nrecv_buffer_size = 1048576").unwrap();
+        assert_eq!((c.recv_buffer_size(), c.recv_pool_size()), (1 << 20, 32));
+        let c = Config::from_toml(
+            "[limits]\nrecv_buffer_size = 1073741824\nincoming_max_bytes = 1073741824",
+        )
+        .unwrap();
+        assert_eq!(c.recv_pool_size(), 2, "at least two buffers");
+        let c = Config::from_toml("[limits]\nrecv_buffer_size = 4096\nrecv_pool_size = 3").unwrap();
+        assert_eq!((c.recv_buffer_size(), c.recv_pool_size()), (4096, 3));
+        let e = Config::from_toml("[limits]\nrecv_buffer_size = 512").unwrap_err();
+        assert!(e.to_string().contains("limits.recv_buffer_size"), "{e}");
+        let e = Config::from_toml("[limits]\nrecv_pool_size = 1").unwrap_err();
+        assert!(e.to_string().contains("limits.recv_pool_size"), "{e}");
     }
 
     #[test]

@@ -84,9 +84,10 @@ pub struct NodeStats {
 /// share of the sender's flow-control window, both held until it drops.
 ///
 /// The payload is lent from the receive buffer it arrived in (no copy)
-/// when it is at least a sixteenth of a receive buffer
-/// (`limits.recv_buffer_size`) and that buffer is lent already or fewer
-/// than half of the node's receive buffers (`limits.recv_pool_size`) are;
+/// when it is at least 4 KiB or a sixteenth of a receive buffer
+/// ([`crate::Config::recv_buffer_size`]), whichever is less, and that
+/// buffer is lent already or fewer than half of the node's receive buffers
+/// ([`crate::Config::recv_pool_size`]) are;
 /// otherwise it is a copy (or the reassembled bytes of a message that
 /// spanned buffers; over TCP without TLS a message of at most half a
 /// receive buffer is kept in one, unless its connection carries mostly

@@ -92,7 +92,7 @@ fn reply_for(d: &Data) -> JobReply {
 
 /// Settings shared by every test node (in-process and child processes).
 fn tune(c: &mut Config) {
-    c.limits.recv_buffer_size = RECV_BUFFER;
+    c.limits.recv_buffer_size = Some(RECV_BUFFER);
     c.handler_threads = 2;
     // Hang guards only (see the module comment): 64 threads share one ring
     // and one flow-control window, so `send` blocks under back-pressure.

@@ -168,7 +168,7 @@ fn child_config(id: u16) -> Config {
     c.limits.request_timeout_ms = 2000;
     c.limits.orb_size = env_or("ORB", 256 << 10) as usize;
     c.limits.flow_control_window = env_or("WINDOW", 256 << 10) as usize;
-    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.recv_buffer_size = Some(16 << 10);
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c
@@ -630,7 +630,7 @@ fn fast_fail_config(id: u16, base: u16) -> Config {
     c.limits.request_timeout_ms = 2000;
     c.limits.orb_size = 64 << 10;
     c.limits.flow_control_window = 64 << 10;
-    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.recv_buffer_size = Some(16 << 10);
     c.park.spin_us = 20;
     c.park.yield_us = 200;
     c

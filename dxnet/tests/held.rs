@@ -148,7 +148,7 @@ fn lent_payloads(kind: Kind) {
     const POOL: usize = 16;
     const COUNT: u64 = 300;
     let cluster = start_all(cluster_configs(kind, 3, |c| {
-        c.limits.recv_pool_size = POOL;
+        c.limits.recv_pool_size = Some(POOL);
         c.limits.flow_control_window = 32 << 20;
         c.handler_threads = 1;
     }));
@@ -236,7 +236,7 @@ fn whole_messages(kind: Kind, whole: bool) {
     // The largest message (header included) that is kept whole.
     const MAX_PAYLOAD: usize = BUF / 2 - 12;
     let cluster = start_all(cluster_configs(kind, 2, |c| {
-        c.limits.recv_buffer_size = BUF;
+        c.limits.recv_buffer_size = Some(BUF);
         c.handler_threads = 2;
     }));
     let next: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; THREADS as usize]));

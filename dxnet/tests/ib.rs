@@ -52,8 +52,8 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
         .and_then(|g| g.parse().ok())
         .unwrap_or(0);
     c.limits.orb_size = 1 << 20;
-    c.limits.recv_buffer_size = 16 << 10;
-    c.limits.recv_pool_size = 256;
+    c.limits.recv_buffer_size = Some(16 << 10);
+    c.limits.recv_pool_size = Some(256);
     c.limits.flow_control_window = 1 << 20;
     c.limits.connect_timeout_ms = 3000;
     // Soft-RoCE under software emulation moves a few MB/s at times (and
@@ -326,7 +326,7 @@ fn ib_node_killed_and_restarted() {
 fn flood_receiver_config(base: u16) -> Config {
     let mut c = ib_config(0, 3, base);
     c.limits.incoming_max_buffers = 16;
-    c.limits.incoming_max_bytes = 16 * c.limits.recv_buffer_size;
+    c.limits.incoming_max_bytes = 16 * c.recv_buffer_size();
     c.limits.flow_control_window = 8 << 20;
     c.ib.srq_size = 32;
     c

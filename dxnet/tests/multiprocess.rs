@@ -33,7 +33,7 @@ fn child_config(id: u16, n: u16, base: u16) -> Config {
 fn fc_config(id: u16, n: u16, base: u16) -> Config {
     let mut c = Config::tcp_localhost(id, n, base);
     c.limits.orb_size = 1 << 20;
-    c.limits.recv_buffer_size = 16 << 10;
+    c.limits.recv_buffer_size = Some(16 << 10);
     c.limits.flow_control_window = 512 << 10;
     c.park.spin_us = 20;
     c.park.yield_us = 200;

@@ -13,7 +13,7 @@ use dxnet::NodeId;
 fn all_to_all(kind: Kind, nodes: u16, threads: u16, per_thread: u64, orb: usize) {
     let cfgs = cluster_configs(kind, nodes, |c| {
         c.limits.orb_size = orb;
-        c.limits.recv_buffer_size = 8 << 10;
+        c.limits.recv_buffer_size = Some(8 << 10);
         c.limits.flow_control_window = 256 << 10;
         c.handler_threads = 2;
         // Behaviour, not time: a loaded machine must not fail a send.

@@ -352,7 +352,7 @@ fn requests_and_messages_keep_order(kind: Kind, blocking: bool) {
     const THREADS: u16 = 3;
     const STEPS: u64 = 3000;
     let cluster = start_all(cluster_configs(kind, 2, |c| {
-        c.limits.recv_buffer_size = 4096;
+        c.limits.recv_buffer_size = Some(4096);
     }));
     let log = register_step_log(&cluster[1]);
     std::thread::scope(|s| {
@@ -388,7 +388,7 @@ fn blocking_requests_and_messages_keep_order_tcp() {
 #[test]
 fn few_blocking_requesters_share_one_socket_tcp() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| {
-        c.limits.recv_buffer_size = 4096;
+        c.limits.recv_buffer_size = Some(4096);
     }));
     serve(&cluster[1]);
     std::thread::scope(|s| {

@@ -750,7 +750,7 @@ mod tests {
         assert!(merge_setting(&mut f, "no_equals_sign").is_err());
         let c = with_fields(&Config::tcp_localhost(0, 2, 27000), &f).unwrap();
         assert_eq!(c.limits.orb_size, 524288);
-        assert_eq!(c.limits.recv_buffer_size, 262144);
+        assert_eq!(c.limits.recv_buffer_size, Some(262144));
         assert_eq!(c.tcp.rings, 2);
         merge_setting(&mut f, "node_id=1").unwrap();
         assert!(with_fields(&Config::tcp_localhost(0, 2, 27000), &f).is_err());

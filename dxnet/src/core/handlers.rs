@@ -4,6 +4,13 @@
 use super::*;
 use crate::node::HeldWindow;
 
+/// A held message's payload is lent from its receive buffer (not copied)
+/// from a sixteenth of a buffer or this many bytes, whichever is less: a
+/// lent payload keeps its whole buffer out of the pool, and TCP's 256 KiB
+/// buffers would otherwise copy the 4-16 KiB payloads (e.g. dxshuffle's
+/// batches) that 64 KiB buffers lend.
+const LEND_FROM_MAX: usize = 4096;
+
 /// What [`Core::process_item`] decodes: an [`Incoming`] item, its pooled
 /// buffer possibly shared with held messages.
 enum Source {
@@ -238,7 +245,6 @@ impl Core {
         base: &[u8],
         at: PayloadAt,
     ) -> (crate::HeldMessage, u64) {
-        let limits = &self.config.limits;
         let payload_len = match &at {
             PayloadAt::In(r) => r.len(),
             PayloadAt::Owned(v) => v.len(),
@@ -247,8 +253,8 @@ impl Core {
         let window = HeldWindow::new(self.me.clone(), conn, bytes);
         let msg = match (at, src) {
             (PayloadAt::In(r), Source::Shared(s))
-                if r.len() >= limits.recv_buffer_size / 16
-                    && s.may_lend(&self.lent_buffers, limits.recv_pool_size / 2) =>
+                if r.len() >= (self.config.recv_buffer_size() / 16).min(LEND_FROM_MAX)
+                    && s.may_lend(&self.lent_buffers, self.config.recv_pool_size() / 2) =>
             {
                 crate::HeldMessage::lent(s.clone(), r.start, r.len(), window)
             }

@@ -391,7 +391,7 @@ impl Core {
             membership: membership::Membership::from_config(&config),
             discovery: discovery::Discovery::new(&config).map(Box::new),
             wim: WriteInterest::new(),
-            pool: BufferPool::new(config.limits.recv_pool_size, config.limits.recv_buffer_size),
+            pool: BufferPool::new(config.recv_pool_size(), config.recv_buffer_size()),
             incoming: IncomingQueue::new(
                 config.limits.incoming_max_buffers,
                 config.limits.incoming_max_bytes,

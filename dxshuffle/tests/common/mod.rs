@@ -21,8 +21,8 @@ fn ib_config(id: u16, n: u16, base: u16) -> Config {
         .and_then(|g| g.parse().ok())
         .unwrap_or(0);
     c.limits.orb_size = 1 << 20;
-    c.limits.recv_buffer_size = 16 << 10;
-    c.limits.recv_pool_size = 256;
+    c.limits.recv_buffer_size = Some(16 << 10);
+    c.limits.recv_pool_size = Some(256);
     c.limits.connect_timeout_ms = 3000;
     // Soft-RoCE under CPU emulation is slow at times.
     c.limits.send_timeout_ms = 60_000;

@@ -314,7 +314,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
     let sges = ib.sges_per_recv as usize;
     // Keep half the pool for buffers waiting in the incoming queue.
     let recv_wrs = (ib.srq_size as usize)
-        .min(cfg.limits.recv_pool_size / 2 / sges)
+        .min(cfg.recv_pool_size() / 2 / sges)
         .max(1);
     let srq = pd
         .create_srq(recv_wrs as u32, ib.sges_per_recv)
@@ -358,7 +358,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         signal_every: (ib.rdma_depth / 4).clamp(1, 16),
         sges_per_recv: sges,
         max_inline_data: ib.max_inline_data,
-        max_recv_size: cfg.limits.recv_buffer_size * sges,
+        max_recv_size: cfg.recv_buffer_size() * sges,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         by_qpn: Mutex::new(FxHashMap::default()),
         verified: Mutex::new(HashMap::new()),

@@ -306,7 +306,7 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
             .min(cfg.limits.flow_control_window / 2),
         coalesce_wait: Duration::from_micros(cfg.tcp.coalesce_us),
         send_in_place_from: cfg.tcp.send_in_place_from,
-        carry_min_free: cfg.limits.recv_pool_size / 2,
+        carry_min_free: cfg.recv_pool_size() / 2,
         max_handshake_threads: cfg.tcp.max_pending_handshakes * 3 / 2,
         secret: cfg.cluster_secret.as_ref().map(|s| s.as_bytes().to_vec()),
         tls: cfg.tls.as_ref().map(TlsContext::load).transpose()?,
