@@ -172,11 +172,10 @@ struct RecvState {
 
 impl RecvState {
     /// Receive state of a new connection. A TLS connection does not walk
-    /// its messages: TLS hands its plaintext over a record (16 KiB) at a
-    /// time, so nearly every read ends inside a message of kilobytes, and
-    /// carrying it would copy on the thread that also decrypts (16 KiB
-    /// messages ran at 0.79–0.88× of reassembling them on the handler
-    /// threads).
+    /// its messages: its reads end wherever decryption caught up with the
+    /// socket, mostly inside a message of kilobytes, and carrying it would
+    /// copy on the thread that also decrypts (measured slower than
+    /// reassembling such messages on the handler threads).
     fn new(tls: bool) -> Self {
         Self {
             parser: ChunkParser::default(),

@@ -305,7 +305,10 @@ impl TcpEngine {
     }
 
     /// [`TcpEngine::read_once`] of a TLS connection: decrypted data first,
-    /// then more records from the socket until it would block.
+    /// then more records from the socket, until the buffer is full or the
+    /// socket would block. TLS hands its plaintext over a record (at most
+    /// 16 KiB) at a time: filling the buffer with as many as have arrived
+    /// makes one hand-over per buffer, as a plain read does.
     pub(super) fn read_tls(
         &self,
         core: &Arc<Core>,
@@ -315,52 +318,64 @@ impl TcpEngine {
         from: usize,
         inline: Option<&mut Option<InlineWork>>,
     ) -> ReadOutcome {
-        let mut t = tls.lock();
-        let fail = |t: &mut tls::Session, buf: RecvBuffer, why: String| {
-            core.return_recv_buffer(buf);
-            // Best effort: tell the peer why (a TLS alert).
-            let _ = t.write_tls(&mut &tc.stream);
-            core.close_connection(&tc.conn, &why, true);
-            ReadOutcome::Closed
-        };
-        loop {
-            match t.reader().read(&mut buf.space()[from..]) {
-                Ok(0) => {
-                    return fail(&mut t, buf, "peer closed the connection (TLS)".into());
-                }
+        let cap = buf.capacity();
+        let mut filled = from;
+        // Why the stream ended (the plaintext before it is delivered
+        // first), or how reading stopped.
+        let stop = loop {
+            if filled == cap {
+                break Ok(ReadOutcome::More);
+            }
+            // Taken per record, not per buffer: the send thread encrypts
+            // under the same lock.
+            let mut t = tls.lock();
+            match t.reader().read(&mut buf.space()[filled..]) {
+                Ok(0) => break Err("peer closed the connection (TLS)".to_string()),
                 Ok(n) => {
-                    let wants_write = t.wants_write();
-                    drop(t);
-                    if wants_write {
-                        // TLS records to answer: not held for coalescing.
-                        tc.urgent.store(true, Ordering::Release);
-                        core.on_write_interest(tc.conn.peer);
-                    }
-                    self.parse_and_deliver(core, tc, buf, from, n, inline);
-                    return ReadOutcome::More;
+                    filled += n;
+                    continue;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return fail(&mut t, buf, format!("TLS receive failed: {e}")),
+                Err(e) => break Err(format!("TLS receive failed: {e}")),
             }
             match t.read_tls(&mut &tc.stream) {
-                Ok(0) => return fail(&mut t, buf, "peer closed the connection".into()),
+                Ok(0) => break Err("peer closed the connection".into()),
                 Ok(_) => {
                     if let Err(e) = t.process_new_packets() {
-                        return fail(&mut t, buf, format!("TLS error: {e}"));
+                        break Err(format!("TLS error: {e}"));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let wants_write = t.wants_write();
-                    drop(t);
-                    self.put_back(core, tc, buf, from);
-                    if wants_write {
-                        tc.urgent.store(true, Ordering::Release);
-                        core.on_write_interest(tc.conn.peer);
-                    }
-                    return ReadOutcome::Drained;
+                    break Ok(ReadOutcome::Drained);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return fail(&mut t, buf, format!("receive failed: {e}")),
+                Err(e) => break Err(format!("receive failed: {e}")),
+            }
+        };
+        let mut t = tls.lock();
+        if stop.is_err() {
+            // Best effort: tell the peer why (a TLS alert).
+            let _ = t.write_tls(&mut &tc.stream);
+        }
+        let wants_write = t.wants_write();
+        drop(t);
+        if wants_write {
+            // TLS records to answer: not held for coalescing.
+            tc.urgent.store(true, Ordering::Release);
+            core.on_write_interest(tc.conn.peer);
+        }
+        if filled > from {
+            self.parse_and_deliver(core, tc, buf, from, filled - from, inline);
+        } else if stop.is_ok() {
+            self.put_back(core, tc, buf, from);
+        } else {
+            core.return_recv_buffer(buf);
+        }
+        match stop {
+            Ok(outcome) => outcome,
+            Err(why) => {
+                core.close_connection(&tc.conn, &why, true);
+                ReadOutcome::Closed
             }
         }
     }
