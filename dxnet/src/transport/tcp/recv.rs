@@ -353,11 +353,13 @@ impl TcpEngine {
             }
         };
         let mut t = tls.lock();
-        if stop.is_err() {
+        let wants_write = if stop.is_err() {
             // Best effort: tell the peer why (a TLS alert).
             let _ = t.write_tls(&mut &tc.stream);
-        }
-        let wants_write = t.wants_write();
+            false
+        } else {
+            t.wants_write()
+        };
         drop(t);
         if wants_write {
             // TLS records to answer: not held for coalescing.
