@@ -9,7 +9,7 @@ use crate::node::HeldWindow;
 /// lent payload keeps its whole buffer out of the pool, and TCP's 256 KiB
 /// buffers would otherwise copy the 4-16 KiB payloads (e.g. dxshuffle's
 /// batches) that 64 KiB buffers lend.
-const LEND_FROM_MAX: usize = 4096;
+pub(super) const LEND_FROM_MAX: usize = 4096;
 
 /// What [`Core::process_item`] decodes: an [`Incoming`] item, its pooled
 /// buffer possibly shared with held messages.
@@ -253,8 +253,8 @@ impl Core {
         let window = HeldWindow::new(self.me.clone(), conn, bytes);
         let msg = match (at, src) {
             (PayloadAt::In(r), Source::Shared(s))
-                if r.len() >= (self.config.recv_buffer_size() / 16).min(LEND_FROM_MAX)
-                    && s.may_lend(&self.lent_buffers, self.config.recv_pool_size() / 2) =>
+                if r.len() >= self.lend_from
+                    && s.may_lend(&self.lent_buffers, self.lend_max_buffers) =>
             {
                 crate::HeldMessage::lent(s.clone(), r.start, r.len(), window)
             }
