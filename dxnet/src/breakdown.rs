@@ -22,6 +22,10 @@
 //! | `response_send` | the return | the response committed to the ring buffer |
 //! | `response_post` | the commit | the end of the dispatch: the write when the handler's thread does it (responses to the messages of one received buffer leave together after the last one's handler, so for the others this is in `transport`) |
 //!
+//! The responder records these when the dispatch ends, just after the
+//! response has left: a reading taken the moment the requester holds the
+//! response may not count that request at the responder yet.
+//!
 //! `awaiting` minus the responder's four stages is what the two nodes'
 //! clocks cannot split further: both engines (send thread, socket or queue
 //! pair, receive thread) and the wire, both ways. Between two nodes that

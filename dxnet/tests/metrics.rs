@@ -330,14 +330,36 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let b: Vec<_> = nodes
-        .iter()
-        .map(|n| n.latency_breakdown().expect("breakdown is on"))
-        .collect();
+    // A responder records a request's stages when its dispatch ends, after
+    // the response has left: the last ones may still be on their way into
+    // the histograms when the requesters hold every response. Read until
+    // each node's served count is complete (an overcount still fails below).
+    let served_of = |i: usize| threads[1 - i] * per[1 - i];
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let b: Vec<_> = loop {
+        let b: Vec<_> = nodes
+            .iter()
+            .map(|n| n.latency_breakdown().expect("breakdown is on"))
+            .collect();
+        let settled = (0..2).all(|i| {
+            [
+                &b[i].request_queue,
+                &b[i].handler,
+                &b[i].response_send,
+                &b[i].response_post,
+            ]
+            .iter()
+            .all(|h| h.count() >= served_of(i))
+        });
+        if settled || std::time::Instant::now() > deadline {
+            break b;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
     for i in 0..2 {
         let (me, peer) = (&b[i], &b[1 - i]);
         let sent = threads[i] * per[i];
-        let served = threads[1 - i] * per[1 - i];
+        let served = served_of(i);
         let what = format!("{kind:?} parallel={parallel} node {i}");
         for (name, h) in me.stages() {
             let want =
