@@ -335,13 +335,15 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
     // the histograms when the requesters hold every response. Read until
     // each node's served count is complete (an overcount still fails below).
     let served_of = |i: usize| threads[1 - i] * per[1 - i];
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let b: Vec<_> = loop {
-        let b: Vec<_> = nodes
+    let breakdowns = || -> Vec<_> {
+        nodes
             .iter()
             .map(|n| n.latency_breakdown().expect("breakdown is on"))
-            .collect();
-        let settled = (0..2).all(|i| {
+            .collect()
+    };
+    wait_for(30, "the responders' records", || {
+        let b = breakdowns();
+        (0..2).all(|i| {
             [
                 &b[i].request_queue,
                 &b[i].handler,
@@ -350,12 +352,9 @@ fn breakdown_covers_every_round_trip(kind: Kind, parallel: bool) {
             ]
             .iter()
             .all(|h| h.count() >= served_of(i))
-        });
-        if settled || std::time::Instant::now() > deadline {
-            break b;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+        })
+    });
+    let b = breakdowns();
     for i in 0..2 {
         let (me, peer) = (&b[i], &b[1 - i]);
         let sent = threads[i] * per[i];
