@@ -122,11 +122,43 @@ impl std::ops::BitOr for SendFlags {
     }
 }
 
-/// A chain of send work requests, posted with one
-/// [`QueuePair::post_send`](crate::QueuePair::post_send).
-#[derive(Default)]
-pub struct SendChain {
-    wrs: Vec<ffi::ibv_send_wr>,
+/// A raw work request that chains link (`ibv_send_wr`, `ibv_recv_wr`).
+trait RawWr: Default {
+    fn set_num_sge(&mut self, n: i32);
+    fn num_sge(&self) -> i32;
+    fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self);
+}
+
+impl RawWr for ffi::ibv_send_wr {
+    fn set_num_sge(&mut self, n: i32) {
+        self.num_sge = n;
+    }
+    fn num_sge(&self) -> i32 {
+        self.num_sge
+    }
+    fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self) {
+        self.sg_list = sg_list;
+        self.next = next;
+    }
+}
+
+impl RawWr for ffi::ibv_recv_wr {
+    fn set_num_sge(&mut self, n: i32) {
+        self.num_sge = n;
+    }
+    fn num_sge(&self) -> i32 {
+        self.num_sge
+    }
+    fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self) {
+        self.sg_list = sg_list;
+        self.next = next;
+    }
+}
+
+/// What send and receive chains share: the work requests, their SGEs in
+/// one array, and the linking right before a post.
+struct Chain<W> {
+    wrs: Vec<W>,
     sges: Vec<ffi::ibv_sge>,
     /// Index of each WR's first SGE in `sges`.
     first_sge: Vec<usize>,
@@ -135,21 +167,90 @@ pub struct SendChain {
 // SAFETY: the raw pointers inside the work requests only ever point into the
 // chain's own vectors and are rebuilt by `link` right before every post, so
 // moving a chain to another thread cannot leave a dangling pointer in use.
-unsafe impl Send for SendChain {}
+unsafe impl<W> Send for Chain<W> {}
 
-impl SendChain {
-    /// An empty chain.
-    pub fn new() -> SendChain {
-        SendChain::default()
-    }
-
-    /// An empty chain with room for `wrs` requests and `sges` elements.
-    pub fn with_capacity(wrs: usize, sges: usize) -> SendChain {
-        SendChain {
+impl<W: RawWr> Chain<W> {
+    fn with_capacity(wrs: usize, sges: usize) -> Self {
+        Self {
             wrs: Vec::with_capacity(wrs),
             sges: Vec::with_capacity(sges),
             first_sge: Vec::with_capacity(wrs),
         }
+    }
+
+    fn push(&mut self, mut wr: W, sges: &[Sge]) {
+        wr.set_num_sge(sges.len() as i32);
+        self.first_sge.push(self.sges.len());
+        self.sges.extend(sges.iter().map(|s| s.raw));
+        self.wrs.push(wr);
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.sges.iter().map(|s| s.length as u64).sum()
+    }
+
+    fn clear(&mut self) {
+        self.wrs.clear();
+        self.sges.clear();
+        self.first_sge.clear();
+    }
+
+    /// Fills in `next` and `sg_list`; returns the head (NULL for an empty
+    /// chain). The pointers stay valid until the chain is modified.
+    fn link(&mut self) -> *mut W {
+        let n = self.wrs.len();
+        let sge_base = self.sges.as_mut_ptr();
+        let wr_base = self.wrs.as_mut_ptr();
+        for (i, wr) in self.wrs.iter_mut().enumerate() {
+            let sg_list = if wr.num_sge() == 0 {
+                ptr::null_mut()
+            } else {
+                sge_base.wrapping_add(self.first_sge[i])
+            };
+            let next = if i + 1 < n {
+                wr_base.wrapping_add(i + 1)
+            } else {
+                ptr::null_mut()
+            };
+            wr.set_links(sg_list, next);
+        }
+        if n == 0 {
+            ptr::null_mut()
+        } else {
+            wr_base
+        }
+    }
+
+    /// Index of `bad` (as returned by a failed post) in the chain.
+    fn index_of(&self, bad: *const W) -> usize {
+        if bad.is_null() {
+            return 0;
+        }
+        let base = self.wrs.as_ptr();
+        let off = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<W>().max(1);
+        off.min(self.wrs.len())
+    }
+}
+
+/// A chain of send work requests, posted with one
+/// [`QueuePair::post_send`](crate::QueuePair::post_send).
+pub struct SendChain(Chain<ffi::ibv_send_wr>);
+
+impl Default for SendChain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SendChain {
+    /// An empty chain.
+    pub fn new() -> SendChain {
+        SendChain::with_capacity(0, 0)
+    }
+
+    /// An empty chain with room for `wrs` requests and `sges` elements.
+    pub fn with_capacity(wrs: usize, sges: usize) -> SendChain {
+        SendChain(Chain::with_capacity(wrs, sges))
     }
 
     /// Appends a work request. `sges` may be empty (e.g. a zero-length
@@ -161,11 +262,7 @@ impl SendChain {
         sges: &[Sge],
         flags: SendFlags,
     ) -> &mut SendChain {
-        let mut wr = Self::raw_wr(wr_id, op, flags);
-        wr.num_sge = sges.len() as i32;
-        self.first_sge.push(self.sges.len());
-        self.sges.extend(sges.iter().map(|s| s.raw));
-        self.wrs.push(wr);
+        self.0.push(Self::raw_wr(wr_id, op, flags), sges);
         self
     }
 
@@ -205,170 +302,108 @@ impl SendChain {
 
     /// Number of work requests.
     pub fn len(&self) -> usize {
-        self.wrs.len()
+        self.0.wrs.len()
     }
 
     /// True when there is no work request.
     pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
+        self.0.wrs.is_empty()
     }
 
     /// Total payload bytes of all requests.
     pub fn total_bytes(&self) -> u64 {
-        self.sges.iter().map(|s| s.length as u64).sum()
+        self.0.total_bytes()
     }
 
     /// Removes all requests, keeping the allocations.
     pub fn clear(&mut self) {
-        self.wrs.clear();
-        self.sges.clear();
-        self.first_sge.clear();
+        self.0.clear()
     }
 
-    /// Links the chain for posting: fills in `next` and `sg_list`; returns
-    /// the head (NULL for an empty chain). The pointers stay valid until the
-    /// chain is modified.
+    /// Links the chain for posting (see `Chain::link`).
     pub(crate) fn link(&mut self) -> *mut ffi::ibv_send_wr {
-        let n = self.wrs.len();
-        let sge_base = self.sges.as_mut_ptr();
-        let wr_base = self.wrs.as_mut_ptr();
-        for i in 0..n {
-            let first = self.first_sge[i];
-            let wr = &mut self.wrs[i];
-            wr.sg_list = if wr.num_sge == 0 {
-                ptr::null_mut()
-            } else {
-                sge_base.wrapping_add(first)
-            };
-            wr.next = if i + 1 < n {
-                wr_base.wrapping_add(i + 1)
-            } else {
-                ptr::null_mut()
-            };
-        }
-        if n == 0 {
-            ptr::null_mut()
-        } else {
-            wr_base
-        }
+        self.0.link()
     }
 
     /// Index of `bad` (as returned by a failed post) in the chain.
     pub(crate) fn index_of(&self, bad: *const ffi::ibv_send_wr) -> usize {
-        index_in(self.wrs.as_ptr(), self.wrs.len(), bad)
+        self.0.index_of(bad)
     }
 
     /// The raw, linked work requests (for inspection and tests).
     pub fn raw_linked(&mut self) -> &[ffi::ibv_send_wr] {
-        self.link();
-        &self.wrs
+        self.0.link();
+        &self.0.wrs
     }
 }
 
 /// A chain of receive work requests, for
 /// [`SharedReceiveQueue::post_recv`](crate::SharedReceiveQueue::post_recv) or
 /// [`QueuePair::post_recv`](crate::QueuePair::post_recv).
-#[derive(Default)]
-pub struct RecvChain {
-    wrs: Vec<ffi::ibv_recv_wr>,
-    sges: Vec<ffi::ibv_sge>,
-    first_sge: Vec<usize>,
-}
+pub struct RecvChain(Chain<ffi::ibv_recv_wr>);
 
-// SAFETY: as for `SendChain`: internal pointers are relinked before each post.
-unsafe impl Send for RecvChain {}
+impl Default for RecvChain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl RecvChain {
     /// An empty chain.
     pub fn new() -> RecvChain {
-        RecvChain::default()
+        RecvChain::with_capacity(0, 0)
     }
 
     /// An empty chain with room for `wrs` requests and `sges` elements.
     pub fn with_capacity(wrs: usize, sges: usize) -> RecvChain {
-        RecvChain {
-            wrs: Vec::with_capacity(wrs),
-            sges: Vec::with_capacity(sges),
-            first_sge: Vec::with_capacity(wrs),
-        }
+        RecvChain(Chain::with_capacity(wrs, sges))
     }
 
     /// Appends a receive request scattering into `sges` (in order).
     pub fn push(&mut self, wr_id: u64, sges: &[Sge]) -> &mut RecvChain {
-        self.first_sge.push(self.sges.len());
-        self.sges.extend(sges.iter().map(|s| s.raw));
-        self.wrs.push(ffi::ibv_recv_wr {
+        let wr = ffi::ibv_recv_wr {
             wr_id,
-            num_sge: sges.len() as i32,
             ..Default::default()
-        });
+        };
+        self.0.push(wr, sges);
         self
     }
 
     /// Number of work requests.
     pub fn len(&self) -> usize {
-        self.wrs.len()
+        self.0.wrs.len()
     }
 
     /// True when there is no work request.
     pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
+        self.0.wrs.is_empty()
     }
 
     /// Total bytes the chain can receive.
     pub fn total_bytes(&self) -> u64 {
-        self.sges.iter().map(|s| s.length as u64).sum()
+        self.0.total_bytes()
     }
 
     /// Removes all requests, keeping the allocations.
     pub fn clear(&mut self) {
-        self.wrs.clear();
-        self.sges.clear();
-        self.first_sge.clear();
+        self.0.clear()
     }
 
+    /// Links the chain for posting (see `Chain::link`).
     pub(crate) fn link(&mut self) -> *mut ffi::ibv_recv_wr {
-        let n = self.wrs.len();
-        let sge_base = self.sges.as_mut_ptr();
-        let wr_base = self.wrs.as_mut_ptr();
-        for i in 0..n {
-            let first = self.first_sge[i];
-            let wr = &mut self.wrs[i];
-            wr.sg_list = if wr.num_sge == 0 {
-                ptr::null_mut()
-            } else {
-                sge_base.wrapping_add(first)
-            };
-            wr.next = if i + 1 < n {
-                wr_base.wrapping_add(i + 1)
-            } else {
-                ptr::null_mut()
-            };
-        }
-        if n == 0 {
-            ptr::null_mut()
-        } else {
-            wr_base
-        }
+        self.0.link()
     }
 
+    /// Index of `bad` (as returned by a failed post) in the chain.
     pub(crate) fn index_of(&self, bad: *const ffi::ibv_recv_wr) -> usize {
-        index_in(self.wrs.as_ptr(), self.wrs.len(), bad)
+        self.0.index_of(bad)
     }
 
     /// The raw, linked work requests (for inspection and tests).
     pub fn raw_linked(&mut self) -> &[ffi::ibv_recv_wr] {
-        self.link();
-        &self.wrs
+        self.0.link();
+        &self.0.wrs
     }
-}
-
-fn index_in<T>(base: *const T, len: usize, bad: *const T) -> usize {
-    if bad.is_null() {
-        return 0;
-    }
-    let off = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<T>().max(1);
-    off.min(len)
 }
 
 /// Opcode of a work completion.
