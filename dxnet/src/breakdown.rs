@@ -242,6 +242,22 @@ impl LatencyBreakdown {
         }
     }
 
+    /// Requests this node answered whose four responder stages are all in
+    /// this reading: the least of their counts (a reading taken while a
+    /// responder records may hold some of a request's stages, not yet all).
+    pub fn served(&self) -> u64 {
+        [
+            &self.request_queue,
+            &self.handler,
+            &self.response_send,
+            &self.response_post,
+        ]
+        .iter()
+        .map(|h| h.count())
+        .min()
+        .unwrap_or(0)
+    }
+
     /// Mean time a request spent at its responder (queue, handler,
     /// response send and post), in nanoseconds.
     pub fn responder_mean_ns(&self) -> f64 {
@@ -300,5 +316,20 @@ mod tests {
         m.merge(&d);
         assert_eq!(m, b);
         assert_eq!(b.since(&b), Histogram::default());
+    }
+
+    #[test]
+    fn served_counts_requests_with_every_responder_stage() {
+        let mut b = LatencyBreakdown::default();
+        assert_eq!(b.served(), 0);
+        b.round_trip = hist(&[1, 2, 3, 4]);
+        b.request_queue = hist(&[1, 2, 3]);
+        b.handler = hist(&[1, 2, 3]);
+        b.response_send = hist(&[1, 2, 3]);
+        assert_eq!(b.served(), 0, "no response_post yet");
+        b.response_post = hist(&[1, 2]);
+        assert_eq!(b.served(), 2);
+        b.response_post = hist(&[1, 2, 3]);
+        assert_eq!(b.served(), 3, "requester stages do not count");
     }
 }

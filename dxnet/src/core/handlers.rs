@@ -9,7 +9,27 @@ use crate::node::HeldWindow;
 /// lent payload keeps its whole buffer out of the pool, and TCP's 256 KiB
 /// buffers would otherwise copy the 4-16 KiB payloads (e.g. dxshuffle's
 /// batches) that 64 KiB buffers lend.
-pub(super) const LEND_FROM_MAX: usize = 4096;
+const LEND_FROM_MAX: usize = 4096;
+
+/// When a held message's payload is lent from its receive buffer rather
+/// than copied (from the configuration, once at start).
+#[derive(Debug)]
+pub(super) struct LendPolicy {
+    /// Smallest payload lent (see [`LEND_FROM_MAX`]).
+    from: usize,
+    /// Most receive buffers lent payloads may hold: half of the pool, so
+    /// the other half keeps receiving.
+    max_buffers: usize,
+}
+
+impl LendPolicy {
+    pub(super) fn new(config: &Config) -> Self {
+        Self {
+            from: (config.recv_buffer_size() / 16).min(LEND_FROM_MAX),
+            max_buffers: config.recv_pool_size() / 2,
+        }
+    }
+}
 
 /// What [`Core::process_item`] decodes: an [`Incoming`] item, its pooled
 /// buffer possibly shared with held messages.
@@ -253,8 +273,8 @@ impl Core {
         let window = HeldWindow::new(self.me.clone(), conn, bytes);
         let msg = match (at, src) {
             (PayloadAt::In(r), Source::Shared(s))
-                if r.len() >= self.lend_from
-                    && s.may_lend(&self.lent_buffers, self.lend_max_buffers) =>
+                if r.len() >= self.lend.from
+                    && s.may_lend(&self.lent_buffers, self.lend.max_buffers) =>
             {
                 crate::HeldMessage::lent(s.clone(), r.start, r.len(), window)
             }

@@ -285,10 +285,8 @@ pub struct Core {
     /// Receive buffers out of the pool for payloads lent to held
     /// receivers: at most half of the pool.
     lent_buffers: AtomicUsize,
-    /// Smallest held payload lent rather than copied, and the most
-    /// buffers lent payloads may hold (from the configuration, once).
-    lend_from: usize,
-    lend_max_buffers: usize,
+    /// When held payloads are lent rather than copied.
+    lend: handlers::LendPolicy,
     /// Emptied payload buffers of parallel jobs, for the next ones.
     parallel_spare: crossbeam::queue::ArrayQueue<Vec<u8>>,
     /// Pending requests.
@@ -404,8 +402,7 @@ impl Core {
             any_parallel: AtomicBool::new(false),
             any_held: AtomicBool::new(false),
             lent_buffers: AtomicUsize::new(0),
-            lend_from: (config.recv_buffer_size() / 16).min(handlers::LEND_FROM_MAX),
-            lend_max_buffers: config.recv_pool_size() / 2,
+            lend: handlers::LendPolicy::new(&config),
             parallel_spare: crossbeam::queue::ArrayQueue::new(PARALLEL_SPARE),
             requests: RequestTable::new(breakdown),
             regions: regions::RegionTable::default(),
