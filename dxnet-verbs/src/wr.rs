@@ -129,31 +129,25 @@ trait RawWr: Default {
     fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self);
 }
 
-impl RawWr for ffi::ibv_send_wr {
-    fn set_num_sge(&mut self, n: i32) {
-        self.num_sge = n;
-    }
-    fn num_sge(&self) -> i32 {
-        self.num_sge
-    }
-    fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self) {
-        self.sg_list = sg_list;
-        self.next = next;
-    }
+/// Both raw work request types have the fields a chain links.
+macro_rules! impl_raw_wr {
+    ($($t:ty),*) => {$(
+        impl RawWr for $t {
+            fn set_num_sge(&mut self, n: i32) {
+                self.num_sge = n;
+            }
+            fn num_sge(&self) -> i32 {
+                self.num_sge
+            }
+            fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self) {
+                self.sg_list = sg_list;
+                self.next = next;
+            }
+        }
+    )*};
 }
 
-impl RawWr for ffi::ibv_recv_wr {
-    fn set_num_sge(&mut self, n: i32) {
-        self.num_sge = n;
-    }
-    fn num_sge(&self) -> i32 {
-        self.num_sge
-    }
-    fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self) {
-        self.sg_list = sg_list;
-        self.next = next;
-    }
-}
+impl_raw_wr!(ffi::ibv_send_wr, ffi::ibv_recv_wr);
 
 /// What send and receive chains share: the work requests, their SGEs in
 /// one array, and the linking right before a post.
