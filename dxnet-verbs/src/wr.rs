@@ -123,7 +123,7 @@ impl std::ops::BitOr for SendFlags {
 }
 
 /// A raw work request that chains link (`ibv_send_wr`, `ibv_recv_wr`).
-trait RawWr: Default {
+trait RawWr {
     fn set_num_sge(&mut self, n: i32);
     fn num_sge(&self) -> i32;
     fn set_links(&mut self, sg_list: *mut ffi::ibv_sge, next: *mut Self);

@@ -246,25 +246,26 @@ impl LatencyBreakdown {
     /// this reading: the least of their counts (a reading taken while a
     /// responder records may hold some of a request's stages, not yet all).
     pub fn served(&self) -> u64 {
+        self.responder_stages()
+            .iter()
+            .map(|h| h.count())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Mean time a request spent at its responder (queue, handler,
+    /// response send and post), in nanoseconds.
+    pub fn responder_mean_ns(&self) -> f64 {
+        self.responder_stages().iter().map(|h| h.mean_ns()).sum()
+    }
+
+    fn responder_stages(&self) -> [&Histogram; 4] {
         [
             &self.request_queue,
             &self.handler,
             &self.response_send,
             &self.response_post,
         ]
-        .iter()
-        .map(|h| h.count())
-        .min()
-        .unwrap_or(0)
-    }
-
-    /// Mean time a request spent at its responder (queue, handler,
-    /// response send and post), in nanoseconds.
-    pub fn responder_mean_ns(&self) -> f64 {
-        self.request_queue.mean_ns()
-            + self.handler.mean_ns()
-            + self.response_send.mean_ns()
-            + self.response_post.mean_ns()
     }
 
     /// Mean time of engines and wire, both ways: the requesters'
