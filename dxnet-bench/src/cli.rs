@@ -15,8 +15,8 @@ use crate::output;
 /// Observatory/OSU-style benchmarks of dxnet against raw baselines.
 ///
 /// Without arguments it runs a short default suite between two local
-/// processes over TCP loopback (raw-tcp, raw-tcp-batched and dxnet-tcp;
-/// 64 B with 1 and 16 sender threads) and prints a summary table; results
+/// processes over TCP loopback (raw-tcp, raw-tcp-batched, dxnet-tcp and
+/// dxnet-tcp-typed; 64 B with 1 and 16 sender threads) and prints a summary table; results
 /// go to `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
 #[derive(Debug, Parser)]
 #[command(name = "dxnet-bench", version, args_conflicts_with_subcommands = true)]
@@ -287,7 +287,7 @@ pub struct RunArgs {
     #[arg(long, short = 'o', default_value = "bench-results")]
     out: PathBuf,
     /// Bindings, comma-separated (raw-tcp, raw-tcp-batched, dxnet-tcp,
-    /// dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw,
+    /// dxnet-tcp-typed, dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw,
     /// ib_send_lat, ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat,
     /// mpi-tcp, mpi-shm, mpich-tcp, mpich-shm).
     #[arg(long, value_delimiter = ',')]

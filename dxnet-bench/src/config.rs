@@ -509,9 +509,10 @@ impl BenchConfig {
     /// finishes well within two minutes on a two-core machine. Throughput at
     /// 64 B, 4 KiB and 64 KiB with one sender thread, 64 B with 16 sender
     /// threads sharing each node's connection, and 64 B round trips with 1 and
-    /// 16 threads; every one for `raw-tcp`, `raw-tcp-batched` and `dxnet-tcp`.
+    /// 16 threads; every one for `raw-tcp`, `raw-tcp-batched`, `dxnet-tcp` and
+    /// `dxnet-tcp-typed` (the same with typed serde messages).
     pub fn default_suite() -> Self {
-        let bindings = ["raw-tcp", "raw-tcp-batched", "dxnet-tcp"]
+        let bindings = ["raw-tcp", "raw-tcp-batched", "dxnet-tcp", "dxnet-tcp-typed"]
             .map(String::from)
             .to_vec();
         let mut tp = BenchEntry::new(Operation::Throughput, 200_000);

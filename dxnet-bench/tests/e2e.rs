@@ -26,6 +26,7 @@ fn bindings() -> Vec<&'static str> {
         "raw-tcp",
         "raw-tcp-batched",
         "dxnet-tcp",
+        "dxnet-tcp-typed",
         "dxnet-tcp-tls",
         "dxnet-loopback",
     ]

@@ -2,7 +2,8 @@
 //!
 //! One-way messages use `send_raw` / `register_raw` (no serde on either
 //! side: the payload is copied straight into the ring buffer, which is the
-//! closest to what the raw baselines do). Request/response uses the typed
+//! closest to what the raw baselines do); `dxnet-tcp-typed` sends them as a
+//! user's typed message instead ([`BenchMsg`] with `send` / `register`). Request/response uses the typed
 //! API (`request` with a `serde_bytes` payload) because that is what an
 //! application would call; the handler moves the request's bytes into the
 //! same-size response. Loopback nodes are `Node` instances in one process.
@@ -33,6 +34,13 @@ const SUB_MSG: u8 = 1;
 /// `params.buffers`: a request from a buffer (echoed), and its echo.
 const SUB_ECHO: u8 = 8;
 const SUB_ECHOED: u8 = 9;
+
+/// A one-way message of `dxnet-tcp-typed`: what a user's message with a
+/// byte field is (serialized by the sender, deserialized into an owned
+/// message by the receiver).
+#[derive(Serialize, Deserialize)]
+struct BenchMsg(#[serde(with = "serde_bytes")] Vec<u8>);
+dxnet::message!(BenchMsg, BENCH_TYPE, SUB_MSG);
 
 #[derive(Serialize, Deserialize)]
 struct BenchReq(#[serde(with = "serde_bytes")] Vec<u8>);
@@ -143,6 +151,8 @@ impl OneSidedThread {
 /// A dxnet node driven through the lean interface.
 pub struct DxnetBinding {
     node: Arc<Node>,
+    /// `dxnet-tcp-typed`: one-way messages go as [`BenchMsg`].
+    typed: bool,
     /// Per sender thread: the request last sent, reused while the size stays
     /// the same so that the measured loop does not allocate.
     reqs: Vec<Mutex<Option<BenchReq>>>,
@@ -265,7 +275,10 @@ fn node_config_with(setup: &BindingSetup, me: u16, rdma: RdmaTarget) -> Result<C
     let kind = BindingKind::parse(&setup.binding)?;
     let base = match kind {
         BindingKind::DxnetLoopback => Config::loopback(me, setup.nodes.len() as u16, &setup.fabric),
-        BindingKind::DxnetTcp | BindingKind::DxnetTcpTls | BindingKind::DxnetIb => {
+        BindingKind::DxnetTcp
+        | BindingKind::DxnetTcpTyped
+        | BindingKind::DxnetTcpTls
+        | BindingKind::DxnetIb => {
             let mut c = Config::default();
             c.node_id = me;
             c.nodes = setup
@@ -359,21 +372,30 @@ impl DxnetBinding {
     pub fn start(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Self> {
         let cfg = node_config(setup, me)?;
         let node = Node::start(cfg).map_err(|e| anyhow!("dxnet node {me}: {e}"))?;
+        let typed = BindingKind::parse(&setup.binding)? == BindingKind::DxnetTcpTyped;
         let s = sink.clone();
         let deliver = move |src: NodeId, payload: &[u8]| s.deliver(src.0, payload);
+        let s = sink.clone();
+        let deliver_typed = move |src: NodeId, m: BenchMsg| s.deliver(src.0, &m.0);
         let echo_sink = sink.clone();
         let s = sink;
         let answer = move |_src, req: BenchReq| {
             s.note_request(req.0.len());
             BenchResp(req.0)
         };
-        if setup.params.parallel_handlers {
-            node.register_raw_parallel(BENCH_TYPE, SUB_MSG, deliver)
-                .and_then(|()| node.register_request_parallel::<BenchReq, _>(answer))
-        } else {
-            node.register_raw(BENCH_TYPE, SUB_MSG, deliver)
-                .and_then(|()| node.register_request::<BenchReq, _>(answer))
+        match (setup.params.parallel_handlers, typed) {
+            (true, false) => node.register_raw_parallel(BENCH_TYPE, SUB_MSG, deliver),
+            (true, true) => node.register_parallel::<BenchMsg, _>(deliver_typed),
+            (false, false) => node.register_raw(BENCH_TYPE, SUB_MSG, deliver),
+            (false, true) => node.register::<BenchMsg, _>(deliver_typed),
         }
+        .and_then(|()| {
+            if setup.params.parallel_handlers {
+                node.register_request_parallel::<BenchReq, _>(answer)
+            } else {
+                node.register_request::<BenchReq, _>(answer)
+            }
+        })
         .map_err(|e| anyhow!("{e}"))?;
         node.register_request::<Ping, _>(move |_src, p: Ping| Pong(p.0))
             .map_err(|e| anyhow!("{e}"))?;
@@ -397,6 +419,7 @@ impl DxnetBinding {
         .map_err(|e| anyhow!("{e}"))?;
         Ok(DxnetBinding {
             node,
+            typed,
             reqs: (0..threads).map(|_| Mutex::new(None)).collect(),
             remotes: RwLock::default(),
             one_sided: (0..threads).map(|_| Mutex::default()).collect(),
@@ -583,9 +606,23 @@ impl Binding for DxnetBinding {
     }
 
     fn send(&self, _thread: usize, dest: u16, payload: &[u8]) -> Result<()> {
-        self.node
-            .send_raw(NodeId(dest), BENCH_TYPE, SUB_MSG, payload)
-            .map_err(|e| anyhow!("send to node {dest}: {e}"))
+        let sent = if self.typed {
+            // The calling thread's message, filled with each payload:
+            // reused so that the measured loop does not allocate, as a
+            // sender reusing its message would. Per OS thread, not per
+            // `thread` index: handler threads echo too (latency).
+            thread_local!(static MSG: std::cell::RefCell<BenchMsg> =
+                const { std::cell::RefCell::new(BenchMsg(Vec::new())) });
+            MSG.with_borrow_mut(|m| {
+                m.0.clear();
+                m.0.extend_from_slice(payload);
+                self.node.send(NodeId(dest), m)
+            })
+        } else {
+            self.node
+                .send_raw(NodeId(dest), BENCH_TYPE, SUB_MSG, payload)
+        };
+        sent.map_err(|e| anyhow!("send to node {dest}: {e}"))
     }
 
     fn request(&self, thread: usize, dest: u16, payload: &[u8]) -> Result<()> {

@@ -45,6 +45,12 @@ pub enum BindingKind {
     RawTcpBatched,
     /// dxnet over its TCP transport, one node per process.
     DxnetTcp,
+    /// `dxnet-tcp` with one-way messages as a user's typed messages: a
+    /// serde type with a byte field sent with `Node::send` to a receiver
+    /// registered with `Node::register` (serialization on the sender,
+    /// deserialization into an owned message on the receiver), where
+    /// `dxnet-tcp` uses `send_raw`/`register_raw`.
+    DxnetTcpTyped,
     /// `dxnet-tcp` with TLS 1.3 (rustls) on every connection: the
     /// coordinator writes a fresh CA and node certificates for the run
     /// (see [`pki_dir`]). Compared with `dxnet-tcp` to show TLS's cost.
@@ -102,7 +108,7 @@ pub fn baselines_of(binding: &str) -> &'static [&'static str] {
             "mpich-tcp",
             "mpich-shm",
         ],
-        "dxnet-tcp-tls" => &["dxnet-tcp", "raw-tcp", "raw-tcp-batched"],
+        "dxnet-tcp-tls" | "dxnet-tcp-typed" => &["dxnet-tcp", "raw-tcp", "raw-tcp-batched"],
         "dxnet-ib" => &["raw-verbs", "perftest"],
         _ => &[],
     }
@@ -150,6 +156,7 @@ impl BindingKind {
             "raw-tcp-batched" => BindingKind::RawTcpBatched,
             "dxnet-tcp" => BindingKind::DxnetTcp,
             "dxnet-tcp-tls" => BindingKind::DxnetTcpTls,
+            "dxnet-tcp-typed" => BindingKind::DxnetTcpTyped,
             "dxnet-loopback" => BindingKind::DxnetLoopback,
             "dxnet-ib" => BindingKind::DxnetIb,
             "raw-verbs" => BindingKind::RawVerbs,
@@ -166,8 +173,8 @@ impl BindingKind {
             other => {
                 bail!(
                     "unknown binding {other:?} (raw-tcp, raw-tcp-batched, dxnet-tcp, \
-                     dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat, \
-                     ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat, mpi-tcp, mpi-shm)"
+                     dxnet-tcp-typed, dxnet-tcp-tls, dxnet-loopback, dxnet-ib, raw-verbs, ib_send_bw, ib_send_lat, \
+                     ib_write_bw, ib_write_lat, ib_read_bw, ib_read_lat, mpi-tcp, mpi-shm, mpich-tcp, mpich-shm)"
                 )
             }
         };
@@ -181,6 +188,7 @@ impl BindingKind {
             BindingKind::RawTcpBatched => "raw-tcp-batched",
             BindingKind::DxnetTcp => "dxnet-tcp",
             BindingKind::DxnetTcpTls => "dxnet-tcp-tls",
+            BindingKind::DxnetTcpTyped => "dxnet-tcp-typed",
             BindingKind::DxnetLoopback => "dxnet-loopback",
             BindingKind::DxnetIb => "dxnet-ib",
             BindingKind::RawVerbs => "raw-verbs",
@@ -202,6 +210,7 @@ impl BindingKind {
         matches!(
             self,
             BindingKind::DxnetTcp
+                | BindingKind::DxnetTcpTyped
                 | BindingKind::DxnetTcpTls
                 | BindingKind::DxnetLoopback
                 | BindingKind::DxnetIb
@@ -424,6 +433,7 @@ pub fn create(setup: &BindingSetup, me: u16, sink: Arc<Sink>) -> Result<Arc<dyn 
             sink.clone(),
         )?),
         BindingKind::DxnetTcp
+        | BindingKind::DxnetTcpTyped
         | BindingKind::DxnetTcpTls
         | BindingKind::DxnetLoopback
         | BindingKind::DxnetIb => Arc::new(dxnet::DxnetBinding::start(setup, me, sink.clone())?),
@@ -806,6 +816,7 @@ mod tests {
             BindingKind::RawTcpBatched,
             BindingKind::DxnetTcp,
             BindingKind::DxnetTcpTls,
+            BindingKind::DxnetTcpTyped,
             BindingKind::DxnetLoopback,
             BindingKind::DxnetIb,
             BindingKind::RawVerbs,
