@@ -16,8 +16,8 @@ use crate::output;
 ///
 /// Without arguments it runs a short default suite between two local
 /// processes over TCP loopback (raw-tcp, raw-tcp-batched, dxnet-tcp and
-/// dxnet-tcp-typed; 64 B with 1 and 16 sender threads) and prints a summary table; results
-/// go to `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
+/// dxnet-tcp-typed; 64 B with 1 and 16 sender threads) and prints a
+/// summary table; results go to `bench-results/` (CSV per operation, results.json, SVG/PNG plots).
 #[derive(Debug, Parser)]
 #[command(name = "dxnet-bench", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -324,6 +324,12 @@ pub struct RunArgs {
     /// Message-handler threads per node (dxnet), e.g. `1,2,4`.
     #[arg(long, value_delimiter = ',')]
     handlers: Vec<usize>,
+    /// Open-loop rates, messages (round trips) per second per sending
+    /// node spread over its threads, e.g. `10k,100k,1M`; each rate is a
+    /// run of its own, reported with its achieved rate, how late the
+    /// operations were issued and CPU time per operation. 0: closed loop.
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate)]
+    rate: Vec<u64>,
     /// Node counts, e.g. `2,4,6,8`.
     #[arg(long, value_delimiter = ',')]
     nodes: Vec<usize>,
@@ -549,6 +555,9 @@ pub fn effective_config(a: &RunArgs) -> Result<BenchConfig> {
         }
         if !a.handlers.is_empty() {
             e.handlers = a.handlers.clone();
+        }
+        if !a.rate.is_empty() {
+            e.rates = a.rate.clone();
         }
         if !a.nodes.is_empty() {
             e.nodes = Some(if e.operation == Operation::AllToAll {
@@ -884,6 +893,20 @@ fn run_suite(a: RunArgs) -> Result<i32> {
         return Ok(1);
     }
     Ok(0)
+}
+
+/// A rate with an optional decimal suffix: `5000`, `20k`, `1M`.
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1_000),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1_000_000),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|_| format!("bad rate {s:?} (e.g. 5000, 20k, 1M)"))
 }
 
 #[cfg(test)]

@@ -238,6 +238,16 @@ pub struct BenchEntry {
     /// with different ones run in different processes.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub dxnet: serde_json::Map<String, serde_json::Value>,
+    /// Open-loop rates: messages (round trips) per second per sending
+    /// node, spread evenly over its sender threads, each run once per
+    /// rate; 0: closed loop, as fast as the binding goes. Default `[0]`.
+    /// Not for one-sided operations.
+    #[serde(default = "default_rates")]
+    pub rates: Vec<u64>,
+}
+
+fn default_rates() -> Vec<u64> {
+    vec![0]
 }
 
 fn default_modes() -> Vec<Mode> {
@@ -267,6 +277,7 @@ impl BenchEntry {
             handlers: default_handlers(),
             nodes: None,
             dxnet: serde_json::Map::new(),
+            rates: default_rates(),
         }
     }
 
@@ -358,6 +369,10 @@ pub struct Params {
     /// MPI bindings: further `mpirun` options (whitespace-separated), after
     /// the ones that pick the transport.
     pub mpirun_options: String,
+    /// Open-loop runs (a rate above 0) send at most this many seconds'
+    /// worth of messages (rate × seconds caps `count`; the warm-up is at
+    /// most a tenth of it).
+    pub open_loop_s: f64,
 }
 
 /// Which RDMA device, port and GID the verbs bindings use. Unset values come
@@ -487,6 +502,7 @@ impl Default for Params {
             mpi_window: 64,
             perftest: PerftestParams::default(),
             mpirun_options: String::new(),
+            open_loop_s: 2.0,
         }
     }
 }
@@ -603,6 +619,15 @@ impl BenchConfig {
             if e.modes.is_empty() {
                 bail!("{op}: at least one mode is needed");
             }
+            if e.rates.is_empty() {
+                bail!("{op}: at least one rate is needed (0: closed loop)");
+            }
+            if op.is_one_sided() && e.rates.iter().any(|&r| r > 0) {
+                bail!("{op}: one-sided operations run closed loop only (rate 0)");
+            }
+            if e.rates.iter().any(|&r| r > 1_000_000_000) {
+                bail!("{op}: rates must be at most 10^9 per second");
+            }
             for n in e.node_counts() {
                 if !(2..=64).contains(&n) {
                     bail!("{op}: nodes must be within 2..=64");
@@ -617,6 +642,9 @@ impl BenchConfig {
         }
         if !(1..=4096).contains(&self.params.mpi_window) {
             bail!("params.mpi_window must be within 1..=4096");
+        }
+        if !(self.params.open_loop_s > 0.0 && self.params.open_loop_s <= 3600.0) {
+            bail!("params.open_loop_s must be within (0, 3600] seconds");
         }
         if self.params.min_count == 0 {
             bail!("params.min_count must be > 0");
@@ -677,14 +705,28 @@ impl BenchConfig {
                                 .flat_map(|&mode| {
                                     e.sizes.expand().into_iter().map(move |size| (mode, size))
                                 })
-                                .map(|(mode, size)| {
-                                    let count = self.scaled_count(e.count, size);
+                                .flat_map(|(mode, size)| {
+                                    dedup(e.rates.clone())
+                                        .into_iter()
+                                        .map(move |rate| (mode, size, rate))
+                                })
+                                // External programs (perftest, MPI) pace
+                                // nothing: closed loop only.
+                                .filter(|&(_, _, rate)| rate == 0 || !kind.is_external())
+                                .map(|(mode, size, rate)| {
+                                    let mut count = self.scaled_count(e.count, size);
                                     let warm = e.warmup.unwrap_or(e.count / 10);
-                                    let warmup = if warm == 0 {
+                                    let mut warmup = if warm == 0 {
                                         0
                                     } else {
                                         self.scaled_count(warm, size).min(count)
                                     };
+                                    if rate > 0 {
+                                        // Open loop: `open_loop_s` seconds at most.
+                                        let cap = (rate as f64 * self.params.open_loop_s) as u64;
+                                        count = count.min(cap.max(1));
+                                        warmup = warmup.min(count / 10);
+                                    }
                                     RunSpec {
                                         operation: e.operation,
                                         mode,
@@ -692,6 +734,7 @@ impl BenchConfig {
                                         count,
                                         warmup,
                                         repetitions: e.repetitions,
+                                        rate,
                                     }
                                 })
                                 .collect();
@@ -722,11 +765,11 @@ impl BenchConfig {
                             // entry naming it sets its counts (flags such as
                             // --threads can make two entries overlap).
                             for run in runs {
-                                let case = (run.operation, run.mode, run.size);
+                                let case = (run.operation, run.mode, run.size, run.rate);
                                 if !groups[gi]
                                     .runs
                                     .iter()
-                                    .any(|r| (r.operation, r.mode, r.size) == case)
+                                    .any(|r| (r.operation, r.mode, r.size, r.rate) == case)
                                 {
                                     groups[gi].runs.push(run);
                                 }
@@ -799,7 +842,7 @@ impl Group {
     }
 }
 
-/// One (operation, mode, size) with its counts.
+/// One (operation, mode, size, rate) with its counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSpec {
     /// The operation.
@@ -814,6 +857,10 @@ pub struct RunSpec {
     pub warmup: u64,
     /// Measured repetitions.
     pub repetitions: u32,
+    /// Open-loop rate per sending node (messages or round trips per
+    /// second, spread over its sender threads); 0: closed loop.
+    #[serde(default)]
+    pub rate: u64,
 }
 
 /// Parses a size with an optional binary suffix: `64`, `4k`, `4KiB`, `1M`.

@@ -249,6 +249,16 @@ pub struct NodeResult {
     /// with `--breakdown`: `Node::latency_breakdown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<dxnet::breakdown::LatencyBreakdown>,
+    /// Open-loop runs: operations issued on a schedule, the sum and the
+    /// largest of their delays after it (ns; see [`crate::ops::Pace`]).
+    #[serde(default)]
+    pub paced: u64,
+    /// See `paced`.
+    #[serde(default)]
+    pub late_ns_sum: u64,
+    /// See `paced`.
+    #[serde(default)]
+    pub late_ns_max: u64,
 }
 
 /// A wire counter's increase during a phase.
@@ -305,6 +315,20 @@ pub struct Record {
     pub lat_us: Option<LatencyStats>,
     /// CPU seconds (user + sys) of all node processes during the phase.
     pub cpu_s: f64,
+    /// Per node process, its CPU seconds during the phase.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proc_cpu_s: Vec<f64>,
+    /// CPU microseconds of all node processes per message (round trip).
+    #[serde(default)]
+    pub cpu_us_per_op: f64,
+    /// Requested open-loop rate per sending node (messages or round trips
+    /// per second); 0: closed loop.
+    #[serde(default)]
+    pub rate: u64,
+    /// Open-loop runs: mean and largest delay of an operation after its
+    /// scheduled time (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_us: Option<Lateness>,
     /// Bytes counted on the wire, when known.
     pub wire_bytes: Option<u64>,
     /// Wire bytes / payload bytes, when known.
@@ -319,6 +343,15 @@ pub struct Record {
     /// node's stages merged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<BreakdownSummary>,
+}
+
+/// How late an open-loop run issued its operations (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Lateness {
+    /// Mean delay after the scheduled time.
+    pub mean: f64,
+    /// Largest delay.
+    pub max: f64,
 }
 
 /// One stage of a [`BreakdownSummary`].
@@ -427,7 +460,20 @@ pub fn aggregate(key: &GroupKey, run: &RunSpec, repetition: u32, procs: &[ProcRe
     } else {
         rate(payload_bytes as f64)
     };
+    let paced: u64 = nodes.iter().map(|n| n.paced).sum();
+    let late_us = (paced > 0).then(|| Lateness {
+        mean: nodes.iter().map(|n| n.late_ns_sum).sum::<u64>() as f64 / paced as f64 / 1e3,
+        max: nodes.iter().map(|n| n.late_ns_max).max().unwrap_or(0) as f64 / 1e3,
+    });
     Record {
+        proc_cpu_s: procs.iter().map(|p| p.cpu_s).collect(),
+        cpu_us_per_op: if messages > 0 {
+            cpu_s * 1e6 / messages as f64
+        } else {
+            0.0
+        },
+        rate: run.rate,
+        late_us,
         operation: run.operation,
         mode: run.mode,
         binding: key.binding.clone(),
@@ -549,6 +595,7 @@ mod tests {
             count: 1000,
             warmup: 0,
             repetitions: 1,
+            rate: 0,
         }
     }
 

@@ -175,6 +175,76 @@ struct ThreadOut {
     round_trips: u64,
     end: Instant,
     hist: Option<HistData>,
+    late: Lateness,
+}
+
+/// How far behind its schedule an open-loop sender thread issued its
+/// operations.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Lateness {
+    /// Operations issued on a schedule.
+    pub paced: u64,
+    /// Sum of their delays after their scheduled times (ns).
+    pub sum_ns: u64,
+    /// The largest delay (ns).
+    pub max_ns: u64,
+}
+
+/// An open-loop schedule: thread `j` of `threads` issues its `i`-th
+/// operation at `start + (i * threads + j) / rate`, so the node's threads
+/// together issue `rate` per second, evenly interleaved. A thread that is
+/// behind issues at once (the backlog is not dropped); one that is ahead
+/// sleeps, so the pacer spends no CPU of its own while it waits (its sleep
+/// granularity, tens of microseconds, shows as lateness).
+#[derive(Debug)]
+pub struct Pace {
+    start: Instant,
+    /// Nanoseconds between two operations of the node.
+    step_ns: f64,
+    threads: u64,
+    j: u64,
+    /// Delays below this are not worth a sleep (a sleep's own cost).
+    min_sleep: Duration,
+    /// The delays so far.
+    pub late: Lateness,
+}
+
+impl Pace {
+    /// The schedule of thread `j` of `threads` for `rate` operations per
+    /// second per node, from `start`; `None` for rate 0 (closed loop).
+    pub fn new(rate: u64, threads: usize, j: usize, start: Instant) -> Option<Self> {
+        (rate > 0).then(|| Pace {
+            start,
+            step_ns: 1e9 / rate as f64,
+            threads: threads.max(1) as u64,
+            j: j as u64,
+            min_sleep: Duration::from_micros(5),
+            late: Lateness::default(),
+        })
+    }
+
+    /// When operation `i` of this thread is due.
+    pub fn due(&self, i: u64) -> Instant {
+        let n = (i * self.threads + self.j) as f64;
+        self.start + Duration::from_nanos((n * self.step_ns) as u64)
+    }
+
+    /// Waits until operation `i` is due and records how late it is issued.
+    pub fn wait(&mut self, i: u64) {
+        let due = self.due(i);
+        let mut now = Instant::now();
+        if due > now {
+            let ahead = due - now;
+            if ahead >= self.min_sleep {
+                std::thread::sleep(ahead);
+                now = Instant::now();
+            }
+        }
+        let late = now.saturating_duration_since(due).as_nanos() as u64;
+        self.late.paced += 1;
+        self.late.sum_ns += late;
+        self.late.max_ns = self.late.max_ns.max(late);
+    }
 }
 
 /// Runs one phase of `count` messages per sending node on all local nodes
@@ -207,12 +277,19 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                         return Err(anyhow!("called off"));
                     }
                     let deadline = Instant::now() + ctx.timeout;
+                    let mut pace = Pace::new(r.rate, ctx.threads, j, Instant::now());
+                    let mut pace_wait = |i: u64| {
+                        if let Some(p) = pace.as_mut() {
+                            p.wait(i);
+                        }
+                    };
                     let mut out = ThreadOut {
                         node: ln.id,
                         sent: 0,
                         round_trips: 0,
                         end: Instant::now(),
                         hist: None,
+                        late: Lateness::default(),
                     };
                     let b = &ln.binding;
                     let size = payload.len();
@@ -243,6 +320,7 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                         let dest = ro.dests[0];
                         let mut h = new_histogram();
                         for i in 0..c {
+                            pace_wait(i);
                             let t = Instant::now();
                             if let Some(slot) = &slot {
                                 b.send(j, dest, payload)?;
@@ -260,6 +338,7 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                     } else {
                         let d = ro.dests.len();
                         for i in 0..c as usize {
+                            pace_wait(i as u64);
                             b.send(j, ro.dests[(i + j) % d], payload)?;
                             out.sent += 1;
                         }
@@ -268,6 +347,9 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                         b.flush(j, &ro.dests)?;
                     }
                     out.end = Instant::now();
+                    if let Some(p) = &pace {
+                        out.late = p.late;
+                    }
                     Ok(out)
                 })?);
             }
@@ -306,6 +388,9 @@ pub fn run_phase(nodes: &[LocalNode], ctx: &PhaseCtx, count: u64) -> Result<Vec<
                     let res = &mut results[i];
                     res.sent += out.sent;
                     res.round_trips += out.round_trips;
+                    res.paced += out.late.paced;
+                    res.late_ns_sum += out.late.sum_ns;
+                    res.late_ns_max = res.late_ns_max.max(out.late.max_ns);
                     res.elapsed_s = res.elapsed_s.max((out.end - t0).as_secs_f64());
                     if let Some(d) = out.hist {
                         let mut h = new_histogram();

@@ -395,6 +395,10 @@ fn record(key: &GroupKey, run: &RunSpec, repetition: u32, o: &Output) -> Record 
         bytes_per_sec: msgs_per_sec * run.size as f64,
         lat_us: lat_us.flatten(),
         cpu_s: o.cpu_s,
+        proc_cpu_s: Vec::new(),
+        cpu_us_per_op: o.cpu_s * 1e6 / o.messages.max(1) as f64,
+        rate: 0,
+        late_us: None,
         wire_bytes,
         wire_overhead: wire_bytes
             .filter(|_| payload > 0)
@@ -512,6 +516,7 @@ mod tests {
             count: 2,
             warmup: 0,
             repetitions: 1,
+            rate: 0,
         }
     }
 

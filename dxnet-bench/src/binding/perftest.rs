@@ -373,6 +373,10 @@ fn record(
         bytes_per_sec: msgs_per_sec * size as f64,
         lat_us,
         cpu_s,
+        proc_cpu_s: Vec::new(),
+        cpu_us_per_op: cpu_s * 1e6 / messages.max(1) as f64,
+        rate: 0,
+        late_us: None,
         wire_bytes: None,
         wire_overhead: None,
         connections: Vec::new(),
@@ -409,6 +413,7 @@ mod tests {
             count: 2000,
             warmup: 0,
             repetitions: 1,
+            rate: 0,
         }
     }
 

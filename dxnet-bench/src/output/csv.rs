@@ -12,7 +12,7 @@ use crate::config::Operation;
 use crate::metrics::Record;
 
 /// The header of every CSV file.
-pub const HEADER: [&str; 24] = [
+pub const HEADER: [&str; 28] = [
     "Benchmark",
     "Iteration",
     "Size",
@@ -35,14 +35,23 @@ pub const HEADER: [&str; 24] = [
     "LatP999[us]",
     "LatP9999[us]",
     "Cpu[s]",
+    "CpuPerOp[us]",
+    "Rate",
+    "LateMean[us]",
+    "LateMax[us]",
     "WireBytes",
     "WireOverhead",
 ];
 
-/// The `Benchmark` column of a record.
+/// The `Benchmark` column of a record (`/r{rate}` for open-loop runs).
 pub fn benchmark_name(r: &Record) -> String {
+    let rate = if r.rate > 0 {
+        format!("/r{}", r.rate)
+    } else {
+        String::new()
+    };
     format!(
-        "{}-{}/{}/n{}/t{}/h{}",
+        "{}-{}/{}/n{}/t{}/h{}{rate}",
         r.operation, r.mode, r.binding, r.nodes, r.threads, r.handlers
     )
 }
@@ -73,6 +82,10 @@ fn row(r: &Record) -> Vec<String> {
         lat(|l| l.p999),
         lat(|l| l.p9999),
         format!("{:.4}", r.cpu_s),
+        format!("{:.4}", r.cpu_us_per_op),
+        r.rate.to_string(),
+        opt(r.late_us.map(|l| l.mean)),
+        opt(r.late_us.map(|l| l.max)),
         r.wire_bytes.map(|w| w.to_string()).unwrap_or_default(),
         r.wire_overhead
             .map(|w| format!("{w:.4}"))

@@ -62,10 +62,15 @@ pub struct Chart {
 
 /// Legend label of a record's binding configuration.
 pub fn series_label(r: &Record) -> String {
-    if r.handlers > 0 {
+    let label = if r.handlers > 0 {
         format!("{} t{} h{}", r.binding, r.threads, r.handlers)
     } else {
         format!("{} t{}", r.binding, r.threads)
+    };
+    if r.rate > 0 {
+        format!("{label} @{}/s", crate::output::table::fmt_rate(r.rate as f64).trim_end())
+    } else {
+        label
     }
 }
 
@@ -454,6 +459,10 @@ mod tests {
                 p9999: 6.0,
             }),
             cpu_s: 0.0,
+            proc_cpu_s: Vec::new(),
+            cpu_us_per_op: 0.0,
+            rate: 0,
+            late_us: None,
             wire_bytes: None,
             wire_overhead: None,
             connections: Vec::new(),

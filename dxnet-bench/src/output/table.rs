@@ -86,7 +86,25 @@ struct Case {
     nodes: usize,
     threads: usize,
     size: usize,
+    /// Open-loop rate per sending node; 0: closed loop.
+    rate: u64,
     handlers: usize,
+}
+
+impl Case {
+    /// The operation (and mode), with the rate of an open-loop run.
+    fn op_name(&self) -> String {
+        let name = if self.op.is_latency() {
+            self.op.to_string()
+        } else {
+            format!("{} {}", self.op, self.mode)
+        };
+        if self.rate > 0 {
+            format!("{name} @{}/s", fmt_rate(self.rate as f64).trim_end())
+        } else {
+            name
+        }
+    }
 }
 
 struct Cell {
@@ -96,6 +114,9 @@ struct Cell {
     p99: Option<Summary>,
     p999: Option<Summary>,
     cpu: Option<Summary>,
+    cpu_op: Option<Summary>,
+    late_mean: Option<Summary>,
+    late_max: Option<Summary>,
     wire: Option<Summary>,
 }
 
@@ -110,12 +131,20 @@ fn cell(rs: &[&Record]) -> Option<Cell> {
         p99: m(&|r| r.lat_us.map(|l| l.p99)),
         p999: m(&|r| r.lat_us.map(|l| l.p999)),
         cpu: m(&|r| Some(r.cpu_s)),
+        cpu_op: m(&|r| (r.messages > 0).then_some(r.cpu_us_per_op)),
+        late_mean: m(&|r| r.late_us.map(|l| l.mean)),
+        late_max: m(&|r| r.late_us.map(|l| l.max)),
         wire: m(&|r| r.wire_overhead),
     })
 }
 
-fn primary(op: Operation, c: &Cell) -> String {
-    if op.is_latency() {
+fn primary(case: &Case, c: &Cell) -> String {
+    let op = case.op;
+    if case.rate > 0 {
+        // Open loop: the rate is set; what it costs is the result.
+        let cpu = c.cpu_op.map_or("-".into(), |s| format!("{:.2} µs cpu/op", s.median));
+        format!("{}/s  {cpu}", fmt_rate(c.rate.median).trim_end())
+    } else if op.is_latency() {
         match (c.p50, c.p99) {
             (Some(a), Some(b)) => format!("{} p50 / {} p99", fmt_us(a.median), fmt_us(b.median)),
             _ => "-".into(),
@@ -142,6 +171,7 @@ pub fn render(records: &[Record]) -> String {
             nodes: r.nodes,
             threads: r.threads,
             size: r.size,
+            rate: r.rate,
             handlers: r.handlers,
         };
         cells.entry((case, r.binding.clone())).or_default().push(r);
@@ -207,13 +237,8 @@ pub fn render(records: &[Record]) -> String {
         h
     }];
     for case in &cases {
-        let name = if case.op.is_latency() {
-            case.op.to_string()
-        } else {
-            format!("{} {}", case.op, case.mode)
-        };
         let mut row = vec![
-            name,
+            case.op_name(),
             fmt_size(case.size),
             case.nodes.to_string(),
             case.threads.to_string(),
@@ -226,12 +251,18 @@ pub fn render(records: &[Record]) -> String {
         for b in &bindings {
             row.push(
                 lookup(case, b)
-                    .map(|c| primary(case.op, &c))
+                    .map(|c| primary(case, &c))
                     .unwrap_or_else(|| "-".into()),
             );
         }
         for (b, base) in &ratio_pairs {
             let r = match (lookup(case, b), lookup(case, base)) {
+                (Some(x), Some(y)) if case.rate > 0 => match (x.cpu_op, y.cpu_op) {
+                    (Some(a), Some(c)) if c.median > 0.0 => {
+                        format!("{:.2}x cpu/op", a.median / c.median)
+                    }
+                    _ => "-".into(),
+                },
                 (Some(x), Some(y)) if case.op.is_latency() => match (x.p50, y.p50) {
                     (Some(a), Some(c)) if c.median > 0.0 => {
                         format!("{:.2}x latency", a.median / c.median)
@@ -270,18 +301,27 @@ pub fn render(records: &[Record]) -> String {
                 continue;
             };
             let theirs: Vec<Option<Cell>> = bases.iter().map(|b| lookup(case, b)).collect();
-            let name = if case.op.is_latency() {
-                format!("{} {}", case.op, fmt_size(case.size))
-            } else {
-                format!("{} {} {}", case.op, case.mode, fmt_size(case.size))
-            };
+            let name = format!("{} {}", case.op_name(), fmt_size(case.size));
             let name = if case.nodes != 2 || case.threads != 1 {
                 format!("{name} n{} t{}", case.nodes, case.threads)
             } else {
                 name
             };
             type Metric = (&'static str, fn(&Cell) -> Option<f64>, fn(f64) -> String);
-            let metrics: Vec<Metric> = if case.op == Operation::Pingpong {
+            let cpu_op: Metric = (
+                "cpu/op",
+                |c| c.cpu_op.map(|s| s.median),
+                |v| format!("{v:.2} µs"),
+            );
+            let metrics: Vec<Metric> = if case.rate > 0 {
+                vec![
+                    cpu_op,
+                    ("achieved", |c| Some(c.rate.median), |v| {
+                        format!("{}/s", fmt_rate(v).trim_end())
+                    }),
+                    ("late mean", |c| c.late_mean.map(|s| s.median), fmt_us),
+                ]
+            } else if case.op == Operation::Pingpong {
                 vec![
                     ("RTT p50", |c| c.p50.map(|s| s.median), fmt_us),
                     ("RTT p99", |c| c.p99.map(|s| s.median), fmt_us),
@@ -354,6 +394,8 @@ pub fn render(records: &[Record]) -> String {
         "p50",
         "p99",
         "cpu s",
+        "cpu/op",
+        "late mean/max",
         "wire x",
     ]
     .iter()
@@ -361,13 +403,8 @@ pub fn render(records: &[Record]) -> String {
     .collect::<Vec<_>>()];
     for ((case, b), rs) in &cells {
         let Some(c) = cell(rs) else { continue };
-        let name = if case.op.is_latency() {
-            case.op.to_string()
-        } else {
-            format!("{} {}", case.op, case.mode)
-        };
         rows.push(vec![
-            name,
+            case.op_name(),
             fmt_size(case.size),
             b.clone(),
             case.nodes.to_string(),
@@ -389,6 +426,13 @@ pub fn render(records: &[Record]) -> String {
             c.cpu
                 .map(|s| format!("{:.3}", s.median))
                 .unwrap_or_else(|| "-".into()),
+            c.cpu_op
+                .map(|s| format!("{:.2} µs", s.median))
+                .unwrap_or_else(|| "-".into()),
+            match (c.late_mean, c.late_max) {
+                (Some(a), Some(b)) => format!("{}/ {}", fmt_us(a.median), fmt_us(b.max)),
+                _ => "-".into(),
+            },
             c.wire
                 .map(|s| format!("{:.3}", s.median))
                 .unwrap_or_else(|| "-".into()),
@@ -510,6 +554,10 @@ mod tests {
                 p9999: 1.0,
             }),
             cpu_s: 0.5,
+            proc_cpu_s: Vec::new(),
+            cpu_us_per_op: 0.0,
+            rate: 0,
+            late_us: None,
             wire_bytes: None,
             wire_overhead: None,
             connections: Vec::new(),
