@@ -144,6 +144,14 @@ pub struct ParkConfig {
     /// the CPU that waiting requesters spend lower where that matters more
     /// than their latency.
     pub max_request_spinners: Option<usize>,
+    /// Spin only where it pays (default): a thread spins and yields through
+    /// an idle period only while most of its recent idle periods ended
+    /// within `spin_us`, and parks at once otherwise, so that moderate
+    /// rates (a message every 100 µs) cost wake-ups, not a core per
+    /// spinning thread. `false`: every idle period spins `spin_us` and
+    /// yields until `yield_us` (latency first, on cores the application
+    /// does not need).
+    pub adaptive: bool,
 }
 
 impl Default for ParkConfig {
@@ -156,6 +164,7 @@ impl Default for ParkConfig {
             request_spin_us: 50,
             request_spin_max_us: 1000,
             max_request_spinners: None,
+            adaptive: true,
         }
     }
 }

@@ -74,6 +74,60 @@ fn yield_contended() -> bool {
     t.elapsed() >= CONTENDED_YIELD
 }
 
+/// Whether a thread's idle periods end soon enough for spinning through
+/// them to pay (`park.adaptive`).
+///
+/// Spinning through an idle period costs its whole length in CPU time;
+/// parking costs a wake-up (3–55 µs on small VMs, on both the waking and
+/// the woken side). So a thread spins while most of its recent idle
+/// periods ended within the spin window (`park.spin_us`), whether it spun
+/// or parked through them, and parks at once otherwise: at moderate rates
+/// (a message every 100 µs) a spinning receive thread took a whole core.
+/// Every [`SpinPayoff::PROBE_EVERY`]-th period spins anyway, so a rising
+/// rate is noticed even where a parked period's wake-up would push it
+/// past the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpinPayoff {
+    /// Moving average (weight 1/8) of the periods that ended within the
+    /// window, out of [`SpinPayoff::FULL`].
+    score: u32,
+    /// Idle periods recorded (for the probes).
+    periods: u32,
+}
+
+impl Default for SpinPayoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SpinPayoff {
+    const FULL: u32 = 256;
+    /// One idle period in this many spins whatever the score.
+    pub const PROBE_EVERY: u32 = 16;
+
+    /// A thread that has not idled yet spins (a new thread is most often
+    /// started into work).
+    pub const fn new() -> Self {
+        Self {
+            score: Self::FULL,
+            periods: 0,
+        }
+    }
+
+    /// Records an idle period of length `idle` against the spin window.
+    pub fn record(&mut self, idle: Duration, window: Duration) {
+        let hit = if idle < window { Self::FULL / 8 } else { 0 };
+        self.score = self.score - self.score / 8 + hit;
+        self.periods = self.periods.wrapping_add(1);
+    }
+
+    /// Whether the next idle period may spin.
+    pub fn spin_next(&self) -> bool {
+        self.score >= Self::FULL / 2 || self.periods % Self::PROBE_EVERY == 0
+    }
+}
+
 /// Per-thread idle state machine: call [`Idle::reset`] after finding work and
 /// [`Idle::phase`] after finding none.
 #[derive(Debug)]
@@ -90,6 +144,11 @@ pub struct Idle {
     spinning: bool,
     /// A yield ran another thread: no spinning before then.
     contended_until: Option<Instant>,
+    /// `park.adaptive`: whether spinning pays for this thread now (`None`:
+    /// every idle period may spin).
+    payoff: Option<SpinPayoff>,
+    /// This idle period may spin (decided at its start).
+    period_spins: bool,
 }
 
 impl Drop for Idle {
@@ -111,6 +170,8 @@ impl Idle {
             budget: spin_budget(cfg),
             spinning: false,
             contended_until: None,
+            payoff: cfg.adaptive.then(SpinPayoff::new),
+            period_spins: true,
         }
     }
 
@@ -118,6 +179,7 @@ impl Idle {
     pub fn parking(cfg: &ParkConfig) -> Self {
         Self {
             budget: 0,
+            payoff: None,
             ..Self::new(cfg)
         }
     }
@@ -149,8 +211,13 @@ impl Idle {
     }
 
     /// Work was found: start the next idle period from the spin phase.
+    /// (After an idle period, with `park.adaptive`, one clock reading to
+    /// record how long it lasted.)
     #[inline]
     pub fn reset(&mut self) {
+        if let (Some(since), Some(p)) = (self.idle_since, self.payoff.as_mut()) {
+            p.record(since.elapsed(), self.spin);
+        }
         self.idle_since = None;
         self.polls = 0;
         self.phase = IdlePhase::Spin;
@@ -168,10 +235,21 @@ impl Idle {
                 self.release();
             }
             let now = Instant::now();
-            let since = *self.idle_since.get_or_insert(now);
+            let since = match self.idle_since {
+                Some(t) => t,
+                None => {
+                    self.idle_since = Some(now);
+                    self.period_spins = self.payoff.is_none_or(|p| p.spin_next());
+                    now
+                }
+            };
             let idle = now.saturating_duration_since(since);
             let contended = self.contended_until.is_some_and(|t| now < t);
-            self.phase = if idle < self.yield_until && !contended && self.acquire() {
+            self.phase = if idle < self.yield_until
+                && self.period_spins
+                && !contended
+                && self.acquire()
+            {
                 if idle < self.spin {
                     IdlePhase::Spin
                 } else {
@@ -673,6 +751,68 @@ mod tests {
         assert!(YieldingSpin::until(Instant::now()).expired());
         let mut long = YieldingSpin::until(Instant::now() + Duration::from_secs(3600));
         assert!((0..1000).all(|_| !long.expired()));
+    }
+
+    #[test]
+    fn spinning_stops_while_idle_periods_outlast_the_window() {
+        let window = Duration::from_micros(50);
+        let mut p = SpinPayoff::new();
+        assert!(p.spin_next(), "a new thread spins");
+        // Periods of 100 µs (a message every 100 µs): parks after a few,
+        // but spins for one period in PROBE_EVERY.
+        let mut spins = 0;
+        for _ in 0..(10 * SpinPayoff::PROBE_EVERY) {
+            p.record(Duration::from_micros(100), window);
+            spins += p.spin_next() as u32;
+        }
+        assert!(!p.spin_next() || p.periods % SpinPayoff::PROBE_EVERY == 0);
+        assert!(spins <= 10 + 8, "{spins} periods spun");
+        // Short periods again (a busy thread): spins after a few.
+        for _ in 0..8 {
+            p.record(Duration::from_micros(5), window);
+        }
+        assert!(p.spin_next());
+        // Half and half stays near the threshold without flapping hard.
+        let mut p = SpinPayoff::new();
+        let mut changes = 0;
+        let mut last = p.spin_next();
+        for i in 0..1000 {
+            let d = if i % 2 == 0 { 5 } else { 500 };
+            p.record(Duration::from_micros(d), window);
+            changes += (p.spin_next() != last) as u32;
+            last = p.spin_next();
+        }
+        assert!(changes < 250, "{changes} changes");
+    }
+
+    #[test]
+    fn adaptive_idle_parks_at_once_after_long_periods() {
+        let cfg = ParkConfig {
+            spin_us: 50,
+            yield_us: 20_000_000,
+            max_spinning: Some(1000),
+            ..ParkConfig::default()
+        };
+        let mut idle = Idle::new(&cfg);
+        assert_eq!(idle.phase(), IdlePhase::Spin);
+        // Long idle periods recorded (as `reset` does after each).
+        for _ in 0..8 {
+            idle.payoff
+                .as_mut()
+                .unwrap()
+                .record(Duration::from_millis(1), idle.spin);
+        }
+        idle.idle_since = None;
+        idle.reset();
+        idle.payoff.as_mut().unwrap().periods = 1;
+        assert_eq!(idle.phase(), IdlePhase::Park, "spinning does not pay");
+        // Latency first: every period spins.
+        let mut fixed = Idle::new(&ParkConfig {
+            adaptive: false,
+            ..cfg
+        });
+        assert!(fixed.payoff.is_none());
+        assert_eq!(fixed.phase(), IdlePhase::Spin);
     }
 
     #[test]
