@@ -429,6 +429,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pace_interleaves_threads_at_the_node_rate() {
+        let start = Instant::now();
+        // 1000 per second over 4 threads: thread 1's ops at 1, 5, 9 ms.
+        let p = Pace::new(1000, 4, 1, start).unwrap();
+        let ms = |i| (p.due(i) - start).as_micros();
+        assert_eq!([ms(0), ms(1), ms(2)], [1000, 5000, 9000]);
+        assert!(Pace::new(0, 4, 1, start).is_none(), "rate 0: closed loop");
+        // Behind its schedule: issued at once, the delay recorded.
+        let mut late = Pace::new(1000, 1, 0, start - Duration::from_secs(1)).unwrap();
+        late.wait(0);
+        assert_eq!(late.late.paced, 1);
+        assert!(late.late.max_ns >= 1_000_000_000 - 1_000_000);
+    }
+
+    #[test]
     fn roles() {
         let r = role(Operation::Throughput, Mode::Uni, 0, 2);
         assert_eq!(r.dests, vec![1]);

@@ -163,7 +163,7 @@ fn default_suite_is_valid() {
             .map(|g| g.runs.clone())
             .unwrap_or_default()
     };
-    for b in ["raw-tcp", "raw-tcp-batched", "dxnet-tcp"] {
+    for b in ["raw-tcp", "raw-tcp-batched", "dxnet-tcp", "dxnet-tcp-typed"] {
         // 1 thread: throughput at 3 sizes and a round trip; 16 threads:
         // 64 B throughput and a round trip.
         assert_eq!(runs(b, 1).len(), 4, "{b}");
@@ -180,7 +180,7 @@ fn default_suite_is_valid() {
         e.threads = vec![16];
     }
     let g = c.plan().unwrap();
-    assert_eq!(g.len(), 3);
+    assert_eq!(g.len(), 4);
     let tp64: Vec<_> = g[0]
         .runs
         .iter()
@@ -219,4 +219,39 @@ fn one_sided_operations_parse_and_plan() {
     cfg.benchmarks.clear();
     cfg.params.rdma_window = 0;
     assert!(cfg.validate().is_err());
+}
+
+#[test]
+fn open_loop_rates_plan_one_run_each_with_capped_counts() {
+    let c = BenchConfig::from_json(
+        r#"{"bindings":["dxnet-tcp","mpi-tcp"],
+            "benchmarks":[{"operation":"throughput","sizes":[64],"count":1000000,
+                           "rates":[0,1000,100000]}],
+            "params":{"open_loop_s":2}}"#,
+    )
+    .unwrap();
+    let groups = c.plan().unwrap();
+    let dx: Vec<(u64, u64)> = groups
+        .iter()
+        .filter(|g| g.key.binding == "dxnet-tcp")
+        .flat_map(|g| g.runs.iter().map(|r| (r.rate, r.count)))
+        .collect();
+    // rate x open_loop_s caps the count; closed loop keeps it.
+    assert_eq!(dx, [(0, 1_000_000), (1000, 2000), (100_000, 200_000)]);
+    // External programs pace nothing: closed loop only.
+    let mpi: Vec<u64> = groups
+        .iter()
+        .filter(|g| g.key.binding == "mpi-tcp")
+        .flat_map(|g| g.runs.iter().map(|r| r.rate))
+        .collect();
+    assert_eq!(mpi, [0]);
+    let bad = r#"{"bindings":["dxnet-tcp"],
+        "benchmarks":[{"operation":"rdma_write","sizes":[64],"count":10,"rates":[1000]}]}"#;
+    assert!(
+        BenchConfig::from_json(bad).is_err(),
+        "one-sided: closed loop only"
+    );
+    let none = r#"{"bindings":["dxnet-tcp"],
+        "benchmarks":[{"operation":"throughput","sizes":[64],"count":10,"rates":[]}]}"#;
+    assert!(BenchConfig::from_json(none).is_err());
 }

@@ -133,6 +133,7 @@ mod tests {
         assert_eq!(row[1], "1");
         assert_eq!(row[2], "64");
         assert_eq!(row[16], "1.000");
-        assert_eq!(row[23], "");
+        assert_eq!(row[23], "0", "closed loop");
+        assert_eq!(row[27], "");
     }
 }

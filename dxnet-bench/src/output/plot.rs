@@ -68,7 +68,10 @@ pub fn series_label(r: &Record) -> String {
         format!("{} t{}", r.binding, r.threads)
     };
     if r.rate > 0 {
-        format!("{label} @{}/s", crate::output::table::fmt_rate(r.rate as f64).trim_end())
+        format!(
+            "{label} @{}/s",
+            crate::output::table::fmt_rate(r.rate as f64).trim_end()
+        )
     } else {
         label
     }

@@ -142,7 +142,9 @@ fn primary(case: &Case, c: &Cell) -> String {
     let op = case.op;
     if case.rate > 0 {
         // Open loop: the rate is set; what it costs is the result.
-        let cpu = c.cpu_op.map_or("-".into(), |s| format!("{:.2} µs cpu/op", s.median));
+        let cpu = c
+            .cpu_op
+            .map_or("-".into(), |s| format!("{:.2} µs cpu/op", s.median));
         format!("{}/s  {cpu}", fmt_rate(c.rate.median).trim_end())
     } else if op.is_latency() {
         match (c.p50, c.p99) {
@@ -316,9 +318,11 @@ pub fn render(records: &[Record]) -> String {
             let metrics: Vec<Metric> = if case.rate > 0 {
                 vec![
                     cpu_op,
-                    ("achieved", |c| Some(c.rate.median), |v| {
-                        format!("{}/s", fmt_rate(v).trim_end())
-                    }),
+                    (
+                        "achieved",
+                        |c| Some(c.rate.median),
+                        |v| format!("{}/s", fmt_rate(v).trim_end()),
+                    ),
                     ("late mean", |c| c.late_mean.map(|s| s.median), fmt_us),
                 ]
             } else if case.op == Operation::Pingpong {

@@ -239,26 +239,23 @@ impl Idle {
                 Some(t) => t,
                 None => {
                     self.idle_since = Some(now);
-                    self.period_spins = self.payoff.is_none_or(|p| p.spin_next());
+                    self.period_spins = self.payoff.map_or(true, |p| p.spin_next());
                     now
                 }
             };
             let idle = now.saturating_duration_since(since);
             let contended = self.contended_until.is_some_and(|t| now < t);
-            self.phase = if idle < self.yield_until
-                && self.period_spins
-                && !contended
-                && self.acquire()
-            {
-                if idle < self.spin {
-                    IdlePhase::Spin
+            self.phase =
+                if idle < self.yield_until && self.period_spins && !contended && self.acquire() {
+                    if idle < self.spin {
+                        IdlePhase::Spin
+                    } else {
+                        IdlePhase::Yield
+                    }
                 } else {
-                    IdlePhase::Yield
-                }
-            } else {
-                self.release();
-                IdlePhase::Park
-            };
+                    self.release();
+                    IdlePhase::Park
+                };
         }
         self.phase
     }
@@ -772,17 +769,14 @@ mod tests {
             p.record(Duration::from_micros(5), window);
         }
         assert!(p.spin_next());
-        // Half and half stays near the threshold without flapping hard.
+        // Most periods short, one in four long (a busy thread that
+        // sometimes waits): every period spins.
         let mut p = SpinPayoff::new();
-        let mut changes = 0;
-        let mut last = p.spin_next();
         for i in 0..1000 {
-            let d = if i % 2 == 0 { 5 } else { 500 };
+            let d = if i % 4 == 3 { 500 } else { 5 };
             p.record(Duration::from_micros(d), window);
-            changes += (p.spin_next() != last) as u32;
-            last = p.spin_next();
+            assert!(p.spin_next(), "period {i}");
         }
-        assert!(changes < 250, "{changes} changes");
     }
 
     #[test]
