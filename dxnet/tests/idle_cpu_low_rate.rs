@@ -1,5 +1,5 @@
 //! Nodes carrying a low, steady rate sleep between messages: with the
-//! default (adaptive) idle policy no thread spins through the gaps. Alone
+//! adaptive idle policy (`park.adaptive`) no thread spins through the gaps. Alone
 //! in this test binary, so no other test's threads are counted.
 
 mod common;
@@ -24,7 +24,8 @@ const GAP: Duration = Duration::from_millis(2);
 #[test]
 fn a_low_steady_rate_leaves_the_cores_idle() {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| {
-        c.park = Default::default()
+        c.park = Default::default();
+        c.park.adaptive = true;
     }));
     let checker = Arc::new(Checker::default());
     let c = checker.clone();

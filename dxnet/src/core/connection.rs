@@ -297,6 +297,9 @@ pub struct Connection {
     /// The last response to this peer timed out: further responses are
     /// dropped instead of blocking a handler thread (see `Core::send_response`).
     pub responses_stalled: AtomicBool,
+    /// Whether a plain message to this peer that finds the send thread
+    /// parked is written on the sender's thread.
+    pub direct_writes: super::direct_write::DirectWrites,
     /// How long blocking requests to this peer busy-wait.
     pub request_spin: RequestSpinPolicy,
     /// The engine's half of this connection (socket, send state, ...),
@@ -360,6 +363,7 @@ impl Connection {
             close_reason: Mutex::new(None),
             refused_as_unknown: AtomicBool::new(false),
             responses_stalled: AtomicBool::new(false),
+            direct_writes: super::direct_write::DirectWrites::new(),
             request_spin: RequestSpinPolicy::default(),
             engine: OnceLock::new(),
             parts: Box::default(),

@@ -24,6 +24,7 @@
 pub mod breakdown;
 pub mod connection;
 mod connections;
+pub mod direct_write;
 pub mod discovery;
 mod engine_api;
 pub mod events;

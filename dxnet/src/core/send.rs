@@ -705,6 +705,12 @@ impl Core {
                     breakdown::committed();
                 }
                 self.on_urgent_write_interest(dest, flush == Flush::NowThenBlock)
+            } else if let Some(now) = self.plain_at_low_rate(conn) {
+                // Nothing to aggregate with: written on this thread if the
+                // send thread still sleeps (one wake-up less, as raw
+                // sockets at that rate).
+                self.on_urgent_write_interest(dest, false);
+                conn.touch(self.tick(now));
             } else if self.on_write_interest(dest) {
                 // A plain message (no clock reading of its own), newly
                 // queued for the send thread: this connection is in use now
@@ -750,6 +756,23 @@ impl Core {
                 Err(Error::Timeout(Waited::RingBuffer))
             }
         }
+    }
+
+    /// With `park.adaptive`: whether a plain message just committed for
+    /// `conn` comes alone, so that waking the send thread buys no
+    /// aggregation ([`super::direct_write`]); `Some` with the clock reading
+    /// if so. Reads the clock on every plain message that newly queues its
+    /// connection (as the least-recently-used tracking does anyway).
+    fn plain_at_low_rate(&self, conn: &Connection) -> Option<Instant> {
+        if !self.config.park.adaptive {
+            return None;
+        }
+        let now = Instant::now();
+        let parked = self.transport()?.sender_parked_for(now)?;
+        let ns = now.duration_since(self.started).as_nanos() as u64;
+        conn.direct_writes
+            .decide(ns, parked >= super::direct_write::ALONE_GAP)
+            .then_some(now)
     }
 
     /// Delivers a message to the own node through the handler threads.

@@ -785,6 +785,7 @@ mod tests {
             spin_us: 50,
             yield_us: 20_000_000,
             max_spinning: Some(1000),
+            adaptive: true,
             ..ParkConfig::default()
         };
         let mut idle = Idle::new(&cfg);

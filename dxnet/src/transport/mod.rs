@@ -9,7 +9,7 @@
 //! [`Core::close_connection`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::TransportKind;
 use crate::core::connection::Connection;
@@ -115,6 +115,13 @@ pub trait Transport: Send + Sync + 'static {
     /// threads write one shared counter.
     fn try_flush(&self, _core: &Core, _peer: NodeId, _may_wait: bool) -> bool {
         false
+    }
+    /// How long the send thread has been parked at `now`, if it is, so
+    /// that a plain message would have to wake it ([`Transport::try_flush`]
+    /// may then write it on the calling thread). Engines without that path
+    /// keep `None`.
+    fn sender_parked_for(&self, _now: Instant) -> Option<Duration> {
+        None
     }
     /// A UDP socket on the node's address that the discovery job may send
     /// from, if the engine owns one; the engine then hands received

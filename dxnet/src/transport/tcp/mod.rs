@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -260,6 +260,10 @@ pub struct TcpEngine {
     send_registry: mio::Registry,
     send_waker: Waker,
     send_sleeping: AtomicBool,
+    /// When the send thread last parked (ns since `epoch`).
+    send_parked_at: AtomicU64,
+    /// Origin of `send_parked_at`.
+    epoch: Instant,
     /// A thread polls for the end of another's write (`wait_for_writer`).
     flush_waiter: AtomicBool,
     listen_waker: Waker,
@@ -325,6 +329,8 @@ pub fn start(core: &Arc<Core>) -> Result<Arc<dyn Transport>> {
         send_registry: send_poll.registry().try_clone().map_err(io_err)?,
         send_waker: Waker::new(send_poll.registry(), WAKER).map_err(io_err)?,
         send_sleeping: AtomicBool::new(false),
+        send_parked_at: AtomicU64::new(0),
+        epoch: Instant::now(),
         flush_waiter: AtomicBool::new(false),
         listen_waker: Waker::new(listen_poll.registry(), WAKER).map_err(io_err)?,
         handshakes: Mutex::new(HandshakeSlots::default()),
@@ -554,6 +560,14 @@ impl Transport for TcpEngine {
             }
         }
         true
+    }
+
+    fn sender_parked_for(&self, now: Instant) -> Option<Duration> {
+        if !self.send_sleeping.load(Ordering::Acquire) {
+            return None;
+        }
+        let at = self.epoch + Duration::from_nanos(self.send_parked_at.load(Ordering::Relaxed));
+        Some(now.saturating_duration_since(at))
     }
 
     fn read_while_waiting(&self, w: &ResponseWait<'_>) -> Option<bool> {

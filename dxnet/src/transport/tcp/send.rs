@@ -157,6 +157,10 @@ impl SendSide for TcpSender {
         let Some(max) = park else {
             return self.poll_writable(core, Duration::ZERO);
         };
+        let parked_at = self.engine.epoch.elapsed().as_nanos() as u64;
+        self.engine
+            .send_parked_at
+            .store(parked_at, Ordering::Relaxed);
         self.engine.send_sleeping.store(true, Ordering::SeqCst);
         let timeout = if core.write_interest_is_empty() {
             max
