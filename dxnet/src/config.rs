@@ -144,17 +144,22 @@ pub struct ParkConfig {
     /// the CPU that waiting requesters spend lower where that matters more
     /// than their latency.
     pub max_request_spinners: Option<usize>,
-    /// Spin only where it pays: a thread spins and yields through an idle
-    /// period only while most of its recent idle periods ended within
-    /// `spin_us`, and parks at once otherwise; and a plain message that
-    /// comes alone (the TCP send thread parked for 50 µs, nothing sent to
-    /// that peer meanwhile) is written on the sender's thread instead of
-    /// waking the send thread. Moderate rates (a message every 100 µs)
-    /// then cost about what blocking sockets cost, not a core per spinning
-    /// thread. Default `false` (every idle period spins `spin_us` and
-    /// yields until `yield_us`): closed-loop round trips and many-thread
-    /// throughput have not been shown unchanged with it yet.
+    /// Spin only where it pays (default): a thread spins and yields
+    /// through an idle period only while most of its recent idle periods
+    /// ended within `spin_us`, and parks at once otherwise, so that
+    /// moderate rates (a message every 100 µs) cost wake-ups, not a core
+    /// per spinning thread. `false`: every idle period spins `spin_us` and
+    /// yields until `yield_us` (latency first, on cores the application
+    /// does not need).
     pub adaptive: bool,
+    /// A plain message that comes alone (the TCP send thread parked for
+    /// 50 µs, nothing sent to that peer meanwhile, and recent such
+    /// messages not followed by bursts) is written on the sender's thread
+    /// instead of waking the send thread: at moderate rates about what
+    /// blocking sockets cost per message. Default `false`: closed-loop
+    /// round trips and many-thread throughput were slower with it
+    /// (`docs/efficiency.md`).
+    pub direct_writes: bool,
 }
 
 impl Default for ParkConfig {
@@ -167,7 +172,8 @@ impl Default for ParkConfig {
             request_spin_us: 50,
             request_spin_max_us: 1000,
             max_request_spinners: None,
-            adaptive: false,
+            adaptive: true,
+            direct_writes: false,
         }
     }
 }

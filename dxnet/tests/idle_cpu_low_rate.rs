@@ -1,5 +1,6 @@
 //! Nodes carrying a low, steady rate sleep between messages: with the
-//! adaptive idle policy (`park.adaptive`) no thread spins through the gaps. Alone
+//! default, adaptive idle policy (`park.adaptive`) no thread spins through
+//! the gaps, with or without `park.direct_writes`. Alone
 //! in this test binary, so no other test's threads are counted.
 
 mod common;
@@ -23,9 +24,15 @@ const GAP: Duration = Duration::from_millis(2);
 
 #[test]
 fn a_low_steady_rate_leaves_the_cores_idle() {
+    for direct_writes in [false, true] {
+        low_rate_round(direct_writes);
+    }
+}
+
+fn low_rate_round(direct_writes: bool) {
     let cluster = start_all(cluster_configs(Kind::Tcp, 2, |c| {
         c.park = Default::default();
-        c.park.adaptive = true;
+        c.park.direct_writes = direct_writes;
     }));
     let checker = Arc::new(Checker::default());
     let c = checker.clone();
@@ -80,7 +87,7 @@ fn a_low_steady_rate_leaves_the_cores_idle() {
     // through the gaps alone would use about the whole wall time.
     assert!(
         used < wall / 3,
-        "{used:?} CPU in {wall:?} at {} msg/s",
+        "{used:?} CPU in {wall:?} at {} msg/s (direct writes: {direct_writes})",
         PER_THREAD * u64::from(THREADS) / 2
     );
 }

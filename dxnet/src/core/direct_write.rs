@@ -1,5 +1,5 @@
 //! When a plain message is written on the sender's own thread instead of
-//! waking the parked send thread (`park.adaptive`), one per connection.
+//! waking the parked send thread (`park.direct_writes`), one per connection.
 //!
 //! Waking the send thread is what lets back-to-back and concurrent sends
 //! aggregate: by the time it runs, the messages that followed are in the

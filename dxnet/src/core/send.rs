@@ -758,13 +758,13 @@ impl Core {
         }
     }
 
-    /// With `park.adaptive`: whether a plain message just committed for
+    /// With `park.direct_writes`: whether a plain message just committed for
     /// `conn` comes alone, so that waking the send thread buys no
     /// aggregation ([`super::direct_write`]); `Some` with the clock reading
     /// if so. Reads the clock on every plain message that newly queues its
     /// connection (as the least-recently-used tracking does anyway).
     fn plain_at_low_rate(&self, conn: &Connection) -> Option<Instant> {
-        if !self.config.park.adaptive {
+        if !self.config.park.direct_writes {
             return None;
         }
         let now = Instant::now();
