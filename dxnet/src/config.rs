@@ -69,6 +69,7 @@ impl TransportKind {
 
 /// One entry of the node map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct NodeEntry {
     /// The node's id.
@@ -101,7 +102,7 @@ impl NodeEntry {
 /// An idle thread first busy-polls for `spin_us`, then yields its core until
 /// `yield_us` have passed, then parks until woken (new work wakes it at once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ParkConfig {
     /// Busy-poll time in microseconds before yielding. Default 50.
@@ -232,7 +233,7 @@ impl Default for ZeroCopyConfig {
 /// Settings of the InfiniBand/RoCE engine (`transport = "ib"`). The
 /// connection handshake (over UDP) uses each node's node-map address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct IbConfig {
     /// Verbs device name; empty picks the first device found.
@@ -747,14 +748,17 @@ impl Config {
 
     /// Parses TOML text and validates it.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let cfg: Self = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| Error::Config(e.to_string()))?;
+        let cfg: Self = serde_path_to_error::deserialize(de).map_err(config_error)?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Parses JSON text and validates it.
     pub fn from_json(text: &str) -> Result<Self> {
-        let cfg: Self = serde_json::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let cfg: Self = serde_path_to_error::deserialize(&mut de).map_err(config_error)?;
+        de.end().map_err(|e| Error::Config(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -927,6 +931,18 @@ impl Config {
     }
 }
 
+/// A parse error that names where in the file it arose (`ib`, `nodes[2]`),
+/// so an unknown key is reported with its section.
+fn config_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Error {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if path == "." || path.is_empty() {
+        Error::Config(inner.to_string())
+    } else {
+        Error::Config(format!("in `{path}`: {inner}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -995,6 +1011,52 @@ mod tests {
         assert!(e.to_string().contains("limits.recv_buffer_size"), "{e}");
         let e = Config::from_toml("[limits]\nrecv_pool_size = 1").unwrap_err();
         assert!(e.to_string().contains("limits.recv_pool_size"), "{e}");
+    }
+
+    /// A typo in any section is an error naming the key and its section,
+    /// in TOML and in JSON.
+    #[test]
+    fn every_section_rejects_unknown_keys() {
+        let node = "[[nodes]]\nid = 0\naddress = \"127.0.0.1:7000\"\n";
+        let cases = [
+            ("", "typo = 1", "typo"),
+            (
+                "nodes[1]",
+                "[[nodes]]\nid = 1\naddress = \"a:1\"\nadress = \"b\"",
+                "adress",
+            ),
+            ("limits", "[limits]\norb_sise = 1", "orb_sise"),
+            ("park", "[park]\nspin = 1", "spin"),
+            ("tcp", "[tcp]\nnodelay = true", "nodelay"),
+            (
+                "tls",
+                "[tls]\ncert = \"a\"\nkey = \"b\"\nca = \"c\"\ncrl = \"d\"",
+                "crl",
+            ),
+            ("ib", "[ib]\ndevce = \"rxe0\"", "devce"),
+            ("loopback", "[loopback]\nlatency = 1", "latency"),
+            ("discovery", "[discovery]\nseed = []", "seed"),
+            ("zero_copy", "[zero_copy]\nenable = true", "enable"),
+            ("metrics", "[metrics]\nexport = true", "export"),
+        ];
+        for (section, text, key) in cases {
+            let e = Config::from_toml(&format!("{node}{text}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{section}: {e}");
+            if !section.is_empty() {
+                assert!(
+                    e.contains(&format!("in `{section}.{key}`")),
+                    "{section}: {e}"
+                );
+            }
+        }
+        let e = Config::from_json(r#"{"ib": {"devce": "rxe0"}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("in `ib.devce`"), "{e}");
+        let e = Config::from_json(r#"{"node_id": 0} trailing"#).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
     }
 
     #[test]
