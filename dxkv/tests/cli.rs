@@ -402,7 +402,7 @@ fn a_killed_storage_process_fails_only_its_keys_and_restarts_empty() {
         let cfg = Config::tcp_localhost(id, 3, port);
         std::fs::write(&path, serde_json::to_string(&cfg).unwrap()).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_dxkv"))
-            .args(["storage", "--config"])
+            .args(["storage", "--stop-on-stdin-eof", "--config"])
             .arg(&path)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -473,5 +473,155 @@ fn a_killed_storage_process_fails_only_its_keys_and_restarts_empty() {
         drop(c.stdin.take());
         let _ = c.wait();
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `dxkv storage` with its standard input closed keeps serving; SIGTERM
+/// under load (memcached clients and dxkv clients writing and reading)
+/// shuts it down in order: every answer a client gets is right, the rest
+/// are clean errors (end of stream, refused, node gone), nothing waits for
+/// its timeout, and the process exits 0.
+#[test]
+fn sigterm_under_load_shuts_storage_down_in_order() {
+    use dxkv::{Client, Record};
+    use dxnet::{Config, Node, NodeId};
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let port = free_ports(3);
+    let mc_port = port + 2;
+    let dir = std::env::temp_dir().join(format!("dxkv-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("node0.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string(&Config::tcp_localhost(0, 2, port)).unwrap(),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dxkv"))
+        .args([
+            "storage",
+            "--memcached-port",
+            &mc_port.to_string(),
+            "--config",
+        ])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("READY"), "{line}");
+
+    let node = Arc::new(Node::start(Config::tcp_localhost(1, 2, port)).unwrap());
+    let kv = Client::new(node, vec![NodeId(0)])
+        .unwrap()
+        .with_timeout(Duration::from_secs(20));
+    let answered = Arc::new(AtomicU64::new(0));
+    // Memcached clients: set then get their own keys, every reply checked.
+    let mc: Vec<_> = (0..4)
+        .map(|t| {
+            let answered = answered.clone();
+            std::thread::spawn(move || -> String {
+                let mut conn = TcpStream::connect(("127.0.0.1", mc_port)).unwrap();
+                conn.set_read_timeout(Some(Duration::from_secs(20)))
+                    .unwrap();
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                for i in 0u64.. {
+                    let (k, v) = (format!("mc{t}-{i}"), format!("value {t} {i}"));
+                    let cmd = format!("set {k} 0 0 {}\r\n{v}\r\nget {k}\r\n", v.len());
+                    if let Err(e) = conn.write_all(cmd.as_bytes()) {
+                        return format!("write: {:?}", e.kind());
+                    }
+                    let mut got = String::new();
+                    while !got.ends_with("END\r\n") {
+                        match r.read_line(&mut got) {
+                            Ok(0) => {
+                                // The stream ends only between commands.
+                                assert!(got.is_empty(), "cut mid-reply: {got:?}");
+                                return "end of stream".into();
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "hung");
+                                return format!("read: {:?}", e.kind());
+                            }
+                        }
+                    }
+                    let want = format!("STORED\r\nVALUE {k} 0 {}\r\n{v}\r\nEND\r\n", v.len());
+                    assert_eq!(got, want);
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    // dxkv clients over dxnet.
+    let kv = Arc::new(kv);
+    let dx: Vec<_> = (0..4)
+        .map(|t| {
+            let (kv, answered) = (kv.clone(), answered.clone());
+            std::thread::spawn(move || -> String {
+                for i in 0u64.. {
+                    let k = format!("dx{t}-{i}").into_bytes();
+                    let r = kv
+                        .put(&k, &Record::value(&k))
+                        .and_then(|_| kv.get(&k))
+                        .map(|got| assert_eq!(got.unwrap().record, Record::value(&k)));
+                    match r {
+                        Ok(()) => answered.fetch_add(1, Ordering::Relaxed),
+                        Err(dxkv::Error::Net(dxnet::Error::Timeout(_))) => panic!("hung"),
+                        Err(e) => return e.to_string(),
+                    };
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    let t = Instant::now();
+    while answered.load(Ordering::Relaxed) < 400 {
+        assert!(t.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for h in mc.into_iter().chain(dx) {
+        let why = h.join().unwrap();
+        println!("client stopped: {why}");
+    }
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "storage did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains("SIGTERM: shutting down") && err.contains("dxkv: stopped"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

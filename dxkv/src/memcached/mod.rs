@@ -17,13 +17,19 @@
 //! most 2048 bytes and a value of at most `max_value` bytes per connection
 //! buffer, and a write timeout after which a client that does not read
 //! its replies is disconnected.
+//!
+//! [`Frontend::shutdown`] (and dropping the front end) stops in order: no
+//! new connections, every command already received is answered, then each
+//! connection is closed; connections still busy after
+//! [`FrontendConfig::shutdown_timeout`] are left to the caller.
 
 pub mod parse;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::parse::{Command, Limits, Parsed, StoreVerb};
@@ -41,6 +47,9 @@ pub struct FrontendConfig {
     /// A client that does not take its replies for this long is
     /// disconnected.
     pub write_timeout: Duration,
+    /// How long a shutdown waits for the commands already received to be
+    /// answered.
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for FrontendConfig {
@@ -49,6 +58,7 @@ impl Default for FrontendConfig {
             max_connections: 1024,
             max_value: 1 << 20,
             write_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -69,9 +79,41 @@ struct Shared {
     stop: AtomicBool,
     started: Instant,
     counters: Counters,
+    /// A handle of every connection being served, to end its reads at
+    /// shutdown.
+    open: Mutex<Open>,
+    /// Signalled when a connection ends.
+    ended: Condvar,
 }
 
-/// A running front end; stops (no new connections) when dropped.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    streams: HashMap<u64, TcpStream>,
+}
+
+impl Shared {
+    /// Registers a connection being served; `None` if its handle cannot
+    /// be cloned (it is then refused).
+    fn open(&self, conn: &TcpStream) -> Option<u64> {
+        let handle = conn.try_clone().ok()?;
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let id = open.next;
+        open.next += 1;
+        open.streams.insert(id, handle);
+        Some(id)
+    }
+
+    fn close(&self, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.streams.remove(&id);
+        self.counters.curr.fetch_sub(1, Ordering::SeqCst);
+        self.ended.notify_all();
+    }
+}
+
+/// A running front end; shuts down in order when dropped (see
+/// [`Frontend::shutdown`]).
 pub struct Frontend {
     shared: Arc<Shared>,
     addr: SocketAddr,
@@ -89,6 +131,8 @@ impl Frontend {
             stop: AtomicBool::new(false),
             started: Instant::now(),
             counters: Counters::default(),
+            open: Mutex::new(Open::default()),
+            ended: Condvar::new(),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -107,14 +151,49 @@ impl Frontend {
     }
 }
 
+impl Frontend {
+    /// Stops in order: accepts no more connections, answers every command
+    /// already received, then closes each connection (its client reads the
+    /// end of the stream). Returns how many connections were still being
+    /// served when [`FrontendConfig::shutdown_timeout`] ran out (0: all
+    /// ended).
+    pub fn shutdown(mut self) -> usize {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> usize {
+        let Some(acceptor) = self.acceptor.take() else {
+            return 0;
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wake the acceptor out of `accept`; once it has returned no
+        // connection is registered any more.
+        let _ = TcpStream::connect(self.addr);
+        let _ = acceptor.join();
+        let deadline = Instant::now() + self.shared.config.shutdown_timeout;
+        let mut open = self.shared.open.lock().unwrap_or_else(|e| e.into_inner());
+        // Reads end (commands already read are still answered: writes stay
+        // open), so each serving thread returns after its last reply.
+        for conn in open.streams.values() {
+            let _ = conn.shutdown(Shutdown::Read);
+        }
+        while !open.streams.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            open = match self.shared.ended.wait_timeout(open, left) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        open.streams.len()
+    }
+}
+
 impl Drop for Frontend {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        // Wake the acceptor out of `accept`.
-        let _ = TcpStream::connect(self.addr);
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
-        }
+        self.stop();
     }
 }
 
@@ -131,16 +210,20 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let _ = conn.write_all(b"SERVER_ERROR too many open connections\r\n");
             continue;
         }
+        let Some(id) = shared.open(&conn) else {
+            c.curr.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        };
         c.total.fetch_add(1, Ordering::Relaxed);
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("dxkv-memcached-conn".into())
             .spawn(move || {
                 let _ = serve(conn, &s);
-                s.counters.curr.fetch_sub(1, Ordering::SeqCst);
+                s.close(id);
             });
         if spawned.is_err() {
-            c.curr.fetch_sub(1, Ordering::SeqCst);
+            shared.close(id);
         }
     }
 }

@@ -442,11 +442,17 @@ fn run_once(
     let mut servers = Processes(Vec::new());
     if is_dxkv(binding) {
         for id in 0..storage {
-            let args: Vec<String> = ["storage", "--config", "-", "--max-memory"]
-                .iter()
-                .map(|s| s.to_string())
-                .chain([a.max_memory.to_string()])
-                .collect();
+            let args: Vec<String> = [
+                "storage",
+                "--config",
+                "-",
+                "--stop-on-stdin-eof",
+                "--max-memory",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([a.max_memory.to_string()])
+            .collect();
             let mut child = at
                 .command(id, &at.exe, &args)
                 .stdin(Stdio::piped())

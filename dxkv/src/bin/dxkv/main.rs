@@ -4,9 +4,10 @@
 //! YCSB on it in one go.
 
 mod cluster;
+mod stop;
 mod summary;
 
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -62,7 +63,8 @@ pub struct YcsbArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a storage node (until stdin closes or the process is killed).
+    /// Run a storage node until SIGTERM or SIGINT, then shut down in
+    /// order (a second signal stops it at once).
     Storage {
         /// The node's dxnet configuration (TOML or JSON; `-`: one line of
         /// JSON on stdin).
@@ -85,6 +87,14 @@ enum Cmd {
         /// memcached front end; default: this node alone).
         #[arg(long, value_delimiter = ',')]
         storage: Vec<u16>,
+        /// Also shut down when standard input ends (for a parent process
+        /// or a remote shell that holds the node's stdin open).
+        #[arg(long)]
+        stop_on_stdin_eof: bool,
+        /// Longest orderly shutdown, in seconds: past it the process exits
+        /// at once with code 1.
+        #[arg(long, default_value_t = 10)]
+        shutdown_timeout_s: u64,
     },
     /// Run YCSB from this node: against the dxkv storage nodes of the
     /// node map in `--config`, or against a memcached or Redis server.
@@ -206,14 +216,18 @@ fn real_main() -> Result<(), String> {
             memcached_host,
             memcached_connections,
             storage,
-        } => storage_node(
-            &config,
+            stop_on_stdin_eof,
+            shutdown_timeout_s,
+        } => storage_node(StorageArgs {
+            config,
             max_memory,
             memcached_port,
-            &memcached_host,
+            memcached_host,
             memcached_connections,
             storage,
-        ),
+            stop_on_stdin_eof,
+            shutdown_timeout: std::time::Duration::from_secs(shutdown_timeout_s),
+        }),
         Cmd::Ycsb {
             binding,
             config,
@@ -315,38 +329,46 @@ fn real_main() -> Result<(), String> {
     }
 }
 
-fn storage_node(
-    config: &std::path::Path,
+/// The settings of `dxkv storage`.
+struct StorageArgs {
+    config: PathBuf,
     max_memory: u64,
     memcached_port: Option<u16>,
-    memcached_host: &str,
+    memcached_host: String,
     memcached_connections: usize,
     storage: Vec<u16>,
-) -> Result<(), String> {
-    let cfg = load_config(config)?;
+    stop_on_stdin_eof: bool,
+    shutdown_timeout: std::time::Duration,
+}
+
+fn storage_node(a: StorageArgs) -> Result<(), String> {
+    let cfg = load_config(&a.config)?;
+    // Before serving: a stop request that comes during start-up waits.
+    let stop = stop::StopRequests::install(a.stop_on_stdin_eof)?;
     let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);
-    let _server = Server::start(
+    let server = Server::start(
         &node,
         StoreConfig {
-            max_memory,
+            max_memory: a.max_memory,
             ..Default::default()
         },
     )
     .map_err(|e| e.to_string())?;
-    let frontend = match memcached_port {
+    let frontend = match a.memcached_port {
         Some(port) => {
-            let storage = if storage.is_empty() {
+            let storage = if a.storage.is_empty() {
                 vec![node.id()]
             } else {
-                storage.into_iter().map(NodeId).collect()
+                a.storage.into_iter().map(NodeId).collect()
             };
             let client = Client::new(node.clone(), storage).map_err(|e| e.to_string())?;
-            let addr = format!("{memcached_host}:{port}");
+            let addr = format!("{}:{port}", a.memcached_host);
             let f = dxkv::memcached::Frontend::start(
                 client,
                 &addr,
                 dxkv::memcached::FrontendConfig {
-                    max_connections: memcached_connections,
+                    max_connections: a.memcached_connections,
+                    shutdown_timeout: a.shutdown_timeout,
                     ..Default::default()
                 },
             )
@@ -356,13 +378,26 @@ fn storage_node(
         None => None,
     };
     println!("READY {}", node.id());
-    // Serve until stdin closes (a parent's way to stop it) or a signal ends
-    // the process.
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    drop(frontend);
-    if let Some(node) = Arc::into_inner(node) {
-        node.shutdown();
+    let _ = std::io::stdout().flush();
+    let why = stop.wait();
+    eprintln!("dxkv: {why}: shutting down");
+    stop.bound_shutdown(a.shutdown_timeout);
+    // In order: memcached clients get the answers to what they sent, then
+    // the end of their stream; the node then writes out what it accepted,
+    // fails its own requests still pending and closes its connections
+    // with a notice to each peer.
+    if let Some(f) = frontend {
+        let busy = f.shutdown();
+        if busy > 0 {
+            eprintln!("dxkv: {busy} memcached connections still busy at shutdown");
+        }
     }
+    drop(server);
+    match Arc::into_inner(node) {
+        Some(node) => node.shutdown(),
+        None => return Err("the node is still in use at shutdown".into()),
+    }
+    eprintln!("dxkv: stopped");
     Ok(())
 }
 
