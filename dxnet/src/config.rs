@@ -427,7 +427,7 @@ pub struct TcpConfig {
     /// same node returned (ordered by a join, a barrier, a channel)
     /// arrives after theirs; with more, it may overtake them (a thread
     /// marking the end of other threads' data must then not rely on
-    /// arrival order: see the README, Failure semantics, Order).
+    /// arrival order: see docs/failures.md, Order).
     /// 0 (the default): twice the CPUs this process may use, at least 2
     /// and at most 16 ([`TcpConfig::ring_count`]); else 1 to 16.
     pub rings: usize,
@@ -508,7 +508,7 @@ impl Default for LoopbackConfig {
 /// Discovery of the cluster's nodes at run time (`[discovery]`): a node
 /// probes the addresses it knows (the node map's entries and `seeds`) over
 /// UDP until they answer, and connects only to the nodes discovered so;
-/// see the README's "Discovery" section.
+/// see docs/guide.md, Discovery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
@@ -659,8 +659,8 @@ impl Config {
     ///
     /// TCP reads a busy connection's stream one buffer per system call and
     /// hands each buffer to the handler threads: larger buffers mean fewer
-    /// reads, hand-overs and messages cut at a buffer's end per byte (the
-    /// README's configuration table has the measurement). InfiniBand posts
+    /// reads, hand-overs and messages cut at a buffer's end per byte
+    /// (docs/configuration.md has the measurement). InfiniBand posts
     /// each buffer as one receive work request (a message of any size
     /// takes one), so more, smaller buffers keep more receives posted.
     pub fn recv_buffer_size(&self) -> usize {

@@ -30,8 +30,8 @@
 //! the layers above; `transport`, the engines behind one trait (loopback,
 //! TCP, InfiniBand).
 //!
-//! Cargo features: `tcp` (default), `tls`, `pki-gen`, `ib`; the README's
-//! "Cargo features" table lists what each adds.
+//! Cargo features: `tcp` (default), `tls`, `pki-gen`, `ib`, `metrics`;
+//! `docs/configuration.md` lists what each adds.
 
 #![warn(missing_docs)]
 // A build with the loopback engine only leaves the parts of the runtime
@@ -77,3 +77,8 @@ impl std::fmt::Display for NodeId {
         write!(f, "node {}", self.0)
     }
 }
+
+/// The README's code, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -66,7 +66,7 @@
 //! ring; the owner's CPU takes no part (a write with notification is
 //! followed by a small message). Outcomes come from the connection's
 //! send completions, of which only some parts ask for one (see the
-//! README's InfiniBand section); a blocking wait retires them itself
+//! docs/pipeline.md, InfiniBand); a blocking wait retires them itself
 //! before it parks. A pending `Future` there is woken by completions and
 //! by the connection's end: it fails with [`Error::Timeout`] when polled
 //! after `limits.request_timeout_ms`, and an unresponsive peer's
