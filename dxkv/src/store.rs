@@ -675,7 +675,7 @@ mod tests {
                 sc.spawn(move || {
                     for i in 0..2000u32 {
                         let key = (i % 37).to_be_bytes();
-                        if (i + t as u32) % 3 == 0 {
+                        if (i + t as u32).is_multiple_of(3) {
                             s.delete(&key);
                         } else {
                             s.write(&key, &rec("v"), WriteMode::Put).unwrap();

@@ -202,7 +202,7 @@ impl Worker {
                                 .latency_breakdown()
                                 .zip(m.breakdown0[k].as_ref())
                                 .map(|(after, before)| after.since(before));
-                            let settled = d.as_ref().map_or(true, |d| d.served() >= answered);
+                            let settled = d.as_ref().is_none_or(|d| d.served() >= answered);
                             if settled || std::time::Instant::now() >= until {
                                 break d;
                             }

@@ -239,7 +239,7 @@ impl MemoryRegion {
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
-        if offset.checked_add(len).map_or(true, |end| end > self.len) {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::InvalidArgument(format!(
                 "range {offset}+{len} outside the memory region of {} bytes",
                 self.len

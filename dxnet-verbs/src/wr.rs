@@ -40,7 +40,7 @@ impl Sge {
     pub fn slice(&self, offset: u32, len: u32) -> Result<Sge> {
         if offset
             .checked_add(len)
-            .map_or(true, |end| end > self.raw.length)
+            .is_none_or(|end| end > self.raw.length)
         {
             return Err(Error::InvalidArgument(format!(
                 "range {offset}+{len} outside an SGE of {} bytes",

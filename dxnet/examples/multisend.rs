@@ -59,7 +59,7 @@ fn main() {
         let mut rate = [0.0; 2];
         // Alternate which way goes first.
         for k in 0..2 {
-            let many = (k + r as usize) % 2 == 0;
+            let many = (k + r as usize).is_multiple_of(2);
             got.store(0, Ordering::SeqCst);
             let t0 = Instant::now();
             std::thread::scope(|sc| {

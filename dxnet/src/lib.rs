@@ -44,6 +44,7 @@ pub mod config;
 pub(crate) mod core;
 pub mod error;
 pub mod events;
+pub mod launch;
 pub mod message;
 mod node;
 #[cfg(feature = "pki-gen")]

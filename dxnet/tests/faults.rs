@@ -1120,7 +1120,7 @@ fn soak_four_nodes_all_to_all() {
     while t.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(1));
         let e = t.elapsed().as_secs();
-        if e % 30 == 0 {
+        if e.is_multiple_of(30) {
             let rss: Vec<String> = kids
                 .iter()
                 .map(|k| {

@@ -185,7 +185,7 @@ impl Probe {
             let (mut ok, mut errs, mut worst) = (0u64, Vec::new(), Duration::ZERO);
             let mut i = 0u32;
             while !s.load(Ordering::SeqCst) {
-                let (a, b) = if i % 2 == 0 { (0, 1) } else { (1, 0) };
+                let (a, b) = if i.is_multiple_of(2) { (0, 1) } else { (1, 0) };
                 let t = Instant::now();
                 match nodes[a].request(NodeId(b), &Ping(i), Duration::from_secs(5)) {
                     Ok(p) if p.0 == i + 1 => ok += 1,

@@ -532,7 +532,7 @@ fn owner_shutdown_during_operations_tcp() {
                 loop {
                     let len = 1 + (next() % (1 << 20)) as usize;
                     let off = t * (1 << 20);
-                    let r = if next() % 2 == 0 {
+                    let r = if next().is_multiple_of(2) {
                         node.write(&remote, off, &buf[..len])
                     } else {
                         node.read(&remote, off, &mut buf[..len])

@@ -398,7 +398,11 @@ fn few_blocking_requesters_share_one_socket_tcp() {
                 let mut rng = Rng::new(t + 1);
                 for i in 0..3000u64 {
                     let x = rng.next_u64();
-                    let len = if x % 8 == 0 { x % 9000 } else { x % 200 } as usize;
+                    let len = if x.is_multiple_of(8) {
+                        x % 9000
+                    } else {
+                        x % 200
+                    } as usize;
                     let id = t << 32 | i;
                     let r = node
                         .request(NodeId(1), &req(id, len), Duration::from_secs(60))

@@ -39,7 +39,7 @@ pub fn max_record(seg: usize) -> usize {
 /// marker needed first (the frame does not fit before the segment's end).
 /// The frame ends at `start + len`.
 pub fn place(head: u64, seg: usize, len: usize) -> (Option<u64>, u64) {
-    debug_assert!(len <= seg && head % ALIGN as u64 == 0);
+    debug_assert!(len <= seg && head.is_multiple_of(ALIGN as u64));
     let off = (head % seg as u64) as usize;
     let room = seg - off;
     if len <= room {

@@ -260,7 +260,7 @@ impl Shuffle {
             return bad("threads must be at least 1".into());
         }
         let seg = cfg.segment_bytes;
-        if seg < 64 || seg % frame::ALIGN != 0 || seg > u32::MAX as usize {
+        if seg < 64 || !seg.is_multiple_of(frame::ALIGN) || seg > u32::MAX as usize {
             return bad(format!(
                 "segment_bytes {seg}: a multiple of 8 from 64 to 4 GiB"
             ));

@@ -500,7 +500,7 @@ impl DxnetBinding {
         let mut n = 0u32;
         while !echo.ready.load(Ordering::Acquire) {
             n = n.wrapping_add(1);
-            if n % 64 == 0 && Instant::now() >= spin_end {
+            if n.is_multiple_of(64) && Instant::now() >= spin_end {
                 break;
             }
             std::hint::spin_loop();
@@ -538,7 +538,7 @@ impl DxnetBinding {
         let dest = remote.node();
         let fail = |e: dxnet::Error| anyhow!("one-sided access to node {dest}: {e}");
         let len = data.len();
-        if st.local.as_ref().map_or(true, |r| r.len() < len) {
+        if st.local.as_ref().is_none_or(|r| r.len() < len) {
             // Finished first (accesses in flight keep their memory anyway).
             st.make_room(1).map_err(fail)?;
             let r = self

@@ -452,7 +452,7 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration, mpi: Mpi) -> Result<Str
             break Ok(st);
         }
         polls += 1;
-        if complete_at.is_none() && polls % 20 == 0 && output_complete(&out_path) {
+        if complete_at.is_none() && polls.is_multiple_of(20) && output_complete(&out_path) {
             complete_at = Some(Instant::now());
         }
         let hung_at_exit = complete_at.is_some_and(|t| t.elapsed() >= EXIT_GRACE);

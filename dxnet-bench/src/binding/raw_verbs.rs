@@ -198,7 +198,7 @@ impl SendQ {
             while self.posted - self.completed >= self.limit {
                 if self.reap()? == 0 {
                     spins = spins.wrapping_add(1);
-                    if spins % 1024 == 0 {
+                    if spins.is_multiple_of(1024) {
                         let t = *start.get_or_insert_with(Instant::now);
                         if t.elapsed() >= timeout {
                             bail!("no send completion within {timeout:?}");
@@ -233,7 +233,7 @@ impl SendQ {
             sge = [self.buf.sge(off, len as u32)?];
             &sge
         };
-        let signal = signal || (self.posted + 1) % self.signal_every.min(self.limit) == 0;
+        let signal = signal || (self.posted + 1).is_multiple_of(self.signal_every.min(self.limit));
         let flags = if signal {
             SendFlags::SIGNALED
         } else {
@@ -267,7 +267,8 @@ impl SendQ {
         while self.completed < self.posted {
             if self.reap()? == 0 {
                 spins = spins.wrapping_add(1);
-                if spins % 1024 == 0 && start.get_or_insert_with(Instant::now).elapsed() >= timeout
+                if spins.is_multiple_of(1024)
+                    && start.get_or_insert_with(Instant::now).elapsed() >= timeout
                 {
                     bail!("no send completion within {timeout:?}");
                 }
@@ -635,7 +636,7 @@ fn rx_loop(sh: Arc<Shared>) {
         if n == 0 {
             // The clock only every 256 empty polls (it can be a system call).
             empty = empty.wrapping_add(1);
-            if empty % 256 != 0 {
+            if !empty.is_multiple_of(256) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -862,7 +863,7 @@ impl Binding for RawVerbs {
             let n = recv_cq.poll(wcs)?;
             if n == 0 {
                 spins = spins.wrapping_add(1);
-                if spins % 1024 == 0
+                if spins.is_multiple_of(1024)
                     && start.get_or_insert_with(Instant::now).elapsed() > self.sh.timeout
                 {
                     bail!("no response from node {dest} within {:?}", self.sh.timeout);

@@ -82,7 +82,7 @@ impl DirectWrites {
             return false;
         }
         let n = self.lonely.fetch_add(1, Ordering::Relaxed);
-        self.score.load(Ordering::Relaxed) >= FULL / 2 || n % PROBE_EVERY == 0
+        self.score.load(Ordering::Relaxed) >= FULL / 2 || n.is_multiple_of(PROBE_EVERY)
     }
 }
 

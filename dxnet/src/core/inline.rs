@@ -215,7 +215,7 @@ impl<R> ReceiveRole<R> {
             if let Some(mut st) = self.state.try_lock() {
                 poll(&mut st);
                 n = n.wrapping_add(1);
-                if n % 32 == 0 && spin.expired() {
+                if n.is_multiple_of(32) && spin.expired() {
                     break;
                 }
             } else {

@@ -970,7 +970,7 @@ fn wait_part(
         }
         outcome = track.outcome(seq);
         n = n.wrapping_add(1);
-        if n % 64 == 0 && outcome == InOrder::Pending {
+        if n.is_multiple_of(64) && outcome == InOrder::Pending {
             if Instant::now() >= until {
                 spinning = false;
             } else {

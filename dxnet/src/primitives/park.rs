@@ -124,7 +124,7 @@ impl SpinPayoff {
 
     /// Whether the next idle period may spin.
     pub fn spin_next(&self) -> bool {
-        self.score >= Self::FULL / 2 || self.periods % Self::PROBE_EVERY == 0
+        self.score >= Self::FULL / 2 || self.periods.is_multiple_of(Self::PROBE_EVERY)
     }
 }
 
@@ -239,7 +239,7 @@ impl Idle {
                 Some(t) => t,
                 None => {
                     self.idle_since = Some(now);
-                    self.period_spins = self.payoff.map_or(true, |p| p.spin_next());
+                    self.period_spins = self.payoff.is_none_or(|p| p.spin_next());
                     now
                 }
             };
@@ -576,7 +576,7 @@ impl Signal {
                 if self.park_unless(&ready, t) {
                     return true;
                 }
-            } else if idle.polls % 256 == 0 && Instant::now() >= deadline {
+            } else if idle.polls.is_multiple_of(256) && Instant::now() >= deadline {
                 return ready();
             }
         }
@@ -635,7 +635,10 @@ impl RequestSpinPolicy {
     /// How long the next request busy-waits.
     pub fn spin(&self, park: &ParkConfig) -> Duration {
         if self.answered.load(Ordering::Relaxed) >= ALL / 2
-            || self.slow_requests.fetch_add(1, Ordering::Relaxed) % Self::PROBE_EVERY == 0
+            || self
+                .slow_requests
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(Self::PROBE_EVERY)
         {
             Self::full(park)
         } else {
@@ -762,7 +765,7 @@ mod tests {
             p.record(Duration::from_micros(100), window);
             spins += p.spin_next() as u32;
         }
-        assert!(!p.spin_next() || p.periods % SpinPayoff::PROBE_EVERY == 0);
+        assert!(!p.spin_next() || p.periods.is_multiple_of(SpinPayoff::PROBE_EVERY));
         assert!(spins <= 10 + 8, "{spins} periods spun");
         // Short periods again (a busy thread): spins after a few.
         for _ in 0..8 {

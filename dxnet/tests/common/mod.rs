@@ -708,7 +708,7 @@ pub fn buffer_phase(
         let mut src = src;
         src.fill(0xEE);
         // The read-back, into another reused buffer of the same size.
-        let other = if k % 2 == 0 { k + 1 } else { k - 1 };
+        let other = if k.is_multiple_of(2) { k + 1 } else { k - 1 };
         let mut dst = std::mem::replace(&mut pool[other], Buffer::new(0));
         if i % 2 == 0 {
             node.read_buffer(remote, at, &mut dst).unwrap();

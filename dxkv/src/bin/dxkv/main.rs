@@ -67,9 +67,11 @@ enum Cmd {
     /// order (a second signal stops it at once).
     Storage {
         /// The node's dxnet configuration (TOML or JSON; `-`: one line of
-        /// JSON on stdin).
+        /// JSON on stdin). Default: from the environment and the launcher
+        /// (`DXNET_CONFIG`, `DXNET_*`, Slurm's, MPI's or a StatefulSet's
+        /// rank; see `dxnet::launch`).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Memory limit of the records, in bytes.
         #[arg(long, default_value_t = StoreConfig::default().max_memory)]
         max_memory: u64,
@@ -331,7 +333,7 @@ fn real_main() -> Result<(), String> {
 
 /// The settings of `dxkv storage`.
 struct StorageArgs {
-    config: PathBuf,
+    config: Option<PathBuf>,
     max_memory: u64,
     memcached_port: Option<u16>,
     memcached_host: String,
@@ -342,7 +344,10 @@ struct StorageArgs {
 }
 
 fn storage_node(a: StorageArgs) -> Result<(), String> {
-    let cfg = load_config(&a.config)?;
+    let cfg = match &a.config {
+        Some(path) => load_config(path)?,
+        None => Config::from_env().map_err(|e| e.to_string())?,
+    };
     // Before serving: a stop request that comes during start-up waits.
     let stop = stop::StopRequests::install(a.stop_on_stdin_eof)?;
     let node = Arc::new(Node::start(cfg).map_err(|e| e.to_string())?);

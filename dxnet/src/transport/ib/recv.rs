@@ -155,7 +155,7 @@ impl IbEngine {
                 let len = wc.byte_len() as usize;
                 let bad = if u32::from(flags) & !wire::IMM_STANDALONE != 0 {
                     Some(format!("unknown immediate-data flags {flags:#04x}"))
-                } else if standalone && bufs.first().map_or(true, |b| len > b.capacity()) {
+                } else if standalone && bufs.first().is_none_or(|b| len > b.capacity()) {
                     Some(format!("a standalone send of {len} bytes"))
                 } else {
                     None

@@ -213,7 +213,7 @@ impl IbEngine {
                         n += 1;
                     }
                 }
-                let finished = st.chains.front().map_or(true, |c| c.seq > seq);
+                let finished = st.chains.front().is_none_or(|c| c.seq > seq);
                 if finished {
                     // Under the send lock, as the close that loses the
                     // rest: the track sees one order of events.

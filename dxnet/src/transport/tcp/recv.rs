@@ -262,7 +262,7 @@ impl TcpEngine {
             let cap = buf.capacity();
             let open = w
                 .open()
-                .filter(|m| m.start >= first && m.len.map_or(true, |l| l <= cap as u64 / 2));
+                .filter(|m| m.start >= first && m.len.is_none_or(|l| l <= cap as u64 / 2));
             if end == cap && n < begun * WALK_MIN_AVG {
                 // A full read (the stream is busy) of small messages.
                 *bounds = None;
