@@ -19,6 +19,8 @@
 //!   dxnet's `Unreachable` or `Timeout` errors within the client's timeout,
 //!   and the other nodes' keys keep working.
 
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod memcached;
 pub mod protocol;
@@ -31,3 +33,8 @@ pub use client::{Client, Error, Result, Versioned};
 pub use record::Record;
 pub use server::Server;
 pub use store::{StoreConfig, StoreError, WriteMode, Written};
+
+/// The README's code, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -18,6 +18,7 @@ pub type Refused = StoreError;
 /// Reads the record under `key`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Get {
+    /// The record's key.
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
     /// Only these fields (all if `None`).
@@ -31,10 +32,13 @@ pub struct Found(pub Option<Item>);
 /// Writes a record under `key`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Write {
+    /// The record's key.
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
+    /// The record, encoded (`Record::to_bytes`).
     #[serde(with = "serde_bytes")]
     pub record: Vec<u8>,
+    /// How to write it: insert, update, replace, or only over a given version.
     pub mode: WriteMode,
 }
 
@@ -45,6 +49,7 @@ pub struct WriteResult(pub Result<Written, Refused>);
 /// Deletes the record under `key`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Delete {
+    /// The record's key.
     #[serde(with = "serde_bytes")]
     pub key: Vec<u8>,
 }
@@ -56,7 +61,9 @@ pub struct Deleted(pub Option<u64>);
 /// Reads several records of one storage node.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct MultiGet {
+    /// The keys.
     pub keys: Vec<serde_bytes::ByteBuf>,
+    /// Only these fields (all if `None`).
     pub fields: Option<Vec<String>>,
 }
 
@@ -67,7 +74,9 @@ pub struct MultiFound(pub Vec<Option<Item>>);
 /// Writes several records of one storage node (each as `mode`).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct MultiWrite {
+    /// The keys with their encoded records.
     pub items: Vec<(serde_bytes::ByteBuf, serde_bytes::ByteBuf)>,
+    /// How to write it: insert, update, replace, or only over a given version.
     pub mode: WriteMode,
 }
 
@@ -78,9 +87,12 @@ pub struct MultiWritten(pub Vec<Result<Written, Refused>>);
 /// Up to `count` records of one storage node with keys from `start` on.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Scan {
+    /// The first key (bytewise order).
     #[serde(with = "serde_bytes")]
     pub start: Vec<u8>,
+    /// At most this many records.
     pub count: u32,
+    /// Only these fields (all if `None`).
     pub fields: Option<Vec<String>>,
 }
 
@@ -91,6 +103,7 @@ pub struct Scanned(pub Vec<(serde_bytes::ByteBuf, Item)>);
 /// Stores a record under a new id of the storage node.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Create {
+    /// The record, encoded (`Record::to_bytes`).
     #[serde(with = "serde_bytes")]
     pub record: Vec<u8>,
 }
@@ -102,22 +115,28 @@ pub struct Created(pub Result<(u64, u64), Refused>);
 /// Reads the record with id `id`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct GetId {
+    /// The record's id.
     pub id: u64,
+    /// Only these fields (all if `None`).
     pub fields: Option<Vec<String>>,
 }
 
 /// Writes the record with id `id`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct WriteId {
+    /// The record's id.
     pub id: u64,
+    /// The record, encoded (`Record::to_bytes`).
     #[serde(with = "serde_bytes")]
     pub record: Vec<u8>,
+    /// How to write it: insert, update, replace, or only over a given version.
     pub mode: WriteMode,
 }
 
 /// Deletes the record with id `id`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DeleteId {
+    /// The record's id.
     pub id: u64,
 }
 

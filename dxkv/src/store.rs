@@ -74,13 +74,30 @@ impl Default for StoreConfig {
 pub enum StoreError {
     /// The write would take the store past `max_memory`.
     #[error("storage node full: {used} of {limit} bytes used, the write needs {needed} more")]
-    Full { used: u64, limit: u64, needed: u64 },
+    Full {
+        /// Bytes the store holds.
+        used: u64,
+        /// Its `max_memory`.
+        limit: u64,
+        /// Bytes the write would add.
+        needed: u64,
+    },
     /// The record is larger than `max_record`.
     #[error("record of {size} bytes (at most {max})")]
-    RecordTooLarge { size: u64, max: u64 },
+    RecordTooLarge {
+        /// The record's encoded size.
+        size: u64,
+        /// `max_record`.
+        max: u64,
+    },
     /// The key is longer than `max_key`.
     #[error("key of {size} bytes (at most {max})")]
-    KeyTooLong { size: u64, max: u64 },
+    KeyTooLong {
+        /// The key's length.
+        size: u64,
+        /// `max_key`.
+        max: u64,
+    },
     /// The record sent is not well formed.
     #[error("{0}")]
     BadRecord(String),

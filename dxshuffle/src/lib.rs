@@ -92,6 +92,8 @@
 //! A shuffle takes its node's receiver of region-write notifications and
 //! its message types (201, 1..=4): one shuffle per node.
 
+#![warn(missing_docs)]
+
 mod frame;
 mod shuffle;
 
@@ -191,3 +193,8 @@ pub enum ShuffleError {
     #[error("{0}")]
     State(&'static str),
 }
+
+/// The README's code, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -29,11 +29,17 @@ impl Default for Limits {
 /// The storage commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreVerb {
+    /// `set`: store unconditionally.
     Set,
+    /// `add`: store only if the key is absent.
     Add,
+    /// `replace`: store only if the key is present.
     Replace,
+    /// `append`: add the data after the present value.
     Append,
+    /// `prepend`: add the data before the present value.
     Prepend,
+    /// `cas`: store only if the item's cas unique is unchanged.
     Cas,
 }
 
@@ -42,45 +48,73 @@ pub enum StoreVerb {
 pub enum Command<'a> {
     /// `get`/`gets` (with cas uniques) of one or more keys.
     Get {
+        /// The keys, in request order.
         keys: Vec<&'a [u8]>,
+        /// `gets`: reply with each item's cas unique.
         cas: bool,
     },
     /// A storage command with its data block.
     Store {
+        /// Which storage command.
         verb: StoreVerb,
+        /// The key.
         key: &'a [u8],
+        /// The client's opaque flags, returned with the item.
         flags: u32,
+        /// memcached's exptime (0 never, up to 30 days relative, else a
+        /// Unix time; negative: expired at once).
         exptime: i64,
+        /// The data block.
         data: &'a [u8],
         /// The cas unique of `cas` (0 for the others).
         unique: u64,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `delete` of one key.
     Delete {
+        /// The key.
         key: &'a [u8],
+        /// Send no reply.
         noreply: bool,
     },
     /// `incr` (`incr` true) or `decr`.
     Arith {
+        /// The key.
         key: &'a [u8],
+        /// The amount.
         delta: u64,
+        /// `incr`, else `decr`.
         incr: bool,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `touch`: a new exptime for an item.
     Touch {
+        /// The key.
         key: &'a [u8],
+        /// The new exptime (as in `Store`).
         exptime: i64,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `flush_all`: every item expires (after `delay` seconds).
     FlushAll {
+        /// Seconds until the flush (0: now).
         delay: i64,
+        /// Send no reply.
         noreply: bool,
     },
+    /// `version`.
     Version,
+    /// `verbosity` (accepted, no effect).
     Verbosity {
+        /// Send no reply.
         noreply: bool,
     },
+    /// `stats`.
     Stats,
+    /// `quit`: close the connection.
     Quit,
 }
 
@@ -90,13 +124,21 @@ pub enum Parsed<'a> {
     /// More bytes are needed (the buffer holds less than one command).
     Incomplete,
     /// A command taking `used` bytes.
-    Command { cmd: Command<'a>, used: usize },
+    Command {
+        /// The command.
+        cmd: Command<'a>,
+        /// Bytes of the buffer it took.
+        used: usize,
+    },
     /// Refused: send `reply`, then drop `skip` bytes from the start (it may
     /// be more than the buffer holds: the rest of an oversized value is
     /// dropped as it arrives); `close` the connection if set.
     Refused {
+        /// The error reply to send.
         reply: &'static str,
+        /// Bytes to drop from the start of the buffer.
         skip: usize,
+        /// Close the connection after the reply.
         close: bool,
     },
 }

@@ -68,27 +68,42 @@ impl std::str::FromStr for Phase {
 /// Latency and count of one operation type.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OpStats {
+    /// Operations that succeeded.
     pub ok: u64,
+    /// Operations that failed.
     pub errors: u64,
     /// Reads whose record was missing (load not done, or a bug).
     pub not_found: u64,
+    /// Mean latency in µs.
     pub avg_us: f64,
+    /// Median latency in µs.
     pub p50_us: u64,
+    /// 95th percentile latency in µs.
     pub p95_us: u64,
+    /// 99th percentile latency in µs.
     pub p99_us: u64,
+    /// 99.9th percentile latency in µs.
     pub p999_us: u64,
+    /// Largest latency in µs.
     pub max_us: u64,
 }
 
 /// The result of a phase.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
+    /// The store driven (`dxkv`, `memcached`, `redis`).
     pub binding: String,
+    /// Load or run.
     pub phase: Phase,
+    /// Client threads.
     pub threads: usize,
+    /// Operations done.
     pub operations: u64,
+    /// Wall time of the phase.
     pub seconds: f64,
+    /// Operations per second.
     pub ops_per_sec: f64,
+    /// Per operation type (`read`, `update`, ...).
     pub ops: BTreeMap<String, OpStats>,
     /// The first errors seen (at most 5), for the report.
     pub first_errors: Vec<String>,

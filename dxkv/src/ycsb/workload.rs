@@ -64,24 +64,34 @@ pub struct Workload {
     pub fieldcount: u32,
     /// Bytes per field value (the largest, unless constant).
     pub fieldlength: u32,
+    /// How field lengths vary: constant, uniform or zipfian up to `fieldlength`.
     pub fieldlengthdistribution: FieldLength,
     /// Reads fetch every field (else one random field).
     pub readallfields: bool,
     /// Updates write every field (else one random field).
     pub writeallfields: bool,
+    /// Share of reads among the run phase's operations.
     pub readproportion: f64,
+    /// Share of updates.
     pub updateproportion: f64,
+    /// Share of inserts (of new keys).
     pub insertproportion: f64,
+    /// Share of scans.
     pub scanproportion: f64,
+    /// Share of read-modify-writes.
     pub readmodifywriteproportion: f64,
+    /// Which keys operations pick: uniform, zipfian, latest or hotspot.
     pub requestdistribution: Distribution,
     /// Longest scan.
     pub maxscanlength: u32,
+    /// How scan lengths vary up to `maxscanlength`.
     pub scanlengthdistribution: ScanLength,
     /// Key numbers hashed into key names (YCSB's default `hashed`), else
     /// in order.
     pub insertorder_hashed: bool,
+    /// With the hotspot distribution: the share of keys that are hot.
     pub hotspotdatafraction: f64,
+    /// With the hotspot distribution: the share of operations on hot keys.
     pub hotspotopnfraction: f64,
 }
 
@@ -324,10 +334,15 @@ impl FromStr for Workload {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
+    /// Insert a new key.
     Insert,
+    /// Read one record.
     Read,
+    /// Update fields of one record.
     Update,
+    /// Read records in key order from a key on.
     Scan,
+    /// Read a record and write it back changed.
     #[serde(rename = "read-modify-write")]
     ReadModifyWrite,
 }
