@@ -33,7 +33,8 @@
 //! The decoder takes a datagram of any length and allocates at most the
 //! address (at most 255 bytes).
 
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::digest::KeyInit;
+use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::identity::{Identity, SIGNATURE_LEN};

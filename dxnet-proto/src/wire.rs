@@ -6,7 +6,8 @@
 //! Every decoder here takes a fixed-size array, checks magic and version and
 //! returns a typed error: nothing sized by the peer is allocated.
 
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::digest::KeyInit;
+use hmac::{Hmac, Mac};
 
 use crate::identity::Identity;
 use sha2::Sha256;
