@@ -27,7 +27,7 @@ ARGS=("$@")
 STAGE="$ROOT/target/ib-vm/dxkv"
 # shellcheck source=scripts/rdma-vm/stage.sh
 . "$ROOT/scripts/rdma-vm/stage.sh"
-stage_release_binary "$ROOT" dxkv dxkv "$STAGE"
+stage_release_binary "$ROOT" dxkv-cli dxkv "$STAGE"
 
 set +e
 DXNET_VM_SMP=${DXNET_VM_SMP:-4} "$ROOT/scripts/rdma-vm/vm.sh" --timeout "${DXNET_BENCH_TIMEOUT:-1200}" \

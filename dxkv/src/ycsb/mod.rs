@@ -6,6 +6,8 @@
 pub mod baselines;
 pub mod driver;
 pub mod generator;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod workload;
 
 pub use driver::{run, Binding, Phase, Report, Session};

@@ -398,9 +398,15 @@ fn storage_node(a: StorageArgs) -> Result<(), String> {
         }
     }
     drop(server);
-    match Arc::into_inner(node) {
-        Some(node) => node.shutdown(),
-        None => return Err("the node is still in use at shutdown".into()),
+    // A connection thread that has just ended may still hold the front
+    // end's client for a moment; one that hangs is ended by the bound.
+    let mut node = node;
+    loop {
+        match Arc::try_unwrap(node) {
+            Ok(n) => break n.shutdown(),
+            Err(n) => node = n,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     eprintln!("dxkv: stopped");
     Ok(())
