@@ -83,10 +83,12 @@ fn low_rate_round(direct_writes: bool) {
     let wall = start.elapsed();
     let used = cpu_time() - before;
     checker.assert_ok();
-    // Both nodes' threads and the test's senders: a thread spinning
-    // through the gaps alone would use about the whole wall time.
+    // Both nodes' threads and the test's senders (a debug build): one
+    // thread spinning through the gaps alone would use about the whole
+    // wall time, every idle period spinning measured 2.17 s in 2 s, while
+    // the adaptive policy measured 0.4-0.8 s on a loaded 2-core machine.
     assert!(
-        used < wall / 3,
+        used < wall / 2,
         "{used:?} CPU in {wall:?} at {} msg/s (direct writes: {direct_writes})",
         PER_THREAD * u64::from(THREADS) / 2
     );
