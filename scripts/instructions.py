@@ -42,7 +42,7 @@ CATEGORIES = [
     ("idle (park, wait)", r"primitives/park|primitives/wait_queue|primitives/sync|park::|wait_queue::"),
     ("send thread (transport)", r"transport/tcp/send|transport/driver|transport/tls|tcp::send|transport::driver"),
     ("receive (transport, pool)", r"transport/tcp/recv|transport/tcp/lease|transport/tcp/mod|core/receive|core/incoming|core/inline|primitives/pool|primitives/read_lease|tcp::recv|core::receive|core::incoming|core::inline|pool::"),
-    ("decode (header, serde)", r"dxnet-proto/|dxnet_proto::|bincode|serde"),
+    ("decode (header, serde)", r"dxnet-proto/|dxnet_proto::|postcard|serde"),
     ("dispatch (handlers)", r"core/handlers|core/mod\.rs|core::handlers|run_receiver|register_raw|register_message|Core::register"),
     ("send path (API to ring)", r"core/send|core/connection|core/metrics|primitives/hazard|primitives/cpu|dxnet/src/node|core::send|core::connection|core::metrics|hazard::|sched_getcpu"),
     ("allocator", r"malloc|_int_free|cfree|_int_malloc|realloc|__libc_free|tcache"),

@@ -345,6 +345,13 @@ impl<'a> Handshake<'a> {
                 if h.instance == 0 {
                     return Err(self.fail(HandshakeError::ZeroInstance, None));
                 }
+                if h.codec != mine.codec {
+                    let e = HandshakeError::Codec {
+                        ours: mine.codec,
+                        theirs: h.codec,
+                    };
+                    return Err(self.fail(e, None));
+                }
                 self.theirs = Some(h);
                 if self.creds.identity.is_some() {
                     self.state = State::AwaitAcceptorSignature;
@@ -430,6 +437,14 @@ impl<'a> Handshake<'a> {
                 }
                 if h.instance == 0 {
                     return Err(self.fail(HandshakeError::ZeroInstance, Some(Status::AuthFailed)));
+                }
+                if h.codec != mine.codec {
+                    // Told to the dialer, which could not read our messages.
+                    let e = HandshakeError::Codec {
+                        ours: mine.codec,
+                        theirs: h.codec,
+                    };
+                    return Err(self.fail(e, Some(Status::CodecMismatch)));
                 }
                 self.state = State::Introduced;
                 Ok(Some(Event::Introduced(h)))

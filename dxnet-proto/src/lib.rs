@@ -6,8 +6,8 @@
 //! crate makes that a compiler rule: it cannot reach the runtime.
 //!
 //! - [`header`]: the 12-byte message header and its [`header::MessageKind`].
-//! - [`codec`]: message payloads (bincode via serde, size computed first).
-//! - [`depth`]: a nesting-depth limit for decoding untrusted payloads.
+//! - [`codec`]: message payloads (postcard's format via serde, size
+//!   computed first, decoding bounded in depth and work).
 //! - [`decoder`]: reassembly of messages across received buffers.
 //! - [`bounds`]: where messages begin and end in a stream, from their
 //!   headers' lengths (so a receiver can keep a message in one buffer).
@@ -27,7 +27,6 @@
 pub mod bounds;
 pub mod codec;
 pub mod decoder;
-pub mod depth;
 pub mod discovery;
 pub mod handshake;
 pub mod header;

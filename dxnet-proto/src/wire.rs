@@ -15,7 +15,7 @@ use sha2::Sha256;
 /// Protocol version; peers with another version are rejected (the first
 /// ten bytes of every handshake message, magic and version, keep their
 /// place across versions, so the mismatch is reported as such).
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Magic at the start of every handshake message.
 pub const HANDSHAKE_MAGIC: [u8; 8] = *b"DXNETrs\0";
 /// Magic and version: the part of a handshake message every version keeps.
@@ -141,6 +141,19 @@ pub enum HandshakeError {
     /// The peer announced instance id 0 (reserved: no process has it).
     #[error("peer announced instance id 0")]
     ZeroInstance,
+    /// The peer encodes message payloads in another format (another
+    /// build's codec), so neither could read the other's messages.
+    #[error(
+        "payload format mismatch: ours {} ({ours}), peer {} ({theirs})",
+        crate::codec::codec_name(*ours),
+        crate::codec::codec_name(*theirs)
+    )]
+    Codec {
+        /// Our payload format id.
+        ours: u8,
+        /// The peer's.
+        theirs: u8,
+    },
 }
 
 /// Outcome codes of a handshake.
@@ -160,6 +173,8 @@ pub enum Status {
     AuthFailed = 4,
     /// We are shutting down.
     ShuttingDown = 5,
+    /// The dialer encodes payloads in another format than ours.
+    CodecMismatch = 6,
 }
 
 impl Status {
@@ -171,6 +186,7 @@ impl Status {
             3 => Self::UnknownNode,
             4 => Self::AuthFailed,
             5 => Self::ShuttingDown,
+            6 => Self::CodecMismatch,
             _ => return None,
         })
     }
@@ -185,6 +201,7 @@ impl std::fmt::Display for Status {
             Self::UnknownNode => "node id not in the peer's node map",
             Self::AuthFailed => "authentication failed",
             Self::ShuttingDown => "peer shutting down",
+            Self::CodecMismatch => "payload format differs from the peer's",
         };
         f.write_str(s)
     }
@@ -205,7 +222,7 @@ pub const HANDSHAKE_LEN: usize = 112;
 pub const ENDPOINT_LEN: usize = 26;
 
 /// Bytes of a hello as proofs and signatures bind it (every field).
-const HELLO_BOUND_LEN: usize = 36 + ENDPOINT_LEN;
+const HELLO_BOUND_LEN: usize = 37 + ENDPOINT_LEN;
 
 /// The identity and flow-control parameters a side announces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,6 +240,10 @@ pub struct Hello {
     pub fc_unit: u32,
     /// Fresh random challenge.
     pub nonce: [u8; 16],
+    /// The sender's message payload format
+    /// ([`codec::CODEC_ID`](crate::codec::CODEC_ID)): nodes with different
+    /// formats would misread each other's messages, so they do not connect.
+    pub codec: u8,
     /// Where the sender's transport takes this connection's data (opaque
     /// here; see [`ENDPOINT_LEN`]).
     pub endpoint: [u8; ENDPOINT_LEN],
@@ -238,7 +259,8 @@ impl Hello {
         b[12..16].copy_from_slice(&self.fc_window.to_le_bytes());
         b[16..20].copy_from_slice(&self.fc_unit.to_le_bytes());
         b[20..36].copy_from_slice(&self.nonce);
-        b[36..].copy_from_slice(&self.endpoint);
+        b[36] = self.codec;
+        b[37..].copy_from_slice(&self.endpoint);
         b
     }
 
@@ -250,7 +272,8 @@ impl Hello {
             fc_window: u32::from_le_bytes(b[12..16].try_into().unwrap()),
             fc_unit: u32::from_le_bytes(b[16..20].try_into().unwrap()),
             nonce: b[20..36].try_into().unwrap(),
-            endpoint: b[36..HELLO_BOUND_LEN].try_into().unwrap(),
+            codec: b[36],
+            endpoint: b[37..HELLO_BOUND_LEN].try_into().unwrap(),
         }
     }
 }
@@ -258,7 +281,7 @@ impl Hello {
 /// Where a hello's fields start in a message.
 const HELLO_AT: usize = 12;
 /// Where a proof starts in a message.
-const MAC_AT: usize = HELLO_AT + HELLO_BOUND_LEN + 6;
+const MAC_AT: usize = HELLO_AT + HELLO_BOUND_LEN + 5;
 
 /// One handshake message on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -602,6 +625,7 @@ mod tests {
             fc_window: 1 << 20,
             fc_unit: 1 << 19,
             nonce: [9; 16],
+            codec: 3,
             endpoint: [8; ENDPOINT_LEN],
         }
     }
@@ -665,6 +689,7 @@ mod tests {
                 nonce: [0; 16],
                 ..a
             },
+            Hello { codec: 4, ..a },
             Hello {
                 endpoint: [0; ENDPOINT_LEN],
                 ..a

@@ -236,6 +236,7 @@ fn hello(claim: u16, target: u16, window: u32) -> Hello {
         fc_window: window,
         fc_unit: window / 2,
         nonce: noise(random_u64(), 16).try_into().unwrap(),
+        codec: codec::CODEC_ID,
         endpoint: [0; wire::ENDPOINT_LEN],
     }
 }
@@ -595,7 +596,7 @@ fn unknown_message_types_are_counted_and_the_connection_kept() {
     v.extend(msg(201, 1, FLAG_REQUEST, 77, &[])); // unknown request
     v.extend(msg(21, 2, FLAG_RESPONSE, 12345, &[0; 4])); // response to nothing
     v.extend(msg(21, 1, 0, 0, &encode(&Ping(1)))); // request without flag
-    v.extend(msg(21, 1, FLAG_REQUEST, 78, &[1])); // undecodable request
+    v.extend(msg(21, 1, FLAG_REQUEST, 78, &[0x80])); // undecodable request (a varint cut short)
     s.write_all(&chunk(&v)).unwrap();
     wait_for(3, "unknown messages counted", || {
         c.nodes[0].stats().unknown_messages == 4

@@ -476,6 +476,7 @@ fn ib_forged_handshake_datagrams_do_not_disturb_connections() {
                     fc_window: 1 << 20,
                     fc_unit: 1 << 16,
                     nonce: [r as u8; 16],
+                    codec: dxnet::proto::codec::CODEC_ID,
                     endpoint: [7; ENDPOINT_LEN],
                 };
                 let msg = match r % 4 {

@@ -576,7 +576,7 @@ impl Pusher {
     pub fn push<T: Serialize + ?Sized>(&mut self, dest: usize, record: &T) -> Result<()> {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
-        let encoded = dxnet::proto::codec::encode_into(&mut buf, record)
+        let encoded = dxnet::proto::codec::encode_append(&mut buf, record)
             .map_err(|e| ShuffleError::Decode(e.to_string()));
         let res = encoded.and_then(|()| self.push_bytes(dest, &buf));
         self.scratch = buf;

@@ -111,6 +111,7 @@ fn main() {
         fc_window: 4 << 20,
         fc_unit: 2 << 20,
         nonce: [3; 16],
+        codec: dxnet_proto::codec::CODEC_ID,
         endpoint: [4; ENDPOINT_LEN],
     };
     write(
@@ -171,7 +172,7 @@ fn main() {
         &make_split_input(&[2], &[1, 0, 0]),
     );
 
-    // payload_decode: bincode of the nested types.
+    // payload_decode: the codec's encoding of the nested types.
     let enc = |v: &dyn erased::Enc| v.bytes();
     write(&dir, "payload_decode", "nested0", &enc(&sample(0)));
     write(&dir, "payload_decode", "nested2", &enc(&sample(2)));
@@ -187,8 +188,10 @@ fn main() {
         "tuple",
         &enc(&("key".to_string(), vec![1u64, 2, 3], Some('x'))),
     );
-    let mut hostile = enc(&sample(0));
-    hostile[..8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    // `items` claiming 2^60 elements (a varint of nine bytes).
+    let mut hostile = vec![0x80; 8];
+    hostile.push(0x10);
+    hostile.extend_from_slice(&enc(&sample(0))[1..]);
     write(&dir, "payload_decode", "hostile_len", &hostile);
     // ib_datagram: [secret length][secret][datagram].
     let notice = CloseNotice {

@@ -23,6 +23,7 @@ fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
         fc_window: 1 << 20,
         fc_unit: 1 << 16,
         nonce: [n; 16],
+        codec: dxnet_proto::codec::CODEC_ID,
         endpoint: [n ^ 0x5a; dxnet_proto::wire::ENDPOINT_LEN],
     }
 }

@@ -9,6 +9,7 @@ fn hello(node_id: u16, target_id: u16, n: u8) -> Hello {
         fc_window: 1 << 20,
         fc_unit: 1 << 16,
         nonce: [n; 16],
+        codec: crate::codec::CODEC_ID,
         endpoint: [0; wire::ENDPOINT_LEN],
     }
 }
@@ -251,6 +252,43 @@ fn claims_are_checked() {
         a.read(&HandshakeMsg::Hello(h).encode()),
         Err(HandshakeError::ZeroInstance)
     );
+    // Another payload format: the acceptor refuses and says why.
+    let mut d = Handshake::dialer(
+        creds,
+        Hello {
+            codec: 9,
+            ..hello(1, 2, 1)
+        },
+    );
+    let mut a = Handshake::acceptor(creds, hello(2, 0, 2));
+    let refused = pump(&mut d, &mut a, 96);
+    assert_eq!(
+        refused,
+        Some(Err(HandshakeError::Codec {
+            ours: crate::codec::CODEC_ID,
+            theirs: 9
+        }))
+    );
+    let msg = refused.unwrap().unwrap_err().to_string();
+    assert!(msg.contains("postcard 1 (1), peer unknown (9)"), "{msg}");
+    assert_eq!(
+        pump(&mut a, &mut d, 96),
+        Some(Err(HandshakeError::Rejected(Status::CodecMismatch)))
+    );
+    // The same from an acceptor of another format.
+    let mut d = Handshake::dialer(creds, hello(1, 2, 1));
+    d.poll_transmit();
+    let r = Hello {
+        codec: 9,
+        ..hello(2, 0, 2)
+    };
+    assert_eq!(
+        d.read(&HandshakeMsg::Reply(r, [0; 32]).encode()),
+        Err(HandshakeError::Codec {
+            ours: crate::codec::CODEC_ID,
+            theirs: 9
+        })
+    );
     // Another node answering at the dialed address.
     let mut d = Handshake::dialer(creds, hello(1, 2, 1));
     let r = HandshakeMsg::Reply(hello(5, 0, 5), [0; 32]).encode();
@@ -408,7 +446,10 @@ fn another_version_is_reported_from_the_prefix() {
     old[8..10].copy_from_slice(&3u16.to_le_bytes());
     assert_eq!(
         a.read(&old[..wire::HANDSHAKE_PREFIX_LEN]),
-        Err(HandshakeError::Version { ours: 4, theirs: 3 })
+        Err(HandshakeError::Version {
+            ours: wire::PROTOCOL_VERSION,
+            theirs: 3
+        })
     );
     assert!(a.is_failed());
     let mut a = Handshake::acceptor(Credentials::default(), hello(2, 0, 2));

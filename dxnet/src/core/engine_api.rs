@@ -29,6 +29,7 @@ impl Core {
             fc_window: self.fc_window.min(u32::MAX as u64) as u32,
             fc_unit: self.fc_unit.min(u32::MAX as u64) as u32,
             nonce: rand::random(),
+            codec: crate::proto::codec::CODEC_ID,
             endpoint,
         }
     }

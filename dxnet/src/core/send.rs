@@ -871,7 +871,7 @@ fn with_encoded<T: serde::Serialize + ?Sized, R>(
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => {
             buf.clear();
-            if codec::encode_into(&mut *buf, msg).is_ok() && buf.len() == len {
+            if codec::encode_append(&mut buf, msg).is_ok() && buf.len() == len {
                 send(Payload::Bytes(&buf))
             } else {
                 // The send reports the failure (and gives the window back).
